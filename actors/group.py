@@ -1,0 +1,324 @@
+"""GroupActor: owns one llama_context, its slots and its decode loop (AC-4, PG-1).
+
+Per iteration the loop (1) drains its mailbox without waiting, so new work joins the next
+step; (2) asks its policy for a plan from a plain snapshot; (3) runs the step in a worker
+thread (``llama_decode`` releases the GIL, so other groups decode meanwhile); (4) sends the
+step's events straight to each request's result stream. When nothing is runnable it waits
+on the mailbox, so an idle group costs no CPU.
+
+Slot-touching commands (erase/save/restore) run between this group's steps only (PG-4, PG-5).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+import structlog
+
+from actors.policy import GroupView, Policy, SlotView
+from protocol.events import Failed
+from protocol.messages import (
+    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCommand,
+)
+from runtime.engine import Context, ContextOptions, StepResult
+from runtime.errors import EngineError, SlotBusy
+from runtime.kernel import Actor
+from runtime.slot import Phase, Slot
+
+if TYPE_CHECKING:
+    from runtime.metrics import Metrics
+    from runtime.model import Model
+
+log = structlog.get_logger("llamactor.group")
+
+
+class GroupActor(Actor[GroupMsg]):
+    def __init__(
+        self,
+        group: int,
+        model: Model,
+        ctx_opts: ContextOptions,
+        slot_ids: range,
+        policy: Policy,
+        *,
+        supervisor: Actor[Any],
+        coordinator: Actor[Any] | None,
+        metrics: Metrics,
+    ) -> None:
+        self.mailbox_size = 4 * len(slot_ids) + 64
+        super().__init__()
+        self.group = group
+        self.name = f"group-{group}"
+        self.model = model
+        self.ctx_opts = ctx_opts
+        self.slots = [Slot(sid, local) for local, sid in enumerate(slot_ids)]
+        self.policy = policy
+        self.supervisor = supervisor
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self.engine: Context | None = None
+        self.grant: Grant | None = None
+        self._order = 0
+        self._limiter = anyio.CapacityLimiter(1)
+        self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
+        self.on_step: Any = None  # test hook: called with each StepResult
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.engine = await anyio.to_thread.run_sync(Context, self.model, self.ctx_opts)
+        self.engine.set_holds_ready(self.policy.holds_ready)
+
+    async def teardown(self) -> None:
+        self.fail_all("the runtime is shutting down", "unavailable_error")
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await anyio.to_thread.run_sync(engine.close, limiter=self._limiter)
+
+    def fail_all(self, message: str, kind: str = "server_error") -> list[int]:
+        """Fail every request this group holds or has queued (supervision, AC-2). Returns slot ids."""
+        freed: list[int] = []
+        for task_id in list(self._tasks):
+            freed += self._end_task(task_id, Failed(message, kind), report=False)
+        while True:
+            try:
+                msg = self._inbox_recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if isinstance(msg, Assign):
+                _send_final(msg.task.sink, Failed(message, kind))
+                freed += [self.slots[i].id for i in msg.slots]
+            elif isinstance(msg, SlotCommand) and msg.reply is not None:
+                msg.reply.fail(EngineError(message))
+        return freed
+
+    # ---- the loop --------------------------------------------------------------------
+
+    async def loop(self) -> None:
+        assert self.engine is not None
+        while True:
+            if not self._drain():
+                return
+            plan = self.policy.plan(self._view())
+            if plan.empty:
+                try:
+                    msg = await self._inbox_recv.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    return
+                self._handle(msg)
+                continue
+            res: StepResult = await anyio.to_thread.run_sync(
+                self.engine.step, plan, self.slots, limiter=self._limiter
+            )
+            self._deliver(res)
+
+    def _drain(self) -> bool:
+        """Handle every queued message without waiting; False once the mailbox is closed."""
+        while True:
+            try:
+                msg = self._inbox_recv.receive_nowait()
+            except anyio.WouldBlock:
+                return True
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return False
+            self._handle(msg)
+
+    def _handle(self, msg: GroupMsg) -> None:
+        match msg:
+            case Assign(task=task, slots=locals_):
+                self._assign(task, locals_)
+            case Revoke(task_id=task_id):
+                if task_id in self._tasks:
+                    self._end_task(task_id, None)
+            case SlotCommand():
+                self._slot_command(msg)
+            case Grant():
+                self.grant = msg
+
+    def _view(self) -> GroupView:
+        views = tuple(
+            SlotView(
+                s.local,
+                s.phase.value,
+                s.prompt_left,
+                s.order,
+                s.cohort,
+                s.parent.local if s.parent is not None else -1,
+            )
+            for s in self.slots
+            if s.phase is not Phase.IDLE and not s.finished
+        )
+        return GroupView(self.group, self.engine.n_batch if self.engine else 0, tuple(sorted(views, key=_by_order)))
+
+    # ---- assignment and release --------------------------------------------------------
+
+    def _assign(self, task: Any, locals_: tuple[int, ...]) -> None:
+        assert self.engine is not None
+        prompt = task.prompt
+        parent = self.slots[locals_[0]]
+        members = [self.slots[i] for i in locals_]
+        self._order += 1
+        now = time.perf_counter()
+        for index, s in enumerate(members):
+            s.task, s.index, s.order, s.t_start = task, index, self._order, now
+            s.prompt = prompt
+            s.phase = Phase.PREFILL if s is parent else Phase.READY
+            s.parent = None if s is parent else parent
+            self.engine.start(s)
+        parent.children = members[1:]
+        parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt)
+        self._tasks[task.id] = members
+        self.metrics.groups[self.group].requests_processing += 1
+        self.metrics.queue_time(self.group, now - task.arrived)
+        self._tell_coordinator("arrived", parent)
+
+    def _end_task(self, task_id: int, final: Failed | None, *, report: bool = True) -> list[int]:
+        """Free every slot of a task; send ``final`` (if any) and close its stream."""
+        members = self._tasks.pop(task_id)
+        self.metrics.groups[self.group].requests_processing -= 1
+        sink = members[0].task.sink if members[0].task else None
+        cancelled = any(not s.finished for s in members)
+        if final is not None and sink is not None:
+            _send_final(sink, final)
+        elif sink is not None:
+            sink.close()
+        for s in members:
+            # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds).
+            if self.engine is not None:
+                self.engine.release(s)
+            s.reset()
+        if cancelled:
+            self._tell_coordinator("cancelled", members[0])
+        else:
+            self._tell_coordinator("finished", members[0])
+        ids = [s.id for s in members]
+        if report:
+            self.supervisor.try_tell(
+                Released(self.group, tuple(s.local for s in members), tuple(tuple(s.cache) for s in members), task_id)
+            )
+        return ids
+
+    def _slot_command(self, cmd: SlotCommand) -> None:
+        assert self.engine is not None
+        s = self.slots[cmd.slot]
+        try:
+            if s.busy:
+                raise SlotBusy(f"slot {s.id} is processing a request")
+            if cmd.action == "erase":
+                n = len(s.cache)
+                self.engine.erase(s)
+                result: dict[str, Any] = {"id_slot": s.id, "n_erased": n}
+            elif cmd.action == "save":
+                t0 = time.perf_counter()
+                n = self.engine.save_slot(s, cmd.path)
+                result = {"id_slot": s.id, "n_saved": n, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+            else:
+                t0 = time.perf_counter()
+                n = self.engine.restore_slot(s, cmd.path)
+                result = {"id_slot": s.id, "n_restored": n, "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+        except Exception as exc:  # noqa: BLE001 - any failure goes back to the asker
+            cmd.reply.fail(exc)
+            return
+        self.supervisor.try_tell(Released(self.group, (s.local,), (tuple(s.cache),)))
+        cmd.reply.send(result)
+
+    # ---- delivery ----------------------------------------------------------------------
+
+    def _deliver(self, res: StepResult) -> None:
+        """Send the step's events; a closed stream means the client left: free its slots now."""
+        self.metrics.step(self.group, res)
+        gone: set[int] = set()
+        now = time.perf_counter()
+        for sink, event in res.events:
+            try:
+                sink.send_nowait(event)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+                gone.add(id(sink))
+        for s in res.ready:
+            self._tell_coordinator("prefill_done", s)
+        done_tasks: set[int] = set()
+        for s in res.finished:
+            assert s.task is not None
+            if s.index == 0 and s.parent is None:
+                self.metrics.ttft(self.group, s.t_prompt_done - s.task.arrived)
+            done_tasks.add(s.task.id)
+        for task_id in done_tasks:
+            members = self._tasks.get(task_id)
+            if members and all(m.finished for m in members):
+                self._log_end(members, now)
+                self._end_task(task_id, None)
+        for task_id, members in list(self._tasks.items()):
+            if members[0].task is not None and id(members[0].task.sink) in gone:
+                self._end_task(task_id, None)
+        if self.on_step is not None:
+            self.on_step(self, res)
+
+    def _log_end(self, members: list[Slot], now: float) -> None:
+        s = members[0]
+        assert s.task is not None
+        self.metrics.request_done(
+            self.group,
+            s.t_prompt_done - s.t_start,
+            max(m.t_last for m in members) - s.t_prompt_done,
+            max(m.n_past for m in members),
+        )
+        log.info(
+            "request_done",
+            task=s.task.id,
+            group=self.group,
+            slot=s.id,
+            n_prompt=len(s.prompt),
+            n_cached=s.n_cached,
+            n_predicted=sum(m.n_decoded for m in members),
+            queue_ms=round((s.t_start - s.task.arrived) * 1e3, 2),
+            prompt_ms=round((s.t_prompt_done - s.t_start) * 1e3, 2),
+            total_ms=round((now - s.task.arrived) * 1e3, 2),
+        )
+
+    def _tell_coordinator(self, kind: str, s: Slot) -> None:
+        if self.coordinator is not None:
+            self.coordinator.try_tell(PhaseEvent(self.group, kind, s.local, s.prompt_left))
+
+    # ---- introspection -------------------------------------------------------------------
+
+    def slot_rows(self) -> list[dict[str, Any]]:
+        n_ctx = self.engine.n_ctx_seq if self.engine else 0
+        rows = []
+        for s in self.slots:
+            row: dict[str, Any] = {
+                "id": s.id,
+                "n_ctx": n_ctx,
+                "speculative": False,
+                "is_processing": s.busy,
+                "group": self.group,
+                "phase": s.phase.value,
+                "cohort": s.cohort,
+                "n_cached_tokens": len(s.cache),
+            }
+            if s.task is not None:
+                row.update(
+                    id_task=s.task.id,
+                    n_prompt_tokens=len(s.prompt),
+                    n_prompt_tokens_cache=s.n_cached,
+                    next_token=[{"n_decoded": s.n_decoded, "n_remain": s.task.n_predict - s.n_decoded}],
+                )
+            rows.append(row)
+        return rows
+
+
+def _by_order(v: SlotView) -> int:
+    return v.order
+
+
+def _send_final(sink: Any, event: Any) -> None:
+    try:
+        sink.send_nowait(event)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+        pass
+    sink.close()
+
+
+__all__ = ["GroupActor", "np"]

@@ -1,0 +1,300 @@
+"""Supervisor: owns the task queue and the slot table of every group, and keeps groups alive.
+
+Slot selection (AC-3) runs over every free slot of every group: longest common prefix of
+the slot's cached tokens with the prompt first (KV reuse), then least recently used; a task
+may pin ``id_slot``. A task with n > 1 choices needs n free slots in one group (PG-10); it
+waits otherwise and never splits. The queue is bounded: past ``queue_size`` a task is refused
+with ``Overloaded`` (HTTP 503 + Retry-After), never an unbounded wait.
+
+Supervision (AC-2): a group whose loop raises has every in-flight request failed with an
+``EngineError`` event (none hangs), its slots returned to the table, and is restarted with a
+fresh context, one-for-one; more than ``max_restarts`` within ``restart_window_s`` marks the
+runtime unhealthy and the group stays down. Requests are never silently retried.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import numpy as np
+import structlog
+from anyio.abc import TaskStatus
+
+from actors.group import GroupActor
+from protocol.events import Failed
+from protocol.messages import (
+    Assign, Cancel, GroupDown, Released, Revoke, SlotCommand, SlotRequest, Snapshot,
+    Submit, SupervisorMsg, Task,
+)
+from runtime.errors import NotFound, Unavailable
+from runtime.kernel import Actor
+
+log = structlog.get_logger("llamactor.supervisor")
+
+EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass
+class SlotEntry:
+    id: int
+    group: int
+    local: int
+    busy: bool = False
+    cached: np.ndarray = field(default_factory=lambda: EMPTY)
+    last_used: float = 0.0
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    queue_depth: int
+    busy: tuple[bool, ...]
+    healthy: bool
+    groups_down: tuple[int, ...]
+
+
+class Supervisor(Actor[SupervisorMsg]):
+    name = "supervisor"
+
+    def __init__(
+        self,
+        n_groups: int,
+        slots_per_group: int,
+        make_group: Callable[[int], GroupActor],
+        *,
+        queue_size: int,
+        max_restarts: int,
+        restart_window_s: float,
+    ) -> None:
+        self.mailbox_size = max(64, queue_size + 64)
+        super().__init__()
+        self.make_group = make_group
+        self.queue_size = queue_size
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.groups: list[GroupActor | None] = [None] * n_groups
+        self.table = [
+            SlotEntry(g * slots_per_group + i, g, i) for g in range(n_groups) for i in range(slots_per_group)
+        ]
+        self.queue: deque[Task] = deque()
+        self.running: dict[int, int] = {}  # task id -> group
+        self.down: set[int] = set()  # groups past their restart limit
+        self.restarts = [0] * n_groups
+
+    # ---- lifecycle: the supervisor starts, watches and stops its groups ------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                for g in range(len(self.groups)):
+                    await tg.start(self._keep_group, g)
+                task_status.started()
+                await self.loop()
+                for g in reversed(range(len(self.groups))):
+                    group = self.groups[g]
+                    if group is not None:
+                        group.close_mailbox()
+                        await group.wait_finished()
+                tg.cancel_scope.cancel()
+        finally:
+            self._fail_queue("the runtime is shutting down")
+            self._finished.set()
+
+    async def _keep_group(self, g: int, *, task_status: TaskStatus[None]) -> None:
+        """Run group ``g``; restart it after a failure, within the intensity limit (AC-2)."""
+        started = False
+        failures: deque[float] = deque()
+        while True:
+            group = self.make_group(g)
+            self.groups[g] = group
+            try:
+                if not started:
+                    await group.run(task_status=task_status)
+                else:
+                    await group.run()
+                return  # clean stop: the mailbox was closed
+            except Exception as exc:  # noqa: BLE001 - any failure of a group is supervised
+                if not started and group.engine is None:
+                    raise  # the first start failed: the runtime cannot come up
+                started = True
+                message = f"group {g} failed: {exc}"
+                log.error("group_failed", group=g, error=str(exc))
+                group.fail_all(message)
+                self.try_tell(GroupDown(g, str(exc)))
+                now = time.monotonic()
+                failures.append(now)
+                while failures and now - failures[0] > self.restart_window_s:
+                    failures.popleft()
+                if len(failures) > self.max_restarts:
+                    log.error("group_down", group=g, restarts=self.restarts[g])
+                    self.down.add(g)
+                    self.groups[g] = None
+                    return
+                self.restarts[g] += 1
+            finally:
+                started = True
+
+    def group(self, g: int) -> GroupActor | None:
+        return self.groups[g]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.down
+
+    # ---- messages ----------------------------------------------------------------------
+
+    async def handle(self, msg: SupervisorMsg) -> None:
+        match msg:
+            case Submit(task=task):
+                self._submit(task)
+            case Cancel(task_id=task_id):
+                self._cancel(task_id)
+            case Released(group=g, slots=locals_, cached=cached, task_id=task_id):
+                self.running.pop(task_id, None)
+                self._released(g, locals_, cached)
+            case GroupDown(group=g):
+                self._group_down(g)
+            case SlotRequest():
+                self._slot_request(msg)
+            case Snapshot(reply=reply):
+                reply.send(self.snapshot())
+
+    def snapshot(self) -> TableSnapshot:
+        return TableSnapshot(
+            queue_depth=len(self.queue),
+            busy=tuple(e.busy for e in self.table),
+            healthy=self.healthy,
+            groups_down=tuple(sorted(self.down)),
+        )
+
+    def _submit(self, task: Task) -> None:
+        if task.id_slot >= len(self.table):
+            _fail(task, f"slot {task.id_slot} does not exist (0..{len(self.table) - 1})", "invalid_request_error")
+            return
+        if len(self.down) == len(self.groups):
+            _fail(task, "no group is running: the runtime is unhealthy", "unavailable_error")
+            return
+        if not self._try_start(task):
+            if len(self.queue) >= self.queue_size:
+                _fail(task, f"the server is busy: {len(self.queue)} requests are queued", "overloaded")
+                return
+            self.queue.append(task)
+
+    def _cancel(self, task_id: int) -> None:
+        for t in self.queue:
+            if t.id == task_id:
+                self.queue.remove(t)
+                t.sink.close()
+                return
+        g = self.running.get(task_id)
+        group = self.groups[g] if g is not None else None
+        if group is not None:
+            group.try_tell(Revoke(task_id))
+
+    def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...]) -> None:
+        now = time.monotonic()
+        for local, toks in zip(locals_, cached):
+            e = self._entry(g, local)
+            e.busy = False
+            e.cached = np.asarray(toks, dtype=np.int32) if toks else EMPTY
+            e.last_used = now
+        self._schedule()
+
+    def _group_down(self, g: int) -> None:
+        for e in self.table:
+            if e.group == g:
+                e.busy = False
+                e.cached = EMPTY
+        self.running = {t: grp for t, grp in self.running.items() if grp != g}
+        if g in self.down:
+            for t in [t for t in self.queue if self._fits_nowhere(t)]:
+                self.queue.remove(t)
+                _fail(t, "no group can serve this request: the runtime is unhealthy", "unavailable_error")
+        self._schedule()
+
+    def _slot_request(self, req: SlotRequest) -> None:
+        if not 0 <= req.slot < len(self.table):
+            req.reply.fail(NotFound(f"slot {req.slot} does not exist (0..{len(self.table) - 1})"))
+            return
+        e = self.table[req.slot]
+        group = self.groups[e.group]
+        if group is None:
+            req.reply.fail(Unavailable(f"group {e.group} is down"))
+            return
+        # Only the owning group is involved: other groups keep decoding (PG-4).
+        group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply))
+
+    # ---- scheduling --------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        for task in list(self.queue):
+            if self._try_start(task):
+                self.queue.remove(task)
+
+    def _try_start(self, task: Task) -> bool:
+        chosen = self._choose(task)
+        if chosen is None:
+            return False
+        group = self.groups[chosen[0].group]
+        assert group is not None
+        for e in chosen:
+            e.busy = True
+        self.running[task.id] = chosen[0].group
+        group.try_tell(Assign(task, tuple(e.local for e in chosen)))
+        return True
+
+    def _choose(self, task: Task) -> list[SlotEntry] | None:
+        """The parent slot (best prefix, then LRU) plus n-1 free slots of the same group."""
+        if task.id_slot >= 0:
+            e = self.table[task.id_slot]
+            if e.busy or e.group in self.down:
+                return None
+            siblings = [s for s in self.table if s.group == e.group and not s.busy and s is not e]
+            return [e, *siblings[: task.n - 1]] if len(siblings) >= task.n - 1 else None
+        best: tuple[int, float] | None = None
+        chosen: list[SlotEntry] | None = None
+        for g in range(len(self.groups)):
+            if g in self.down or self.groups[g] is None:
+                continue
+            free = [e for e in self.table if e.group == g and not e.busy]
+            if len(free) < task.n:
+                continue
+            for e in free:
+                key = (_common_prefix(e.cached, task.prompt), -e.last_used)
+                if best is None or key > best:
+                    best = key
+                    chosen = [e, *[f for f in free if f is not e][: task.n - 1]]
+        return chosen
+
+    def _fits_nowhere(self, task: Task) -> bool:
+        return all(g in self.down for g in range(len(self.groups)))
+
+    def _entry(self, g: int, local: int) -> SlotEntry:
+        return self.table[g * (len(self.table) // len(self.groups)) + local]
+
+    def _fail_queue(self, message: str) -> None:
+        while self.queue:
+            _fail(self.queue.popleft(), message, "unavailable_error")
+
+
+def _common_prefix(cached: np.ndarray, prompt: np.ndarray) -> int:
+    n = min(len(cached), len(prompt))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(cached[:n] != prompt[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def _fail(task: Task, message: str, kind: str) -> None:
+    try:
+        task.sink.send_nowait(Failed(message, kind))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+        pass
+    task.sink.close()
+
+
+__all__ = ["Supervisor", "SlotEntry", "TableSnapshot", "Any"]

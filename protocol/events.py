@@ -1,0 +1,51 @@
+"""What a group sends down one request's result stream.
+
+A request's stream carries, per choice ``index`` (0 … n-1), zero or more ``Token`` events and
+then exactly one ``Done``; or a single ``Failed`` that ends the whole request. Tokens go from
+the group straight to this stream, never through the supervisor.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TopProb(msgspec.Struct, frozen=True, array_like=True):
+    token: int
+    piece: str
+    logprob: float
+
+
+class Token(msgspec.Struct, frozen=True, tag=True):
+    """New text for choice ``index``. ``text`` may be empty while bytes or a stop string are held back."""
+
+    index: int
+    text: str
+    token: int
+    logprob: float | None = None
+    top: tuple[TopProb, ...] = ()
+
+
+class Done(msgspec.Struct, frozen=True, tag=True):
+    """Choice ``index`` finished. ``finish_reason`` is "stop" (EOS or stop string) or "length"."""
+
+    index: int
+    finish_reason: str
+    text: str  # the whole generated text of this choice (stop string excluded)
+    stopping_word: str
+    n_prompt: int
+    n_cached: int
+    n_predicted: int
+    prompt_ms: float
+    predicted_ms: float
+    slot: int
+
+
+class Failed(msgspec.Struct, frozen=True, tag=True):
+    """The request failed as a whole (engine error, shutdown). ``kind`` maps to an HTTP status."""
+
+    message: str
+    kind: str = "server_error"
+
+
+Event = Token | Done | Failed

@@ -1,0 +1,140 @@
+"""Mailbox messages: one frozen, tagged Struct union per actor.
+
+Who sends what:
+
+    Runtime ──Submit/Cancel/SlotRequest──► Supervisor
+    Supervisor ──Assign/Revoke/SlotCommand──► GroupActor(g)
+    GroupActor(g) ──Released──► Supervisor
+    GroupActor(g) ──PhaseEvent──► PhaseCoordinator ──Grant──► GroupActor(g)
+
+Every ``ask`` carries its reply channel (``reply``) inside the message and is always made
+with a deadline by the caller (``runtime.kernel.Actor.ask``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from protocol.sampling import SamplingParams
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """One validated, tokenized generation request. Created once by the Runtime facade.
+
+    ``sink`` is the send end of the request's bounded result stream (anyio); the group that
+    serves the task is the only writer. ``n`` choices share one prompt prefill (PG-10).
+    """
+
+    id: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    n_predict: int
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    id_slot: int = -1
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    sink: Any = None
+    arrived: float = 0.0  # time.perf_counter() at submit
+
+
+# ---- Supervisor mailbox ---------------------------------------------------------------
+
+
+class Submit(msgspec.Struct, frozen=True, tag=True):
+    task: Task
+
+
+class Cancel(msgspec.Struct, frozen=True, tag=True):
+    task_id: int
+
+
+class Released(msgspec.Struct, frozen=True, tag=True):
+    """Group → supervisor: these slots are free again; ``cached`` is what each slot's KV holds."""
+
+    group: int
+    slots: tuple[int, ...]
+    cached: tuple[tuple[int, ...], ...]
+    task_id: int = -1  # the task these slots served; -1 after a slot command
+
+
+class GroupDown(msgspec.Struct, frozen=True, tag=True):
+    """A group's decode loop failed; all its slots are free and hold nothing."""
+
+    group: int
+    error: str
+
+
+class SlotRequest(msgspec.Struct, frozen=True, tag=True):
+    """Erase/save/restore one slot (API-5); answered on ``reply`` once the owning group did it."""
+
+    action: str  # "erase" | "save" | "restore"
+    slot: int
+    path: str = ""
+    reply: Any = None
+
+
+class Snapshot(msgspec.Struct, frozen=True, tag=True):
+    """Ask for the queue depth and the table of slots (for /slots and /metrics)."""
+
+    reply: Any = None
+
+
+SupervisorMsg = Submit | Cancel | Released | GroupDown | SlotRequest | Snapshot
+
+
+# ---- GroupActor mailbox ---------------------------------------------------------------
+
+
+class Assign(msgspec.Struct, frozen=True, tag=True):
+    """Serve ``task`` on these group-local slots: the first is the parent, the rest its n-1 children."""
+
+    task: Task
+    slots: tuple[int, ...]
+
+
+class Revoke(msgspec.Struct, frozen=True, tag=True):
+    """Stop serving ``task_id`` (cancel or disconnect) and free its slots at once."""
+
+    task_id: int
+
+
+class SlotCommand(msgspec.Struct, frozen=True, tag=True):
+    """Erase/save/restore one idle local slot; runs between decode steps of this group only (PG-4, PG-5)."""
+
+    action: str
+    slot: int
+    path: str = ""
+    reply: Any = None
+
+
+class Grant(msgspec.Struct, frozen=True, tag=True):
+    """Coordinator → group: the phase the group is in and which slots may prefill/generate.
+
+    ``prefill`` / ``generate`` are local slot ids; ``None`` means "no restriction".
+    """
+
+    phase: str
+    cohort: int
+    prefill: frozenset[int] | None = None
+    generate: frozenset[int] | None = None
+
+
+GroupMsg = Assign | Revoke | SlotCommand | Grant
+
+
+# ---- PhaseCoordinator mailbox ---------------------------------------------------------
+
+
+class PhaseEvent(msgspec.Struct, frozen=True, tag=True):
+    """A slot of ``group`` changed phase: "arrived", "prefill_done", "finished" or "cancelled"."""
+
+    group: int
+    kind: str
+    slot: int
+    prompt_left: int = 0
+
+
+CoordinatorMsg = PhaseEvent

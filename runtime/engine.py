@@ -1,0 +1,346 @@
+"""One group's llama_context and its decode step: the hot path (AC-4, AC-5, AC-6).
+
+Design note for ``Context.step`` — per step it:
+  1. fills the batch arrays (numpy views over buffers we own) with one slice assignment per
+     slot, never one Python object per token;
+  2. calls ``llama_decode`` once (ctypes releases the GIL, so other groups and the event
+     loop run meanwhile);
+  3. samples each row that needs a token with the slot's llama.cpp sampler chain, turns the
+     token into text (cached pieces, incremental UTF-8, stop strings) and decides finishes.
+It runs in the group's worker thread and must never: await, touch another group's slots or
+context, send on a stream (anyio streams are not thread-safe: events are returned and sent by
+the group's event-loop task), or allocate per token beyond the event it returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from actors.policy import StepPlan
+from protocol.events import Done, Event, Token, TopProb
+from runtime.errors import EngineError
+from runtime.model import Model
+from runtime.sampling import build_chain
+from runtime.slot import Phase, Slot
+from runtime.textstream import TextStream
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    n_ctx: int  # KV cells of this context (all its sequences together unless kv_unified)
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int  # slots of this group
+    n_threads: int
+    n_threads_batch: int
+    kv_unified: bool = False
+
+
+@dataclass
+class StepResult:
+    events: list[tuple[Any, Event]] = field(default_factory=list)  # (sink, event) to send
+    finished: list[Slot] = field(default_factory=list)  # choices that ended this step
+    ready: list[Slot] = field(default_factory=list)  # prompts that finished and wait (READY)
+    n_prompt: int = 0
+    n_generated: int = 0
+    n_rows: int = 0  # slots that took part
+    gaps: list[float] = field(default_factory=list)  # inter-token gaps of streams that generated
+    t_build: float = 0.0
+    t_decode: float = 0.0
+    t_sample: float = 0.0
+
+
+class FaultInjector:
+    """Test hook: make the next ``n`` decode steps of a context raise, or hold them on an event."""
+
+    def __init__(self) -> None:
+        self.fail_next = 0
+        self.hold: Any = None  # a threading.Event the step waits on before decoding
+
+    def before_decode(self) -> None:
+        if self.hold is not None:
+            self.hold.wait()
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise EngineError("injected decode failure")
+
+
+class Context:
+    """A llama_context made from the shared model, its batch buffers and its step."""
+
+    def __init__(self, model: Model, opts: ContextOptions) -> None:
+        self.model = model
+        self.opts = opts
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = opts.n_ctx
+        params.n_batch = opts.n_batch
+        params.n_ubatch = opts.n_ubatch
+        params.n_seq_max = opts.n_seq_max
+        params.n_threads = opts.n_threads
+        params.n_threads_batch = opts.n_threads_batch
+        params.kv_unified = opts.kv_unified
+        params.no_perf = True
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create a context (out of memory or bad sizes)")
+        self.memory = llama_cpp.llama_get_memory(self.ptr)
+        self.n_batch = llama_cpp.llama_n_batch(self.ptr)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
+        self.faults = FaultInjector()
+        self._alloc_batch(self.n_batch)
+
+    def _alloc_batch(self, n: int) -> None:
+        # We own every buffer (numpy), so llama_batch_free must never be called on this batch.
+        self._tok = np.zeros(n, dtype=np.int32)
+        self._pos = np.zeros(n, dtype=np.int32)
+        self._nseq = np.ones(n, dtype=np.int32)
+        self._seq = np.zeros(n, dtype=np.int32)
+        self._out = np.zeros(n, dtype=np.int8)
+        self._ramp = np.arange(n, dtype=np.int32)
+        seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n)()
+        base = self._seq.ctypes.data
+        for i in range(n):
+            seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
+        self._seq_ptrs = seq_ptrs
+        b = llama_cpp.llama_batch()
+        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        b.embd = ctypes.POINTER(ctypes.c_float)()
+        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        b.seq_id = seq_ptrs
+        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = b
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    # ---- KV of one sequence (called between steps by the owning group only) ------------
+
+    def reuse_prefix(self, slot: Slot, prompt: np.ndarray, cache_prompt: bool) -> int:
+        """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
+
+        At least the last prompt token is always decoded again, so its logits exist.
+        """
+        keep = 0
+        if cache_prompt and slot.cache:
+            cached = np.asarray(slot.cache, dtype=np.int32)
+            n = min(len(cached), len(prompt) - 1)
+            if n > 0:
+                diff = np.flatnonzero(cached[:n] != prompt[:n])
+                keep = int(diff[0]) if len(diff) else n
+        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1):
+            # Some memories (SWA, recurrent) cannot cut a sequence in the middle.
+            llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+            keep = 0
+        del slot.cache[keep:]
+        return keep
+
+    def erase(self, slot: Slot) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+        slot.cache.clear()
+
+    def save_slot(self, slot: Slot, path: str) -> int:
+        toks = (llama_cpp.llama_token * len(slot.cache))(*slot.cache)
+        n = llama_cpp.llama_state_seq_save_file(self.ptr, path.encode(), slot.local, toks, len(slot.cache))
+        if n == 0:
+            raise EngineError(f"could not save slot {slot.id} to {path}")
+        return len(slot.cache)
+
+    def restore_slot(self, slot: Slot, path: str) -> int:
+        cap = self.n_ctx_seq
+        toks = (llama_cpp.llama_token * cap)()
+        n_out = ctypes.c_size_t(0)
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+        n = llama_cpp.llama_state_seq_load_file(self.ptr, path.encode(), slot.local, toks, cap, ctypes.byref(n_out))
+        if n == 0:
+            slot.cache.clear()
+            raise EngineError(f"could not restore slot {slot.id} from {path}")
+        slot.cache[:] = toks[: n_out.value]
+        return n_out.value
+
+    # ---- the step ----------------------------------------------------------------------
+
+    def start(self, slot: Slot, parent: Slot | None = None) -> None:
+        """Prepare a newly assigned slot's sampler and text stream (in the group's thread)."""
+        task = slot.task
+        assert task is not None
+        slot.sampler = build_chain(self.model, task.params, seed_offset=slot.index)
+        slot.stream = TextStream(task.stop)
+
+    def release(self, slot: Slot) -> None:
+        if slot.sampler is not None:
+            llama_cpp.llama_sampler_free(slot.sampler)
+            slot.sampler = None
+
+    def step(self, plan: StepPlan, slots: list[Slot]) -> StepResult:
+        """Decode one batch per ``plan`` and sample/emit for every row that needs a token."""
+        res = StepResult()
+        t0 = time.perf_counter()
+        rows: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
+        n = 0
+        for local, k in plan.prefill:
+            s = slots[local]
+            start = s.n_past
+            self._tok[n : n + k] = s.prompt[start : start + k]
+            np.add(self._ramp[:k], start, out=self._pos[n : n + k])
+            self._seq[n : n + k] = local
+            self._out[n : n + k] = 0
+            n += k
+            if start + k == len(s.prompt):
+                self._out[n - 1] = 1
+                rows.append((s, n - 1))
+        res.n_prompt = n
+        for local in plan.generate:
+            s = slots[local]
+            self._tok[n] = s.next_token
+            self._pos[n] = s.n_past
+            self._seq[n] = local
+            self._out[n] = 1
+            rows.append((s, n))
+            n += 1
+        res.n_rows = len(plan.prefill) + len(plan.generate)
+        t1 = time.perf_counter()
+        if n:
+            self.faults.before_decode()
+            self._batch.n_tokens = n
+            rc = llama_cpp.llama_decode(self.ptr, self._batch)
+            if rc != 0:
+                raise EngineError(f"llama_decode failed with status {rc}")
+        t2 = time.perf_counter()
+        # The batch is in the KV now: advance positions and record what each sequence holds.
+        for local, k in plan.prefill:
+            s = slots[local]
+            s.cache.extend(s.prompt[s.n_past : s.n_past + k].tolist())
+            s.n_past += k
+        for local in plan.generate:
+            s = slots[local]
+            s.cache.append(s.next_token)
+            s.n_past += 1
+        for local in plan.release:
+            self._sample_kept(slots[local], res)
+        for s, i in rows:
+            if s.phase is Phase.PREFILL:
+                self._prompt_done(s, i, res)
+            else:
+                self._emit(s, i, res, None)
+        t3 = time.perf_counter()
+        res.t_build, res.t_decode, res.t_sample = t1 - t0, t2 - t1, t3 - t2
+        return res
+
+    def _prompt_done(self, s: Slot, i: int, res: StepResult) -> None:
+        now = time.perf_counter()
+        s.t_prompt_done = now
+        for child in s.children:  # n > 1: the prompt was prefilled once (PG-10)
+            llama_cpp.llama_memory_seq_rm(self.memory, child.local, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.memory, s.local, child.local, -1, -1)
+            child.cache[:] = s.cache
+            child.n_past = s.n_past
+            child.n_cached = s.n_cached
+            child.t_prompt_done = now
+        if s.phase is Phase.PREFILL and self._holds_ready:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
+            s.kept_logits = logits.copy()
+            s.phase = Phase.READY
+            for child in s.children:
+                child.phase = Phase.READY
+            res.ready.append(s)
+            return
+        for member in (s, *s.children):
+            member.phase = Phase.GENERATE
+            self._emit(member, i, res, None)
+
+    _holds_ready = False
+
+    def set_holds_ready(self, value: bool) -> None:
+        self._holds_ready = value
+
+    def _sample_kept(self, s: Slot, res: StepResult) -> None:
+        """Sample the first token of a READY prompt from its kept logits (cohort released)."""
+        logits = s.kept_logits
+        s.kept_logits = None
+        for member in (s, *s.children):
+            member.phase = Phase.GENERATE
+            self._emit(member, -1, res, logits)
+
+    def _sample(self, s: Slot, i: int, logits: np.ndarray | None) -> int:
+        if logits is None:
+            return llama_cpp.llama_sampler_sample(s.sampler, self.ptr, i)
+        n_vocab = self.model.n_vocab
+        data = (llama_cpp.llama_token_data * n_vocab)()
+        view = np.ctypeslib.as_array(data).view(np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+        view["id"] = np.arange(n_vocab, dtype=np.int32)
+        view["logit"] = logits
+        view["p"] = 0.0
+        arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
+        llama_cpp.llama_sampler_apply(s.sampler, ctypes.byref(arr))
+        token = data[arr.selected].id
+        llama_cpp.llama_sampler_accept(s.sampler, token)
+        return token
+
+    def _emit(self, s: Slot, i: int, res: StepResult, logits: np.ndarray | None) -> None:
+        task = s.task
+        assert task is not None and s.stream is not None
+        token = self._sample(s, i, logits)
+        s.n_decoded += 1
+        s.next_token = token
+        res.n_generated += 1
+        logprob, top = self._probs(i, logits, token, task.params.n_probs) if task.params.n_probs else (None, ())
+        finish = ""
+        if self.model.is_eog(token) and not task.ignore_eos:
+            text, finish = s.stream.flush(), "stop"
+        else:
+            text = s.stream.push(self.model.piece(token))
+            if s.stream.stopped_by:
+                finish = "stop"
+            elif s.n_decoded >= task.n_predict or s.n_past + 1 >= self.n_ctx_seq:
+                text += s.stream.flush()
+                finish = "length"
+        now = time.perf_counter()
+        if s.n_decoded > 1:
+            res.gaps.append(now - s.t_last)
+        s.t_last = now
+        res.events.append((task.sink, Token(s.index, text, token, logprob, top)))
+        if finish:
+            s.finished = True
+            res.finished.append(s)
+            res.events.append((task.sink, self._done(s, finish)))
+
+    def _done(self, s: Slot, finish: str) -> Done:
+        assert s.task is not None and s.stream is not None
+        return Done(
+            index=s.index,
+            finish_reason=finish,
+            text=s.stream.text,
+            stopping_word=s.stream.stopped_by,
+            n_prompt=len(s.prompt),
+            n_cached=s.n_cached,
+            n_predicted=s.n_decoded,
+            prompt_ms=(s.t_prompt_done - s.t_start) * 1e3,
+            predicted_ms=(s.t_last - s.t_prompt_done) * 1e3,
+            slot=s.id,
+        )
+
+    def _probs(
+        self, i: int, logits: np.ndarray | None, token: int, n_probs: int
+    ) -> tuple[float, tuple[TopProb, ...]]:
+        """Log-probability of ``token`` and the ``n_probs`` most likely tokens (only when asked)."""
+        if logits is None:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
+        m = float(logits.max())
+        lse = m + math.log(float(np.exp(logits - m).sum()))
+        top_ids = np.argpartition(-logits, n_probs - 1)[:n_probs]
+        top_ids = top_ids[np.argsort(-logits[top_ids])]
+        top = tuple(
+            TopProb(int(t), self.model.piece(int(t)).decode("utf-8", "replace"), float(logits[t]) - lse)
+            for t in top_ids
+        )
+        return float(logits[token]) - lse, top

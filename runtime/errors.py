@@ -1,0 +1,79 @@
+"""The one exception hierarchy of llamactor.
+
+    LlamactorError
+    ├── ConfigError        invalid configuration or CLI arguments (raised at startup)
+    ├── RequestError       bad input from a client: HTTP 400
+    │   ├── NotFound       unknown slot, file or route: HTTP 404
+    │   └── SlotBusy       the slot is serving a request: HTTP 409
+    ├── Unauthorized       missing or wrong API key: HTTP 401
+    ├── Overloaded         a bounded queue or mailbox is full: HTTP 503 with Retry-After
+    ├── Unavailable        loading, or a group is down past its restart limit: HTTP 503
+    ├── EngineError        llama.cpp failed while serving a request: HTTP 500
+    └── Closed             the runtime is shutting down or closed: HTTP 503
+
+Foreign errors (msgspec validation, anyio stream errors, OS errors) are mapped to these at
+the boundary in one place: ``runtime.httperrors``.
+"""
+
+from __future__ import annotations
+
+
+class LlamactorError(Exception):
+    """Root of every error llamactor raises on purpose."""
+
+    status = 500
+    kind = "server_error"
+
+
+class ConfigError(LlamactorError):
+    status = 500
+    kind = "config_error"
+
+
+class RequestError(LlamactorError):
+    status = 400
+    kind = "invalid_request_error"
+
+
+class NotFound(RequestError):
+    status = 404
+    kind = "not_found_error"
+
+
+class SlotBusy(RequestError):
+    status = 409
+    kind = "invalid_request_error"
+
+
+class Unauthorized(LlamactorError):
+    status = 401
+    kind = "authentication_error"
+
+
+class Overloaded(LlamactorError):
+    status = 503
+    kind = "unavailable_error"
+    retry_after_s = 1
+
+
+class Unavailable(LlamactorError):
+    status = 503
+    kind = "unavailable_error"
+
+
+class EngineError(LlamactorError):
+    status = 500
+    kind = "server_error"
+
+
+class Closed(LlamactorError):
+    status = 503
+    kind = "unavailable_error"
+
+
+ERRORS_BY_KIND: dict[str, type[LlamactorError]] = {
+    "invalid_request_error": RequestError,
+    "not_found_error": NotFound,
+    "unavailable_error": Unavailable,
+    "server_error": EngineError,
+}

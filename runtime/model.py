@@ -1,0 +1,143 @@
+"""The loaded model: weights (once per process, shared by every group's context) and vocabulary.
+
+Everything here is safe to call from any thread: the vocabulary is read-only after load.
+Contexts are made from a ``Model`` by ``runtime.engine.Context``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from runtime.errors import ConfigError, RequestError
+
+PIECE_BUFFER_BYTES = 256
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@functools.cache
+def _silent_log_callback():
+    # llama.cpp logs every load detail to stderr; keep the callback object alive forever.
+    @llama_cpp.llama_log_callback
+    def _drop(level, text, user_data):  # noqa: ARG001
+        return None
+
+    return _drop
+
+
+def init_backend(*, quiet: bool = True) -> None:
+    """Initialise llama.cpp once per process (idempotent, thread-safe)."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        if quiet:
+            llama_cpp.llama_log_set(_silent_log_callback(), ctypes.c_void_p())
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to place the weights (AC-5). ``devices`` is a NULL-terminated ggml device array or None."""
+
+    n_gpu_layers: int = 0
+    use_mmap: bool = True
+    split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    tensor_split: tuple[float, ...] = ()
+    devices: object | None = None
+
+
+class Model:
+    """One loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | Path, options: LoadOptions = LoadOptions()) -> None:
+        init_backend()
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"model file not found: {path}")
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = options.n_gpu_layers
+        params.use_mmap = options.use_mmap
+        params.split_mode = options.split_mode
+        if options.tensor_split:
+            self._tensor_split = (ctypes.c_float * llama_cpp.llama_max_devices())(*options.tensor_split)
+            params.tensor_split = self._tensor_split
+        if options.devices is not None:
+            self._devices = options.devices  # keep the array alive as long as the model
+            params.devices = ctypes.cast(options.devices, ctypes.c_void_p)
+        self.path = path
+        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise ConfigError(f"llama.cpp could not load the model: {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)
+        self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
+        self.eos: int = llama_cpp.llama_vocab_eos(self.vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog = [bool(llama_cpp.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)]
+        self.name = path.name
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    # ---- metadata --------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        return (llama_cpp.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
+
+    # ---- tokens ----------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise RequestError("the prompt could not be tokenized")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as generated output (special tokens render empty). Cached."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(PIECE_BUFFER_BYTES)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, PIECE_BUFFER_BYTES, 0, False)
+            cached = buf.raw[: max(n, 0)]
+            self._pieces[token] = cached
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return self._eog[token]
+
+    def check_tokens(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            if not isinstance(t, int) or not 0 <= t < self.n_vocab:
+                raise RequestError(f"token id {t!r} is outside the vocabulary [0, {self.n_vocab})")

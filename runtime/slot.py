@@ -1,0 +1,73 @@
+"""One slot: a sequence id in a group's context and the request choice it serves.
+
+A slot is owned by exactly one GroupActor. Its fields are read and written by that group's
+event-loop task between steps and by the group's worker thread during a step, never both at
+once (the loop awaits the step). Nothing else touches a slot.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from protocol.messages import Task
+from runtime.textstream import TextStream
+
+EMPTY_TOKENS = np.zeros(0, dtype=np.int32)
+
+
+class Phase(enum.Enum):
+    """Where a slot is in a request's life. The phase coordinator plans on these.
+
+    The state machine exists so that a batch can be built from slots of one phase only
+    (SPEC PH-1) and so that a finished prompt never samples before its cohort is released.
+    """
+
+    IDLE = "idle"  # free; its KV may still hold a cached prompt for reuse
+    PREFILL = "prefill"  # prompt tokens left to decode
+    READY = "ready"  # prompt done, first-token logits kept; waits for the barrier (PH-4)
+    GENERATE = "generate"  # one sampled token per step
+
+
+class Slot:
+    __slots__ = (
+        "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
+        "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
+        "t_prompt_done", "t_last", "cohort", "order", "kept_logits", "finished",
+    )
+
+    def __init__(self, slot_id: int, local: int) -> None:
+        self.id = slot_id  # global id, as shown by /slots and used by id_slot
+        self.local = local  # sequence id inside the group's context
+        self.cache: list[int] = []  # token ids whose KV this sequence holds, in order
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to IDLE. Keeps ``cache`` (the KV is still there for prefix reuse)."""
+        self.phase = Phase.IDLE
+        self.task: Task | None = None
+        self.index = 0
+        self.children: list[Slot] = []
+        self.parent: Slot | None = None
+        self.prompt: np.ndarray = EMPTY_TOKENS
+        self.n_past = 0
+        self.sampler: Any = None
+        self.next_token = -1
+        self.n_decoded = 0
+        self.stream: TextStream | None = None
+        self.n_cached = 0
+        self.t_start = self.t_prompt_done = self.t_last = 0.0
+        self.cohort = 0
+        self.order = 0
+        self.kept_logits: np.ndarray | None = None
+        self.finished = False
+
+    @property
+    def prompt_left(self) -> int:
+        return len(self.prompt) - self.n_past if self.phase is Phase.PREFILL else 0
+
+    @property
+    def busy(self) -> bool:
+        return self.phase is not Phase.IDLE
