@@ -102,6 +102,8 @@ class Supervisor(Actor[SupervisorMsg]):
                 tg.cancel_scope.cancel()
         finally:
             self._fail_queue("the runtime is shutting down")
+            self._inbox_send.close()
+            self._inbox_recv.close()
             self._finished.set()
 
     async def _keep_group(self, g: int, *, task_status: TaskStatus[None]) -> None:

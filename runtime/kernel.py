@@ -15,7 +15,6 @@ signal, so it finishes the messages already queued and then runs ``teardown``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
@@ -127,6 +126,8 @@ class Actor(Generic[M]):
         finally:
             with anyio.move_on_after(STOP_TIMEOUT_S, shield=True):
                 await self.teardown()
+            self._inbox_send.close()
+            self._inbox_recv.close()
             self._finished.set()
 
     def close_mailbox(self) -> None:
@@ -167,5 +168,3 @@ async def open_actor_scope():
             await scope.stop_all()
             tg.cancel_scope.cancel()
 
-
-INFINITE = math.inf

@@ -1,0 +1,19 @@
+"""Server-Sent Events framing: ``data: <json>\\n\\n`` per event, ``data: [DONE]`` at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_encode = msgspec.json.Encoder().encode
+
+DONE = b"data: [DONE]\n\n"
+
+
+def frame(obj: Any) -> bytes:
+    return b"data: " + _encode(obj) + b"\n\n"
+
+
+def error_frame(obj: Any) -> bytes:
+    return b"error: " + _encode(obj) + b"\n\n"

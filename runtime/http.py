@@ -1,0 +1,325 @@
+"""The bundled HTTP app (SPEC section 6): Starlette routes over one ``Runtime``.
+
+Requests are decoded with msgspec into ``protocol.wire`` Structs, submitted to the runtime,
+and answered either as one JSON body or as SSE. Errors are shaped by ``runtime.httperrors``.
+The first event of a request is awaited before any response starts, so a queue-full or
+engine error still gets its proper status code even for streaming requests. A client that
+disconnects cancels its request at once (API-6), streaming or not.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from protocol import sse
+from protocol.events import Done, Token
+from protocol.wire import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest,
+)
+from runtime.config import MAX_BODY_BYTES
+from runtime.errors import NotFound, RequestError, Unauthorized, Unavailable
+from runtime.facade import RequestHandle, collect
+from runtime.httperrors import BodyTooLarge, error_response
+from runtime.requests import Submission, chat_messages, from_chat, from_completion, from_native
+from runtime.responses import NativeShaper, OpenAIShaper
+
+if TYPE_CHECKING:
+    from runtime.facade import Runtime
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SLOT_ACTIONS = ("save", "restore", "erase")
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_encode(obj), status_code=status, media_type="application/json")
+
+
+class _ApiKey:
+    """401 for a missing or wrong key on every path but /health (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app = app
+        self.key = key.encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key is None or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
+        if given.lower().startswith(b"bearer "):
+            given = given[7:].strip()
+        else:
+            given = headers.get(b"x-api-key", b"")
+        if not hmac.compare_digest(given, self.key):
+            response = error_response(Unauthorized("invalid or missing API key"))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _decode(request: Request, type_: type) -> Any:
+    body = await _body(request)
+    if not body:
+        raise RequestError("the request body is empty; a JSON object is expected")
+    return msgspec.json.decode(body, type=type_)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class Api:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    @property
+    def model_id(self) -> str:
+        cfg = self.rt.config
+        return cfg.alias or (Path(str(cfg.model)).name if cfg.model else "default")
+
+    # ---- utility endpoints -----------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        state = self.rt.health()
+        if state == "ok":
+            return _json({"status": "ok"})
+        message = {"loading": "Loading model", "unhealthy": "a group is down past its restart limit"}.get(
+            state, "the server is shutting down"
+        )
+        return error_response(Unavailable(message))
+
+    async def models(self, request: Request) -> Response:
+        self.rt._require_ready()
+        owned = {"id": self.model_id, "object": "model", "created": int(self.rt.started_at), "owned_by": "llamactor"}
+        return _json({"object": "list", "data": [owned]})
+
+    async def props(self, request: Request) -> Response:
+        self.rt._require_ready()
+        cfg = self.rt.config
+        return _json({
+            "model_path": str(cfg.model),
+            "model_alias": self.model_id,
+            "total_slots": cfg.parallel,
+            "n_ctx": cfg.ctx_per_request,
+            "n_ctx_total": cfg.n_ctx,
+            "pipeline_groups": cfg.pipeline_groups,
+            "kv_unified": cfg.kv_unified,
+            "scheduler": cfg.scheduler,
+            "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
+            "default_generation_settings": {"n_ctx": cfg.ctx_per_request},
+        })
+
+    async def tokenize(self, request: Request) -> Response:
+        req = await _decode(request, TokenizeRequest)
+        tokens = await self.rt.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
+        if req.with_pieces:
+            model = self.rt.model
+            assert model is not None
+            pieces = [{"id": t, "piece": model.piece(t).decode("utf-8", "replace")} for t in tokens]
+            return _json({"tokens": pieces})
+        return _json({"tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        req = await _decode(request, DetokenizeRequest)
+        return _json({"content": self.rt.detokenize(req.tokens)})
+
+    async def slots(self, request: Request) -> Response:
+        return _json(self.rt.slots())
+
+    async def slot_action(self, request: Request) -> Response:
+        self.rt._require_ready()
+        try:
+            slot = int(request.path_params["id"])
+        except ValueError:
+            raise RequestError("slot id must be an integer") from None
+        action = request.query_params.get("action", "")
+        if action not in SLOT_ACTIONS:
+            raise RequestError(f"action must be one of {', '.join(SLOT_ACTIONS)}, got {action!r}")
+        path = ""
+        if action != "erase":
+            root = self.rt.config.slot_save_path
+            if root is None:
+                raise RequestError("slot save/restore is disabled: start the server with --slot-save-path")
+            body = await _decode(request, dict[str, Any])
+            filename = body.get("filename")
+            if not isinstance(filename, str) or not SLOT_FILENAME.fullmatch(filename) or ".." in filename:
+                raise RequestError(f"invalid slot file name {filename!r}: letters, digits, '.', '_' and '-' only")
+            full = Path(root) / filename
+            if action == "restore" and not full.is_file():
+                raise NotFound(f"no saved slot file named {filename!r}")
+            path = str(full)
+        result = await self.rt.slot_action(slot, action, path)
+        if path:
+            result["filename"] = Path(path).name
+        return _json(result)
+
+    async def metrics(self, request: Request) -> Response:
+        self.rt._require_ready()
+        return Response(self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    # ---- generation --------------------------------------------------------------------
+
+    async def completion(self, request: Request) -> Response:
+        req = await _decode(request, NativeCompletionRequest)
+        sub = from_native(req)
+        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0)
+        handle = await self._submit(sub)
+        if req.stream:
+            return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
+        return _json(shaper.body(await self._collect(request, handle)))
+
+    async def completions(self, request: Request) -> Response:
+        req = await _decode(request, CompletionRequest)
+        sub = from_completion(req)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        shaper = OpenAIShaper(self.model_id, chat=False, want_logprobs=bool(req.logprobs),
+                              include_usage=include_usage)
+        handle = await self._submit(sub)
+        if req.stream:
+            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk)
+        return _json(shaper.body(await self._collect(request, handle)))
+
+    async def chat(self, request: Request) -> Response:
+        req = await _decode(request, ChatCompletionRequest)
+        prompt = self.rt.apply_chat_template(chat_messages(req))
+        sub = from_chat(req, prompt)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        shaper = OpenAIShaper(self.model_id, chat=True, want_logprobs=req.logprobs, include_usage=include_usage)
+        handle = await self._submit(sub)
+        if req.stream:
+            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk)
+        return _json(shaper.body(await self._collect(request, handle)))
+
+    async def _submit(self, sub: Submission) -> RequestHandle:
+        return await self.rt.submit(sub.prompt, **sub.kwargs())
+
+    async def _collect(self, request: Request, handle: RequestHandle) -> Any:
+        """Collect a non-streaming result; a client disconnect cancels the request."""
+        result = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                await _wait_disconnect(request)
+                handle.close()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            result = await collect(handle)
+            tg.cancel_scope.cancel()
+        if result is None:
+            raise RequestError("client disconnected")
+        return result
+
+    async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
+                      tail: Any = None) -> Response:
+        try:
+            first = await handle.first()
+        except BaseException:
+            handle.close()
+            raise
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                event: Token | Done | None = first
+                iterator = handle.__aiter__()
+                while event is not None:
+                    for chunk in shape(event):
+                        yield sse.frame(chunk)
+                    event = await anext(iterator, None)
+                extra = tail() if tail is not None else None
+                if extra is not None:
+                    yield sse.frame(extra)
+                if done:
+                    yield sse.DONE
+            except Exception as exc:  # noqa: BLE001 - mid-stream failures end the stream with an error event
+                from runtime.httperrors import error_body
+
+                yield sse.frame(error_body(exc))
+            finally:
+                handle.close()
+
+        return StreamingResponse(frames(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
+    api = Api(rt)
+
+    def route(path: str, fn: Any, methods: list[str]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except Exception as exc:  # noqa: BLE001 - every error becomes an OpenAI-shaped body
+                return error_response(exc)
+
+        return Route(path, endpoint, methods=methods)
+
+    routes = [
+        route("/health", api.health, ["GET"]),
+        route("/v1/health", api.health, ["GET"]),
+        route("/v1/models", api.models, ["GET"]),
+        route("/models", api.models, ["GET"]),
+        route("/props", api.props, ["GET"]),
+        route("/completion", api.completion, ["POST"]),
+        route("/completions", api.completion, ["POST"]),
+        route("/v1/completions", api.completions, ["POST"]),
+        route("/v1/chat/completions", api.chat, ["POST"]),
+        route("/chat/completions", api.chat, ["POST"]),
+        route("/tokenize", api.tokenize, ["POST"]),
+        route("/detokenize", api.detokenize, ["POST"]),
+        route("/slots", api.slots, ["GET"]),
+        route("/slots/{id}", api.slot_action, ["POST"]),
+        route("/metrics", api.metrics, ["GET"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(NotFound(f"no route for {request.method} {request.url.path}"))
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        err = RequestError(f"method {request.method} is not allowed on {request.url.path}")
+        err.status = 405
+        return error_response(err)
+
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(_ApiKey, key=rt.config.api_key)],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+        lifespan=lifespan,
+    )
+
+
+__all__ = ["build_app", "time"]

@@ -1,0 +1,160 @@
+"""Turn decoded HTTP bodies (``protocol.wire``) into ``Runtime.submit`` arguments.
+
+Every narrowing the wire types could not express (prompt shapes, logit-bias forms, chat
+content parts, response_format) happens here, with a RequestError naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from protocol.sampling import DEFAULT_SEED, SamplingParams
+from protocol.wire import (
+    DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS, ChatCompletionRequest, CompletionRequest,
+    NativeCompletionRequest, ResponseFormat,
+)
+from runtime.errors import RequestError
+
+NEG_INF_BIAS = float("-inf")
+
+
+@dataclass
+class Submission:
+    prompt: str | list[int]
+    max_tokens: int
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    id_slot: int = -1
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(
+            max_tokens=self.max_tokens, params=self.params, stop=self.stop, n=self.n,
+            id_slot=self.id_slot, cache_prompt=self.cache_prompt, ignore_eos=self.ignore_eos,
+        )
+
+
+def prompt_of(raw: str | list[Any]) -> str | list[int]:
+    """A prompt is a string, a list of token ids, or a one-element list holding either."""
+    if isinstance(raw, str):
+        return raw
+    if len(raw) == 1 and isinstance(raw[0], (str, list)):
+        return prompt_of(raw[0])
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return list(raw)
+    raise RequestError("prompt must be a string or a list of token ids (one prompt per request)")
+
+
+def stop_of(raw: list[str] | str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    return (raw,) if isinstance(raw, str) else tuple(raw)
+
+
+def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int, float], ...]:
+    if not raw:
+        return ()
+    out: list[tuple[int, float]] = []
+    items = raw.items() if isinstance(raw, dict) else raw
+    for item in items:
+        try:
+            tok, bias = item
+            token = int(tok)
+            value = NEG_INF_BIAS if bias is False else float(bias)
+        except (TypeError, ValueError):
+            raise RequestError(f"logit_bias entries must be [token_id, bias], got {item!r}") from None
+        out.append((token, value))
+    return tuple(out)
+
+
+def seed_of(raw: int | None) -> int:
+    return DEFAULT_SEED if raw is None or raw < 0 else raw
+
+
+def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat | None) -> str:
+    """An explicit grammar wins; else a JSON schema (native ``json_schema`` or response_format)."""
+    if grammar:
+        return grammar
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            schema = schema or fmt.schema
+            if schema is None:
+                return JSON_GBNF
+        elif fmt.type == "json_schema":
+            wrapped = fmt.json_schema or {}
+            schema = wrapped.get("schema", wrapped) if isinstance(wrapped, dict) else None
+            if not schema:
+                raise RequestError("response_format json_schema needs a 'json_schema.schema' object")
+        else:
+            raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.type!r}")
+    if schema is None:
+        return ""
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on bad schemas
+        raise RequestError(f"unsupported JSON schema: {exc}") from None
+
+
+def from_native(req: NativeCompletionRequest) -> Submission:
+    params = SamplingParams(
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias),
+        grammar=grammar_of(req.grammar, req.json_schema, None), n_probs=req.n_probs,
+    )
+    return Submission(
+        prompt_of(req.prompt), req.n_predict, params, stop_of(req.stop), req.n, req.id_slot,
+        req.cache_prompt, req.ignore_eos,
+    )
+
+
+def _openai_params(req: CompletionRequest | ChatCompletionRequest, n_probs: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias),
+        grammar=grammar_of(req.grammar, None, req.response_format), n_probs=n_probs,
+    )
+
+
+def from_completion(req: CompletionRequest) -> Submission:
+    max_tokens = DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS if req.max_tokens is None else req.max_tokens
+    return Submission(
+        prompt_of(req.prompt), max_tokens, _openai_params(req, req.logprobs or 0), stop_of(req.stop), req.n,
+        req.id_slot, req.cache_prompt, req.ignore_eos,
+    )
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    if not req.messages:
+        raise RequestError("messages must not be empty")
+    out = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise RequestError(f"messages[{i}].content: only text parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        out.append({"role": m.role, "content": content or ""})
+    return out
+
+
+def from_chat(req: ChatCompletionRequest, prompt: str) -> Submission:
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    n_probs = (req.top_logprobs or 1) if req.logprobs else 0
+    return Submission(
+        prompt, -1 if max_tokens is None else max_tokens, _openai_params(req, n_probs), stop_of(req.stop), req.n,
+        req.id_slot, req.cache_prompt, req.ignore_eos,
+    )

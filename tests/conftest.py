@@ -1,0 +1,95 @@
+"""Shared fixtures: the tiny generated GGUF model, runtimes over it, and an in-process server.
+
+No network beyond loopback, no downloads: the model is written at test time (tinymodel.py).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from runtime import Runtime, RuntimeConfig
+from tinymodel import write_tiny_model
+
+TEST_THREADS = 2
+TEST_N_CTX = 4096
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
+
+
+@pytest.fixture
+def make_config(tiny_model: Path):
+    """``make_config(parallel=8, ...)``: a RuntimeConfig over the tiny model with test sizes."""
+
+    def make(**overrides: Any) -> RuntimeConfig:
+        base = RuntimeConfig(model=tiny_model, n_ctx=TEST_N_CTX, parallel=4, threads=TEST_THREADS, n_batch=512,
+                             n_ubatch=512)
+        return replace(base, **overrides)
+
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def serve_runtime(rt: Runtime) -> AsyncIterator[str]:
+    """Serve an open runtime with Hypercorn on a free loopback port; yields the base URL."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    port = free_port()
+    cfg = Config()
+    cfg.bind = [f"127.0.0.1:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.graceful_timeout = 0.5
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: serve(rt.asgi_app(), cfg, shutdown_trigger=stop.wait))
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        await client.get(url + "/health")
+                        break
+                    except httpx.TransportError:
+                        await anyio.sleep(0.01)
+        try:
+            yield url
+        finally:
+            stop.set()
+
+
+@asynccontextmanager
+async def open_server(config: RuntimeConfig) -> AsyncIterator[tuple[Runtime, str]]:
+    async with Runtime.open(config) as rt, serve_runtime(rt) as url:
+        yield rt, url
+
+
+@pytest.fixture
+async def server(make_config) -> AsyncIterator[tuple[Runtime, str]]:
+    async with open_server(make_config(parallel=4)) as pair:
+        yield pair
+
+
+async def wait_until(predicate, timeout_s: float = 10.0, poll_s: float = 0.005) -> None:
+    """Wait for a condition (never a sleep guess): poll ``predicate`` until true or time out."""
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await anyio.sleep(poll_s)
