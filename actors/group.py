@@ -98,6 +98,14 @@ class GroupActor(Actor[GroupMsg]):
     # ---- the loop --------------------------------------------------------------------
 
     async def loop(self) -> None:
+        try:
+            await self._decode_loop()
+        except Exception as exc:
+            # Fail everything now, while the mailbox is still open to drain pending Assigns.
+            self.fail_all(f"group {self.group} failed: {exc}")
+            raise
+
+    async def _decode_loop(self) -> None:
         assert self.engine is not None
         while True:
             if not self._drain():

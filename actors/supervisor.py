@@ -31,7 +31,7 @@ from protocol.messages import (
     Assign, Cancel, GroupDown, Released, Revoke, SlotCommand, SlotRequest, Snapshot,
     Submit, SupervisorMsg, Task,
 )
-from runtime.errors import NotFound, Unavailable
+from runtime.errors import Closed, NotFound, Unavailable
 from runtime.kernel import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
@@ -107,26 +107,28 @@ class Supervisor(Actor[SupervisorMsg]):
             self._finished.set()
 
     async def _keep_group(self, g: int, *, task_status: TaskStatus[None]) -> None:
-        """Run group ``g``; restart it after a failure, within the intensity limit (AC-2)."""
-        started = False
+        """Run group ``g``; restart it after a failure, within the intensity limit (AC-2).
+
+        A failure before the first start completed is not supervised: it fails the runtime's
+        start (a context that cannot be created once will not be created on retry either).
+        """
+        status = _StartOnce(task_status)
         failures: deque[float] = deque()
         while True:
             group = self.make_group(g)
             self.groups[g] = group
             try:
-                if not started:
-                    await group.run(task_status=task_status)
-                else:
-                    await group.run()
+                await group.run(task_status=status)
                 return  # clean stop: the mailbox was closed
             except Exception as exc:  # noqa: BLE001 - any failure of a group is supervised
-                if not started and group.engine is None:
-                    raise  # the first start failed: the runtime cannot come up
-                started = True
-                message = f"group {g} failed: {exc}"
+                if not status.started_once:
+                    raise
                 log.error("group_failed", group=g, error=str(exc))
-                group.fail_all(message)
-                self.try_tell(GroupDown(g, str(exc)))
+                try:
+                    self.try_tell(GroupDown(g, str(exc)))
+                except Closed:
+                    return  # the runtime is stopping: nothing to restart
+
                 now = time.monotonic()
                 failures.append(now)
                 while failures and now - failures[0] > self.restart_window_s:
@@ -137,8 +139,6 @@ class Supervisor(Actor[SupervisorMsg]):
                     self.groups[g] = None
                     return
                 self.restarts[g] += 1
-            finally:
-                started = True
 
     def group(self, g: int) -> GroupActor | None:
         return self.groups[g]
@@ -281,6 +281,19 @@ class Supervisor(Actor[SupervisorMsg]):
     def _fail_queue(self, message: str) -> None:
         while self.queue:
             _fail(self.queue.popleft(), message, "unavailable_error")
+
+
+class _StartOnce:
+    """Passes the first ``started()`` to the real task status; later restarts report nothing."""
+
+    def __init__(self, status: TaskStatus[None]) -> None:
+        self._status = status
+        self.started_once = False
+
+    def started(self, value: None = None) -> None:
+        if not self.started_once:
+            self.started_once = True
+            self._status.started(value)
 
 
 def _common_prefix(cached: np.ndarray, prompt: np.ndarray) -> int:

@@ -105,18 +105,23 @@ class RequestHandle:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Token | Done]:
-        async for event in self.events:
-            if isinstance(event, Failed):
-                raise _error_of(event)
-            yield event
+        try:
+            async for event in self.events:
+                if isinstance(event, Failed):
+                    raise _error_of(event)
+                yield event
+        finally:
+            self.close()
 
     async def first(self) -> Token | Done:
         """Wait for the first event (raises the request's error): lets HTTP pick a status."""
         try:
             event = await self.events.receive()
         except anyio.EndOfStream:
+            self.close()
             raise Closed("the request ended without a result") from None
         if isinstance(event, Failed):
+            self.close()
             raise _error_of(event)
         return event
 

@@ -228,8 +228,8 @@ class Api:
         return await self.rt.submit(sub.prompt, **sub.kwargs())
 
     async def _collect(self, request: Request, handle: RequestHandle) -> Any:
-        """Collect a non-streaming result; a client disconnect cancels the request."""
-        result = None
+        """Collect a non-streaming result; a client disconnect cancels the request (API-6)."""
+        outcome: list[Any] = []
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -238,11 +238,16 @@ class Api:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            result = await collect(handle)
+            try:
+                outcome.append(await collect(handle))
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                outcome.append(exc)
             tg.cancel_scope.cancel()
-        if result is None:
+        if not outcome:
             raise RequestError("client disconnected")
-        return result
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
 
     async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
                       tail: Any = None) -> Response:

@@ -28,7 +28,7 @@ def reference_greedy(model: Model, prompt: str, n_predict: int, n_ctx: int) -> l
     """A plain greedy decode with llama_cpp's low-level API: one context, one sequence."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_seq_max = n_ctx, 512, 1
-    params.n_threads = params.n_threads_batch = 2
+    params.n_threads = params.n_threads_batch = 1
     ctx = llama_cpp.llama_init_from_model(model.ptr, params)
     try:
         tokens = model.tokenize(prompt)

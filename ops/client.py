@@ -1,0 +1,129 @@
+"""HTTP side of the harness: one streaming completion, the metrics scrape, the prompt-id probe.
+
+This is the only module of the harness that does network I/O. Timestamps are taken with
+``time.perf_counter()`` the moment a network chunk arrives, before it is parsed, so the
+client's own parsing never delays a measured token; every SSE event in one chunk shares that
+chunk's receive time, which is exactly what a client of the server observes.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+import httpx
+import msgspec
+
+from ops.apis import APIS, Api, SseDecoder
+from ops.stats import RequestRecord
+
+TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
+CONNECT_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 10.0
+ERROR_BODY_CHARS = 200
+
+# Prompts are drawn from the ids this passage tokenizes to: ordinary text tokens of whatever
+# model the server runs, never control tokens. Used only when /tokenize answers.
+PROMPT_ID_PASSAGE = (
+    "The committee met on a cold morning in the old library to discuss the harvest, the river, "
+    "the new bridge and the price of bread. Several members argued that the records from 1987 "
+    "were incomplete; others wanted to publish everything at once, with maps, letters, photographs "
+    "and a short history of the village written by the children of the school."
+)
+FALLBACK_PROMPT_IDS = range(1, 200)  # ids below 200 exist in every vocabulary
+MIN_PROMPT_IDS = 16  # fewer distinct ids than this and the passage probe is not trusted
+
+_encode = msgspec.json.Encoder().encode
+
+
+def parse_metric(text: str, name: str) -> float | None:
+    """The sum over all series of ``name`` in Prometheus text, or ``None`` if absent.
+
+    llamactor labels each series by ``group``; llama-server has one unlabelled series.
+    """
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest[:1] not in ("{", " ", "\t"):
+            continue  # a longer name sharing the prefix
+        value = rest.rsplit("}", 1)[-1].split()
+        if value:
+            total += float(value[0])
+            seen = True
+    return total if seen else None
+
+
+class BenchClient:
+    """A pooled HTTP client for one server URL; one per run, used by every simulated user.
+
+    The pool holds one keep-alive connection per concurrent user, so connection set-up is paid
+    during the warm-up, not in the measured phase.
+    """
+
+    def __init__(self, url: str, api: str | Api, *, max_connections: int, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.api = APIS[api] if isinstance(api, str) else api
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+        self._http = httpx.AsyncClient(limits=limits, timeout=timeout)
+
+    async def __aenter__(self) -> BenchClient:
+        await self._http.__aenter__()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._http.__aexit__(et, e, tb)
+
+    async def complete(self, prompt: list[int], n_predict: int, temperature: float) -> RequestRecord:
+        """Send one streaming completion and record it; never raises for a failed request."""
+        body = _encode(self.api.body(prompt, n_predict, temperature))
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        rec = RequestRecord(sent_s=time.perf_counter(), n_prompt_sent=len(prompt))
+        try:
+            async with self._http.stream("POST", self.url + self.api.path, content=body, headers=headers) as resp:
+                if resp.status_code != httpx.codes.OK:
+                    text = (await resp.aread())[:ERROR_BODY_CHARS].decode("utf-8", "replace")
+                    rec.error = f"HTTP {resp.status_code}: {text}"
+                    return rec
+                decoder = SseDecoder()
+                async for chunk in resp.aiter_bytes():
+                    now = time.perf_counter()
+                    for field, value in decoder.feed(chunk):
+                        self.api.apply(rec, field, value, now)
+                    if rec.error is not None:
+                        return rec
+                self.api.finish(rec)
+        except httpx.HTTPError as exc:
+            rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finally:
+            rec.ended_s = time.perf_counter()
+        return rec
+
+    async def tokens_predicted_total(self) -> float | None:
+        """The server's ``llamacpp:tokens_predicted_total`` (summed over series), or ``None``
+        when /metrics is off (llama-server without ``--metrics``) or unreachable."""
+        try:
+            resp = await self._http.get(self.url + "/metrics", timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != httpx.codes.OK:
+            return None
+        return parse_metric(resp.text, TOKENS_PREDICTED_METRIC)
+
+    async def prompt_ids(self) -> list[int]:
+        """Distinct ids to draw prompts from: the passage's tokens, else ids below 200."""
+        try:
+            resp = await self._http.post(self.url + "/tokenize", json={"content": PROMPT_ID_PASSAGE,
+                                                                      "add_special": False},
+                                         timeout=PROBE_TIMEOUT_S)
+            tokens = resp.json().get("tokens") if resp.status_code == httpx.codes.OK else None
+        except (httpx.HTTPError, ValueError):
+            tokens = None
+        ids = sorted({t for t in tokens or () if isinstance(t, int)})
+        return ids if len(ids) >= MIN_PROMPT_IDS else list(FALLBACK_PROMPT_IDS)
+
+
+__all__ = ["BenchClient", "FALLBACK_PROMPT_IDS", "TOKENS_PREDICTED_METRIC", "parse_metric"]

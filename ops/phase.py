@@ -1,0 +1,122 @@
+"""Running a planned load against one server: warm-up, barrier release, measured phase.
+
+Every workload (closed loop, mixed, cohort) is a list of ``Job``\\ s: a job waits for the
+barrier, then for its start offset, then sends its requests one after another (closed loop:
+the next request leaves when the previous one has ended). All jobs are created and parked on
+the barrier before the clock starts, and all prompts are drawn before that too, so the
+measured phase contains nothing but requests.
+
+The server's ``llamacpp:tokens_predicted_total`` is read after the warm-up and after the
+measured phase; the delta must equal the tokens the client counted, unless another client
+used the server meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import anyio
+
+from ops.client import BenchClient
+from ops.progress import NoProgress, Progress
+from ops.stats import CrossCheck, RequestRecord
+
+WARMUP_NTG = 8  # tokens generated per warm-up request: enough to run decode steps
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int] = field(repr=False)
+    n_predict: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A sequence of requests that starts ``offset_s`` after the barrier opens."""
+
+    kind: str  # "user", "stream", "arrival", "cohort": how the workload reads its records
+    requests: tuple[Request, ...]
+    offset_s: float = 0.0
+
+
+@dataclass
+class PhaseResult:
+    """Records of the measured phase, per job in plan order. Times are ``perf_counter``
+    seconds; ``t0_s`` is the instant the barrier opened, ``end_s`` when the last request ended."""
+
+    jobs: list[Job]
+    records: list[list[RequestRecord]]
+    t0_s: float
+    end_s: float
+    client_cpu_s: float
+    cross_check: CrossCheck
+
+    @property
+    def wall_s(self) -> float:
+        return self.end_s - self.t0_s
+
+    def of_kind(self, kind: str) -> list[RequestRecord]:
+        return [r for job, recs in zip(self.jobs, self.records) if job.kind == kind for r in recs]
+
+    def all_records(self) -> list[RequestRecord]:
+        return [r for recs in self.records for r in recs]
+
+
+async def _run_job(client: BenchClient, job: Job, temperature: float, out: list[RequestRecord],
+                   progress: Progress) -> None:
+    for req in job.requests:
+        rec = await client.complete(req.prompt, req.n_predict, temperature)
+        out.append(rec)
+        progress.advance(rec.ok)
+
+
+async def warm_up(client: BenchClient, warmup_jobs: list[Job], temperature: float) -> list[RequestRecord]:
+    """Run every warm-up job at once, without offsets; called once before the barrier."""
+    out: list[RequestRecord] = []
+    async with anyio.create_task_group() as tg:
+        for job in warmup_jobs:
+            tg.start_soon(_run_job, client, job, temperature, out, NoProgress())
+    return out
+
+
+async def measure(client: BenchClient, jobs: list[Job], temperature: float,
+                  progress: Progress | None = None) -> PhaseResult:
+    """Park every job on a barrier, open it, and wait until every job has ended."""
+    if not jobs:
+        raise ValueError("a measured phase needs at least one job")
+    progress = progress or NoProgress()
+    records: list[list[RequestRecord]] = [[] for _ in jobs]
+    parked = 0
+    all_parked = anyio.Event()
+    release = anyio.Event()
+    t0 = 0.0
+
+    async def job_task(i: int) -> None:
+        nonlocal parked
+        parked += 1
+        if parked == len(jobs):
+            all_parked.set()
+        await release.wait()
+        delay = t0 + jobs[i].offset_s - time.perf_counter()
+        if delay > 0:
+            await anyio.sleep(delay)
+        await _run_job(client, jobs[i], temperature, records[i], progress)
+
+    before = await client.tokens_predicted_total()
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(job_task, i)
+        await all_parked.wait()
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        release.set()
+    end = max((r.ended_s for recs in records for r in recs if r.ended_s is not None), default=t0)
+    cpu = time.process_time() - cpu0
+    after = await client.tokens_predicted_total()
+    progress.close()
+    counted = sum(r.n_generated for recs in records for r in recs)
+    return PhaseResult(jobs, records, t0, end, cpu, CrossCheck.of(counted, before, after))
+
+
+__all__ = ["Job", "PhaseResult", "Request", "WARMUP_NTG", "measure", "warm_up"]

@@ -1,0 +1,134 @@
+"""Output of ``llamactor bench``: a plain-text table, notes that flag untrustworthy figures,
+and the same data as JSON. Pure: takes finished runs, returns strings and dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ops.compare import PairRatio, Run
+
+CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
+HEADERS = {
+    "tok_s": "tok/s", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_p50_ms": "TPOT p50 ms",
+    "gap_p50_ms": "gap p50 ms", "gap_p99_ms": "gap p99 ms", "gap_max_ms": "gap max ms", "ok": "ok",
+    "failed": "failed", "wall_s": "wall s", "server_tokens": "srv tokens", "diff_percent": "diff %",
+    "arrival_ttft_p50_ms": "arr TTFT p50 ms", "arrival_ttft_max_ms": "arr TTFT max ms",
+    "prefill_tok_s": "prefill tok/s", "makespan_s": "makespan s", "overlap": "overlap",
+    "all_prefilled_s": "all prefilled s", "gen_tok_s": "gen tok/s",
+}
+
+
+def fmt(value: Any) -> str:
+    """A figure for a table: ``-`` for not measured, 3 significant-ish digits for floats."""
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _run_label_columns(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    header, cells = ["server"], [[r.target.label if len({x.target.url for x in runs}) > 1 else r.target.url]
+                                 for r in runs]
+    if any(r.point for r in runs):
+        header.append("point")
+        for c, r in zip(cells, runs):
+            c.append(r.point or "")
+    if any(r.pair for r in runs):
+        header.append("pair")
+        for c, r in zip(cells, runs):
+            c.append(str(r.pair + 1))
+    return header, cells
+
+
+def render_runs(runs: list[Run]) -> str:
+    """One row per run, in the order the runs happened."""
+    if not runs:
+        return "(no runs)"
+    header, cells = _run_label_columns(runs)
+    keys = list(runs[0].result.figures())
+    header += [HEADERS.get(k, k) for k in keys]
+    rows = [c + [fmt(r.result.figures()[k]) for k in keys] for c, r in zip(cells, runs)]
+    return _grid(header, rows)
+
+
+def render_ratios(ratios: list[PairRatio]) -> str:
+    if not ratios:
+        return ""
+    keys = list(ratios[0].ratios)
+    header = ["point", "pair"] + [f"B/A {HEADERS.get(k, k)}" for k in keys]
+    rows = [[r.point or "", "median" if r.pair is None else str(r.pair + 1)] + [fmt(r.ratios[k]) for k in keys]
+            for r in ratios]
+    return _grid(header, rows)
+
+
+def notes(runs: list[Run]) -> list[str]:
+    """Warnings about figures that should not be trusted as they stand."""
+    out = []
+    for r in runs:
+        res, where = r.result, " ".join(x for x in (r.target.label, r.target.url, r.point or "") if x)
+        if res.failed:
+            out.append(f"{where}: {res.failed} request(s) failed: {'; '.join(res.errors)}")
+        if res.warmup_failed:
+            out.append(f"{where}: {res.warmup_failed} warm-up request(s) failed")
+        cc = res.cross_check
+        if cc.server_tokens is None:
+            out.append(f"{where}: no llamacpp:tokens_predicted_total on /metrics (llama-server: add --metrics); "
+                       "token count not cross-checked")
+        elif cc.diff_percent != 0.0:
+            out.append(f"{where}: client counted {cc.client_tokens} generated tokens, the server "
+                       f"{cc.server_tokens} (another client on this server?)")
+        out += [f"{where}: {text}" for text in res.notes()]
+        wall = res.elapsed_s
+        if wall > 0 and res.client_cpu_s / wall > CLIENT_CPU_WARN_FRACTION:
+            out.append(f"{where}: the client used {res.client_cpu_s / wall:.0%} of a core; figures may be "
+                       "client-bound")
+    return out
+
+
+def describe(workload: Any) -> str:
+    """One line naming the workload and its settings, printed above the table."""
+    parts = [f"{f.name}={getattr(workload, f.name)}" for f in dataclasses.fields(workload) if f.name != "common"]
+    common = workload.common
+    parts += [f"api={common.api}", f"warmup={common.warmup}", f"temperature={common.temperature}",
+              f"seed={common.seed}"]
+    return f"{type(workload).__name__.lower()}: " + " ".join(parts)
+
+
+def _plain(obj: Any) -> Any:
+    """Dataclasses to dicts, leaving out fields marked ``metadata={"report": False}``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.metadata.get("report", True)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def to_json(runs: list[Run], ratios: list[PairRatio]) -> dict[str, Any]:
+    return {
+        "runs": [{"server": r.target.label, "url": r.target.url, "point": r.point, "pair": r.pair,
+                  "workload": r.result.workload, "figures": r.result.figures(), "result": _plain(r.result)}
+                 for r in runs],
+        "ratios": [_plain(x) for x in ratios],
+        "notes": notes(runs),
+    }
+
+
+__all__ = ["describe", "fmt", "notes", "render_ratios", "render_runs", "to_json"]

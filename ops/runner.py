@@ -1,0 +1,82 @@
+"""One benchmark run of one workload against one server URL.
+
+A workload is anything with a ``plan`` (prompts in, warm-up jobs and measured jobs out) and a
+``summarize`` (the measured phase in, a result out); ``run_workload`` does the I/O around
+them. Called once per run: once for a plain ``bench``, once per server, sweep point and pair
+for ``--sweep`` and ``--vs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ops.client import BenchClient
+from ops.phase import Job, PhaseResult, measure, warm_up
+from ops.progress import NoProgress, Progress
+from ops.prompts import PromptSource
+
+DEFAULT_TIMEOUT_S = 600.0  # a single request slower than this counts as failed
+SPARE_CONNECTIONS = 2  # for the /metrics scrapes next to the busiest moment of the run
+
+
+@dataclass(frozen=True)
+class Common:
+    """Settings every workload shares."""
+
+    api: str = "native"  # "native" (/completion) or "openai" (/v1/completions)
+    warmup: int = 1  # warm-up rounds; each sends one short request per job, all at once
+    temperature: float = 0.0  # greedy: the cheapest sampler, the same work on every server
+    seed: int = 0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Workload(Protocol[R_co]):
+    common: Common
+
+    def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
+        """(warm-up jobs, measured jobs); called once per run, before any request."""
+        ...
+
+    def summarize(self, phase: PhaseResult, warmup_failed: int) -> R_co:
+        """The run's figures; called once, after the measured phase (pure)."""
+        ...
+
+    @property
+    def n_requests(self) -> int:
+        """Requests in the measured phase (for the progress bar)."""
+        ...
+
+    @property
+    def concurrency(self) -> int:
+        """Most requests in flight at once: one per measured job."""
+        ...
+
+
+async def probe_prompt_ids(url: str) -> list[int]:
+    """The token ids prompts are drawn from (see ``BenchClient.prompt_ids``)."""
+    async with BenchClient(url, "native", max_connections=1, timeout_s=DEFAULT_TIMEOUT_S) as client:
+        return await client.prompt_ids()
+
+
+async def run_workload(url: str, workload: Workload[Any], *, seed: int | None = None,
+                       prompt_ids: list[int] | None = None, progress: Progress | None = None) -> Any:
+    """Warm up, measure and summarize ``workload`` against ``url``.
+
+    ``seed`` overrides ``workload.common.seed`` (``--vs`` and ``--sweep`` derive one per run);
+    ``prompt_ids`` skips the /tokenize probe so two servers get exactly the same prompts.
+    """
+    common = workload.common
+    async with BenchClient(url, common.api, max_connections=workload.concurrency + SPARE_CONNECTIONS,
+                           timeout_s=common.timeout_s) as client:
+        ids = prompt_ids if prompt_ids is not None else await client.prompt_ids()
+        warm_jobs, jobs = workload.plan(PromptSource(ids, common.seed if seed is None else seed))
+        warm = await warm_up(client, warm_jobs, common.temperature)
+        phase = await measure(client, jobs, common.temperature, progress or NoProgress())
+    return workload.summarize(phase, warmup_failed=sum(not r.ok for r in warm))
+
+
+__all__ = ["Common", "DEFAULT_TIMEOUT_S", "Workload", "probe_prompt_ids", "run_workload"]

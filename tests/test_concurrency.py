@@ -1,0 +1,109 @@
+"""Many streams at once, and a client that leaves (AC-3, AC-4, API-6)."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import httpx
+
+from conftest import open_server, wait_until
+from runtime.facade import RequestHandle
+
+
+async def _stream_tokens(client: httpx.AsyncClient, prompt: str, n: int) -> int:
+    count = 0
+    async with client.stream("POST", "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0,
+                                                           "ignore_eos": True, "stream": True}) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                if not chunk["stop"]:
+                    count += 1
+                else:
+                    assert chunk["tokens_predicted"] == n
+    return count
+
+
+async def test_32_concurrent_streams_complete(make_config):
+    """Issue 2 check 4: 32 concurrent streaming requests over 8 slots all complete."""
+    async with open_server(make_config(parallel=8)) as (rt, url):
+        counts: list[int] = []
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            async def one(i: int) -> None:
+                counts.append(await _stream_tokens(client, f"stream number {i}", 16 + i % 5))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(32):
+                    tg.start_soon(one, i)
+        assert sorted(counts) == sorted(16 + i % 5 for i in range(32))
+        assert not any(s["is_processing"] for s in rt.slots())
+
+
+async def test_disconnect_frees_slot_within_one_step(make_config, monkeypatch):
+    """API-6 / issue 2 check 4: a client leaving mid-stream frees its slot within one decode step."""
+    closed_sinks: set[int] = set()
+    steps_after_close = {"n": 0}
+    original_close = RequestHandle.close
+
+    def recording_close(self: RequestHandle) -> None:
+        closed_sinks.add(id(self.task.sink))
+        original_close(self)
+
+    monkeypatch.setattr(RequestHandle, "close", recording_close)
+
+    def on_step(group, res) -> None:
+        if any(id(sink) in closed_sinks for sink, _ in res.events):
+            steps_after_close["n"] += 1
+
+    async with open_server(make_config(parallel=2)) as (rt, url):
+        rt.supervisor.groups[0].on_step = on_step
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            async with client.stream("POST", "/completion", json={
+                "prompt": "a long story", "n_predict": 3000, "temperature": 0, "ignore_eos": True, "stream": True,
+            }) as resp:
+                seen = 0
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        seen += 1
+                        if seen == 5:
+                            break
+            # leaving the block closed the connection mid-stream
+            await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
+            assert steps_after_close["n"] <= 1
+            # the server keeps serving, and the freed slot is reused
+            r = await client.post("/completion", json={"prompt": "next", "n_predict": 4, "temperature": 0})
+            assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+
+
+async def test_nonstreaming_disconnect_cancels(make_config):
+    """API-6: a non-streaming client that leaves also frees its slot."""
+    async with open_server(make_config(parallel=1)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            with anyio.move_on_after(0.2):
+                await client.post("/completion", json={"prompt": "long", "n_predict": 100000 // 100 * 3,
+                                                        "temperature": 0, "ignore_eos": True})
+            await wait_until(lambda: not rt.slots()[0]["is_processing"])
+        assert rt.metrics.groups[0].requests_processing == 0
+
+
+async def test_queue_full_gives_503_with_retry_after(make_config):
+    """AC-3: past the queue bound the API answers 503 with Retry-After, never an unbounded wait."""
+    async with open_server(make_config(parallel=1, queue_size=1)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            statuses: list[int] = []
+            retry: list[str | None] = []
+
+            async def one() -> None:
+                r = await client.post("/completion", json={"prompt": "x", "n_predict": 64, "temperature": 0,
+                                                            "ignore_eos": True})
+                statuses.append(r.status_code)
+                retry.append(r.headers.get("retry-after"))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(one)
+        assert 503 in statuses and 200 in statuses
+        assert all(r == "1" for s, r in zip(statuses, retry) if s == 503)

@@ -1,0 +1,88 @@
+"""Supervision (AC-2): a failing group fails its requests, restarts, and the runtime goes on."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import httpx
+import pytest
+
+from conftest import open_server, wait_until
+from runtime import EngineError, Runtime
+
+
+async def _start_streams(rt: Runtime, n: int):
+    handles = [await rt.submit(f"stream {i}", max_tokens=5000, temperature=0, ignore_eos=True) for i in range(n)]
+    for h in handles:
+        await h.first()
+    return handles
+
+
+async def test_decode_failure_fails_inflight_restarts_group(make_config):
+    """Issue 2 check 6: an injected decode failure fails every in-flight request (none hangs),
+    the group restarts with a fresh context, and the next request succeeds."""
+    async with open_server(make_config(parallel=4, n_ctx=4 * 8192)) as (rt, url):
+        old_group = rt.supervisor.groups[0]
+        handles = await _start_streams(rt, 3)
+        old_group.engine.faults.fail_next = 1
+        for h in handles:
+            with anyio.fail_after(10), pytest.raises(EngineError, match="injected decode failure"):
+                async for _ in h:
+                    pass
+        await wait_until(lambda: rt.supervisor.groups[0] is not old_group and rt.supervisor.groups[0].engine)
+        assert rt.supervisor.restarts[0] == 1
+        assert not any(s["is_processing"] for s in rt.slots())
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/health")).status_code == 200
+            r = await client.post("/completion", json={"prompt": "after", "n_predict": 6, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 6
+
+
+async def test_streaming_client_sees_error_event(make_config):
+    """AC-2 through HTTP: a streaming request whose group fails ends with an error event, not a hang."""
+    async with open_server(make_config(parallel=2, n_ctx=2 * 8192)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            async with client.stream("POST", "/completion", json={
+                "prompt": "x", "n_predict": 5000, "temperature": 0, "ignore_eos": True, "stream": True,
+            }) as resp:
+                lines = []
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        if len(lines) == 3:
+                            rt.supervisor.groups[0].engine.faults.fail_next = 1
+        assert '"server_error"' in lines[-1] and "injected decode failure" in lines[-1]
+
+
+async def test_restart_intensity_limit_reports_unhealthy(make_config):
+    """AC-2/API-1: past max_restarts within the window the group stays down and /health is 503."""
+    async with open_server(make_config(parallel=2, max_restarts=1, restart_window_s=60)) as (rt, url):
+        for _ in range(2):
+            group = rt.supervisor.groups[0]
+            group.engine.faults.fail_next = 1
+            with pytest.raises(EngineError):
+                await rt.complete("boom", max_tokens=4, temperature=0)
+            await wait_until(lambda g=group: rt.supervisor.groups[0] is not g)
+        assert rt.health() == "unhealthy"
+        async with httpx.AsyncClient(base_url=url) as client:
+            r = await client.get("/health")
+            assert r.status_code == 503
+            r = await client.post("/completion", json={"prompt": "x", "n_predict": 2})
+            assert r.status_code == 503 and "unhealthy" in r.json()["error"]["message"]
+
+
+async def test_slot_erase_waits_only_for_owning_group(make_config):
+    """AC-2 helper check of the test hook: a held step blocks its own group's commands only."""
+    async with Runtime.open(make_config(parallel=2)) as rt:
+        hold = threading.Event()
+        rt.supervisor.groups[0].engine.faults.hold = hold
+        h = await rt.submit("x", max_tokens=4, temperature=0)
+        with anyio.move_on_after(0.2) as scope:
+            await rt.slot_action(1, "erase")
+        assert scope.cancelled_caught  # group 0 is inside a held step: its slots must wait (PG-5)
+        hold.set()
+        await rt.slot_action(1, "erase")
+        async with h:
+            async for _ in h:
+                pass
