@@ -107,7 +107,7 @@ def run_bench(args: argparse.Namespace) -> int:
         json.dump(to_json(runs, ratios), sys.stdout, indent=2)
         print()
     else:
-        print(describe(workload))
+        print(describe(workload, targets, args.sweep))
         print(render_runs(runs))
         if ratios:
             print()

@@ -1,9 +1,10 @@
-"""HTTP side of the harness: one streaming completion, the metrics scrape, the prompt-id probe.
+"""Network side of the harness: one streaming completion, the metrics scrape, the prompt-id probe.
 
-This is the only module of the harness that does network I/O. Timestamps are taken with
-``time.perf_counter()`` the moment a network chunk arrives, before it is parsed, so the
-client's own parsing never delays a measured token; every SSE event in one chunk shares that
-chunk's receive time, which is exactly what a client of the server observes.
+This module and ``http1`` are the only ones that do network I/O. Timestamps are taken with
+``time.perf_counter()`` the moment a network chunk arrives, before it is parsed (see
+``http1``), so the client's own parsing never delays a measured token; every SSE event in one
+chunk shares that chunk's receive time, which is exactly what a client of the server observes.
+Measured requests go through ``http1``; the probes through httpx.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import httpx
 import msgspec
 
 from ops.apis import APIS, Api, SseDecoder
+from ops.http1 import Http1Pool, ProtocolError
 from ops.stats import RequestRecord
 
 TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
+HTTP_OK = 200
 CONNECT_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
 ERROR_BODY_CHARS = 200
@@ -56,18 +59,18 @@ def parse_metric(text: str, name: str) -> float | None:
 
 
 class BenchClient:
-    """A pooled HTTP client for one server URL; one per run, used by every simulated user.
+    """The client of one server URL; one per run, used by every simulated user.
 
-    The pool holds one keep-alive connection per concurrent user, so connection set-up is paid
-    during the warm-up, not in the measured phase.
+    Its pool keeps one keep-alive connection per concurrent user, so connection set-up is paid
+    during the warm-up, not in the measured phase. Needs the asyncio event loop.
     """
 
-    def __init__(self, url: str, api: str | Api, *, max_connections: int, timeout_s: float) -> None:
+    def __init__(self, url: str, api: str | Api, *, timeout_s: float) -> None:
         self.url = url.rstrip("/")
         self.api = APIS[api] if isinstance(api, str) else api
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
-        self._http = httpx.AsyncClient(limits=limits, timeout=timeout)
+        self.timeout_s = timeout_s
+        self._pool = Http1Pool(self.url)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
 
     async def __aenter__(self) -> BenchClient:
         await self._http.__aenter__()
@@ -75,28 +78,37 @@ class BenchClient:
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
+        self._pool.close()
         await self._http.__aexit__(et, e, tb)
 
     async def complete(self, prompt: list[int], n_predict: int, temperature: float) -> RequestRecord:
-        """Send one streaming completion and record it; never raises for a failed request."""
+        """Send one streaming completion and record it; never raises for a failed request.
+
+        Called once per request by a simulated user; concurrent calls share the pool.
+        """
         body = _encode(self.api.body(prompt, n_predict, temperature))
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        rec = RequestRecord(sent_s=time.perf_counter(), n_prompt_sent=len(prompt))
+        rec = RequestRecord(sent_s=0.0, n_prompt_sent=len(prompt))
+        decoder = SseDecoder()
+        error_body = bytearray()
+        api = self.api
+
+        def on_sent() -> None:
+            rec.sent_s = time.perf_counter()
+
+        def sink(status: int, piece: bytes, now: float) -> None:
+            if status != HTTP_OK:
+                error_body.extend(piece[: ERROR_BODY_CHARS - len(error_body)])
+                return
+            for field, value in decoder.feed(piece):
+                api.apply(rec, field, value, now)
+
         try:
-            async with self._http.stream("POST", self.url + self.api.path, content=body, headers=headers) as resp:
-                if resp.status_code != httpx.codes.OK:
-                    text = (await resp.aread())[:ERROR_BODY_CHARS].decode("utf-8", "replace")
-                    rec.error = f"HTTP {resp.status_code}: {text}"
-                    return rec
-                decoder = SseDecoder()
-                async for chunk in resp.aiter_bytes():
-                    now = time.perf_counter()
-                    for field, value in decoder.feed(chunk):
-                        self.api.apply(rec, field, value, now)
-                    if rec.error is not None:
-                        return rec
-                self.api.finish(rec)
-        except httpx.HTTPError as exc:
+            status = await self._pool.post(api.path, body, sink, on_sent, self.timeout_s)
+            if status != HTTP_OK:
+                rec.error = f"HTTP {status}: {error_body.decode('utf-8', 'replace')}"
+            else:
+                api.finish(rec)
+        except (OSError, ProtocolError, TimeoutError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
             rec.ended_s = time.perf_counter()

@@ -36,6 +36,8 @@ def prompt_mismatches(records: list[RequestRecord]) -> int:
 
 @dataclass(frozen=True)
 class ClosedLoop:
+    name = "closed"
+
     users: int = 8
     requests: int = 4  # per user
     npp: int = 128
@@ -46,9 +48,6 @@ class ClosedLoop:
     def n_requests(self) -> int:
         return self.users * self.requests
 
-    @property
-    def concurrency(self) -> int:
-        return self.users
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         warm = [Job("user", tuple(Request(prompts.take(self.npp), WARMUP_NTG) for _ in range(self.common.warmup)))

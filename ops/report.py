@@ -42,8 +42,7 @@ def _grid(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _run_label_columns(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    header, cells = ["server"], [[r.target.label if len({x.target.url for x in runs}) > 1 else r.target.url]
-                                 for r in runs]
+    header, cells = ["server"], [[r.target.label] for r in runs]
     if any(r.point for r in runs):
         header.append("point")
         for c, r in zip(cells, runs):
@@ -100,13 +99,17 @@ def notes(runs: list[Run]) -> list[str]:
     return out
 
 
-def describe(workload: Any) -> str:
-    """One line naming the workload and its settings, printed above the table."""
-    parts = [f"{f.name}={getattr(workload, f.name)}" for f in dataclasses.fields(workload) if f.name != "common"]
+def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str:
+    """Lines naming the servers, the workload and its settings, printed above the table."""
+    swept, _, values = (sweep or "").partition("=")
+    swept = swept.strip().replace("-", "_")
+    parts = [f"{f.name}={values if f.name == swept else getattr(workload, f.name)}"
+             for f in dataclasses.fields(workload) if f.name != "common"]
     common = workload.common
     parts += [f"api={common.api}", f"warmup={common.warmup}", f"temperature={common.temperature}",
               f"seed={common.seed}"]
-    return f"{type(workload).__name__.lower()}: " + " ".join(parts)
+    servers = [f"{t.label} = {t.url}" for t in targets] if len(targets) > 1 else [f"server {targets[0].url}"]
+    return "\n".join(servers + [f"workload {workload.name}: " + " ".join(parts)])
 
 
 def _plain(obj: Any) -> Any:

@@ -17,7 +17,6 @@ from ops.progress import NoProgress, Progress
 from ops.prompts import PromptSource
 
 DEFAULT_TIMEOUT_S = 600.0  # a single request slower than this counts as failed
-SPARE_CONNECTIONS = 2  # for the /metrics scrapes next to the busiest moment of the run
 
 
 @dataclass(frozen=True)
@@ -50,15 +49,11 @@ class Workload(Protocol[R_co]):
         """Requests in the measured phase (for the progress bar)."""
         ...
 
-    @property
-    def concurrency(self) -> int:
-        """Most requests in flight at once: one per measured job."""
-        ...
 
 
 async def probe_prompt_ids(url: str) -> list[int]:
     """The token ids prompts are drawn from (see ``BenchClient.prompt_ids``)."""
-    async with BenchClient(url, "native", max_connections=1, timeout_s=DEFAULT_TIMEOUT_S) as client:
+    async with BenchClient(url, "native", timeout_s=DEFAULT_TIMEOUT_S) as client:
         return await client.prompt_ids()
 
 
@@ -70,8 +65,7 @@ async def run_workload(url: str, workload: Workload[Any], *, seed: int | None = 
     ``prompt_ids`` skips the /tokenize probe so two servers get exactly the same prompts.
     """
     common = workload.common
-    async with BenchClient(url, common.api, max_connections=workload.concurrency + SPARE_CONNECTIONS,
-                           timeout_s=common.timeout_s) as client:
+    async with BenchClient(url, common.api, timeout_s=common.timeout_s) as client:
         ids = prompt_ids if prompt_ids is not None else await client.prompt_ids()
         warm_jobs, jobs = workload.plan(PromptSource(ids, common.seed if seed is None else seed))
         warm = await warm_up(client, warm_jobs, common.temperature)

@@ -33,6 +33,8 @@ def _warmup(common: Common, lengths: list[int], prompts: PromptSource) -> list[J
 
 @dataclass(frozen=True)
 class Mixed:
+    name = "mixed"
+
     streams: int = 4
     npp: int = 32  # prompt of each stream
     ntg: int = 192  # tokens each stream generates
@@ -45,9 +47,6 @@ class Mixed:
     def n_requests(self) -> int:
         return self.streams + len(self.arrivals_s)
 
-    @property
-    def concurrency(self) -> int:
-        return self.n_requests
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         warm = _warmup(self.common, [self.npp] * self.streams + [self.arrival_npp] * len(self.arrivals_s), prompts)
@@ -128,6 +127,8 @@ class MixedResult:
 
 @dataclass(frozen=True)
 class Cohort:
+    name = "cohort"
+
     npps: tuple[int, ...] = DEFAULT_COHORT_NPP
     ntg: int = 64
     common: Common = Common()
@@ -136,9 +137,6 @@ class Cohort:
     def n_requests(self) -> int:
         return len(self.npps)
 
-    @property
-    def concurrency(self) -> int:
-        return len(self.npps)
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         warm = _warmup(self.common, list(self.npps), prompts)

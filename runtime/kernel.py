@@ -87,7 +87,8 @@ class Actor(Generic[M]):
     async def ask(self, make: Callable[[Reply[T]], M], timeout_s: float) -> T:
         """Send ``make(reply)`` and wait at most ``timeout_s`` for the answer (TimeoutError past it)."""
         send, recv = anyio.create_memory_object_stream[tuple[bool, Any]](1)
-        with recv:
+        # The asker closes both ends when done, so a replier that never answers leaks nothing.
+        with recv, send:
             await self.tell(make(Reply(send)))
             with anyio.fail_after(timeout_s):
                 try:
