@@ -91,6 +91,9 @@ class RuntimeConfig:
         model = Path(self.model) if self.model else default_model_path()
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
+        from actors.policies import resolve_policy
+
+        resolve_policy(self.scheduler)  # raises ConfigError naming an unknown scheduler
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path is not a directory: {self.slot_save_path}")
         return replace(

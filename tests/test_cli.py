@@ -1,0 +1,75 @@
+"""``llamactor serve`` as a user runs it: a real process on loopback (API-1, CLI flags, env)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from conftest import free_port
+
+LLAMACTOR = [sys.executable, "-m", "runtime.cli"]
+STARTUP_TIMEOUT_S = 30
+
+
+def _wait_ready(url: str, proc: subprocess.Popen) -> list[int]:
+    statuses = []
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+        try:
+            r = httpx.get(url + "/health", timeout=1)
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                return statuses
+        except httpx.TransportError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("server did not become ready")
+
+
+def test_serve_process_end_to_end(tiny_model: Path):
+    """The serve command: env + flags, /health 200 once loaded, a completion, clean SIGTERM exit."""
+    port = free_port()
+    env = {**os.environ, "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "2048"}
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "--metrics"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        statuses = _wait_ready(url, proc)
+        assert set(statuses) <= {200, 503}
+        props = httpx.get(url + "/props").json()
+        assert props["total_slots"] == 2 and props["n_ctx"] == 1024
+        r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 5, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()
+    logs = err.decode()
+    assert '"event": "request_done"' in logs  # JSON logs when stderr is not a TTY (AC-7)
+    assert '"n_predicted": 5' in logs
+
+
+def test_serve_refuses_bad_configuration(tiny_model: Path):
+    """Startup errors are clear and name the values (PG-8 style), exit code 2."""
+    cases = [
+        (["-np", "3", "--pipeline-groups", "2"], "--parallel (3) must be a multiple of --pipeline-groups (2)"),
+        (["-np", "2", "--pipeline-groups", "4"], "--pipeline-groups (4) must not exceed --parallel (2)"),
+        (["--pipeline-groups", "0"], "--pipeline-groups must be >= 1, got 0"),
+        (["--scheduler", "nope"], "unknown scheduler 'nope'"),
+    ]
+    for flags, message in cases:
+        proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), *flags],
+                              capture_output=True, timeout=30)
+        assert proc.returncode == 2, (flags, proc.stderr)
+        assert message in proc.stderr.decode(), proc.stderr.decode()
+    proc = subprocess.run([*LLAMACTOR, "serve", "-m", "/nonexistent.gguf"], capture_output=True, timeout=30)
+    assert proc.returncode == 2 and "model file not found" in proc.stderr.decode()
