@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 
 from conftest import open_server
 from ops.apis import SseDecoder
 from ops.client import parse_metric
-from ops.compare import Target, pair_ratios, parse_sweep, run_matrix
+from ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
 from ops.http1 import _Connection
 from ops.loadgen import ClosedLoop
 from ops.progress import NoProgress
@@ -29,8 +30,11 @@ USERS, REQUESTS, NPP, NTG = 3, 2, 16, 12
 
 
 def closed(**overrides) -> ClosedLoop:
-    base = ClosedLoop(users=USERS, requests=REQUESTS, npp=NPP, ntg=NTG)
-    return ClosedLoop(**{**base.__dict__, **overrides})
+    return replace(ClosedLoop(users=USERS, requests=REQUESTS, npp=NPP, ntg=NTG), **overrides)
+
+
+def run_of(url: str, result) -> Run:
+    return Run(Target("A", url), None, 0, result)
 
 
 def assert_sane(value, where: str) -> None:
@@ -45,9 +49,12 @@ def assert_sane(value, where: str) -> None:
         assert math.isfinite(value) and value >= 0, f"{where} = {value}"
 
 
-def assert_request_consistent(rec: RequestRecord, npp: int, ntg: int) -> None:
+def assert_request_consistent(rec: RequestRecord, npp: int, ntg: int, api: str = "native") -> None:
     assert rec.ok, rec.error
-    assert rec.n_generated == ntg == sum(rec.event_tokens)
+    assert rec.n_generated == ntg
+    # native events carry token ids; OpenAI chunks carry text, and a token that ends inside a
+    # UTF-8 sequence has no text of its own, so it has no chunk
+    assert sum(rec.event_tokens) == ntg if api == "native" else 1 <= sum(rec.event_tokens) <= ntg
     assert rec.n_prompt_server == npp
     assert rec.ttft_s is not None and rec.latency_s is not None
     assert 0 <= rec.ttft_s <= rec.latency_s
@@ -68,17 +75,11 @@ async def test_closed_loop_counts_match_server(make_config, api: str) -> None:
     assert res.cross_check == CrossCheck(USERS * REQUESTS * NTG, USERS * REQUESTS * NTG, 0.0)
     assert res.prompt_mismatches == 0
     for rec in res.records:
-        assert_request_consistent(rec, NPP, NTG)
-    assert res.ttft.n == USERS * REQUESTS and res.gap.n == USERS * REQUESTS * (NTG - 1)
+        assert_request_consistent(rec, NPP, NTG, api)
+    assert res.ttft.n == USERS * REQUESTS
     assert res.ttft.p50_ms <= res.latency.p50_ms and res.ttft.max_ms <= res.latency.max_ms
     assert res.tok_s is not None and res.tok_s > 0 and res.wall_s > 0
     assert_sane(to_json([run_of(url, res)], []), "json")
-
-
-def run_of(url: str, result):
-    from ops.compare import Run
-
-    return Run(Target("A", url), None, 0, result)
 
 
 async def test_failed_requests_are_counted(make_config) -> None:
