@@ -26,6 +26,7 @@ from protocol.messages import (
 from runtime.engine import Context, ContextOptions, StepResult
 from runtime.errors import EngineError, SlotBusy
 from runtime.kernel import Actor
+from runtime.profiler import REPORT_INTERVAL_S, GroupProfile
 from runtime.slot import Phase, Slot
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class GroupActor(Actor[GroupMsg]):
         supervisor: Actor[Any],
         coordinator: Actor[Any] | None,
         metrics: Metrics,
+        profile: bool = False,
+        profile_interval_s: float = REPORT_INTERVAL_S,
     ) -> None:
         self.mailbox_size = 4 * len(slot_ids) + 64
         super().__init__()
@@ -65,6 +68,8 @@ class GroupActor(Actor[GroupMsg]):
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.on_step: Any = None  # test hook: called with each StepResult
+        self.profile_interval_s = profile_interval_s
+        self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -118,10 +123,20 @@ class GroupActor(Actor[GroupMsg]):
                     return
                 self._handle(msg)
                 continue
-            res: StepResult = await anyio.to_thread.run_sync(
-                self.engine.step, plan, self.slots, limiter=self._limiter
-            )
+            prof = self.profile
+            if prof is None:
+                res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, None, limiter=self._limiter)
+                self._deliver(res)
+                continue
+            prof.started_step = time.perf_counter()
+            res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, prof, limiter=self._limiter)
+            t1 = time.perf_counter()
             self._deliver(res)
+            prof.deliver += time.perf_counter() - t1
+            prof.iterations += 1
+            if t1 - prof.started >= self.profile_interval_s:
+                log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
+                prof.started = t1
 
     def _drain(self) -> bool:
         """Handle every queued message without waiting; False once the mailbox is closed."""
@@ -239,12 +254,15 @@ class GroupActor(Actor[GroupMsg]):
         """Send the step's events; a closed stream means the client left: free its slots now."""
         self.metrics.step(self.group, res)
         gone: set[int] = set()
-        now = time.perf_counter()
+        ts = time.perf_counter()
         for sink, event in res.events:
             try:
                 sink.send_nowait(event)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
                 gone.add(id(sink))
+        now = time.perf_counter()
+        if self.profile is not None:
+            self.profile.send += now - ts
         for s in res.ready:
             self._tell_coordinator("prefill_done", s)
         done_tasks: set[int] = set()

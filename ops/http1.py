@@ -60,6 +60,16 @@ class _Connection(asyncio.Protocol):
         self.transport.write(head_and_body)
         return self._done
 
+    @property
+    def nothing_received(self) -> bool:
+        """No byte of the current response has arrived."""
+        return self._in_head and not self._buf
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.close()
+
     # ---- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -193,45 +203,53 @@ class Http1Pool:
         self._idle: list[_Connection] = []
         self._all: list[_Connection] = []
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        """An idle connection (reused: True) or a new one."""
         while self._idle:
             conn = self._idle.pop()
             if not conn.lost:
-                return conn
+                return conn, True
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Connection, self.host, self.port)
         self._all.append(conn)
-        return conn
+        return conn, False
 
     async def post(self, path: str, body: bytes, sink: BodySink, on_sent: Callable[[], None],
                    timeout_s: float) -> int:
         """POST ``body`` as JSON; ``sink`` gets the response body as it arrives; the status is
-        returned once it has ended. ``on_sent`` is called right before the request is written."""
-        conn = await self._acquire()
+        returned once it has ended. ``on_sent`` is called right before the request is written
+        (after any connect, so TTFT never includes connection set-up).
+
+        A kept-alive connection that the server closed while it sat idle fails before a single
+        response byte; that request is sent again once, on a new connection.
+        """
         head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
-        on_sent()
-        done = conn.send(head + body, sink)
-        try:
-            status = await asyncio.wait_for(done, timeout_s)
-        except BaseException:
-            conn.reusable = False
-            assert conn.transport is not None
-            conn.transport.close()
-            raise
+        conn, reused = await self._acquire()
+        while True:
+            on_sent()
+            try:
+                status = await asyncio.wait_for(conn.send(head + body, sink), timeout_s)
+                break
+            except ConnectionError:
+                conn.close()
+                if not (reused and conn.nothing_received):
+                    raise
+                conn, reused = await self._acquire()
+            except BaseException:
+                conn.close()
+                raise
         if conn.reusable and not conn.lost:
             self._idle.append(conn)
         else:
-            assert conn.transport is not None
-            conn.transport.close()
+            conn.close()
         return status
 
     def close(self) -> None:
         """Close every connection; called once when the run ends."""
         for conn in self._all:
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         self._idle.clear()
         self._all.clear()
 

@@ -50,7 +50,6 @@ class Workload(Protocol[R_co]):
         ...
 
 
-
 async def probe_prompt_ids(url: str) -> list[int]:
     """The token ids prompts are drawn from (see ``BenchClient.prompt_ids``)."""
     async with BenchClient(url, "native", timeout_s=DEFAULT_TIMEOUT_S) as client:

@@ -63,7 +63,8 @@ class RuntimeConfig:
     restart_window_s: float = 60.0
     slot_save_path: str | None = None
     n_predict_max: int = -1  # server-side cap on n_predict; -1 = the slot context
-    profile: bool = False
+    profile: bool = False  # PG-7 per-group profiler
+    profile_interval_s: float = 5.0
     api_key: str | None = None
     alias: str | None = None  # model id shown by /v1/models
 

@@ -27,6 +27,7 @@ from actors.policy import StepPlan
 from protocol.events import Done, Event, Token, TopProb
 from runtime.errors import EngineError
 from runtime.model import Model
+from runtime.profiler import GroupProfile
 from runtime.sampling import build_chain
 from runtime.slot import Phase, Slot
 from runtime.textstream import TextStream
@@ -52,9 +53,6 @@ class StepResult:
     n_generated: int = 0
     n_rows: int = 0  # slots that took part
     gaps: list[float] = field(default_factory=list)  # inter-token gaps of streams that generated
-    t_build: float = 0.0
-    t_decode: float = 0.0
-    t_sample: float = 0.0
 
 
 class FaultInjector:
@@ -181,10 +179,15 @@ class Context:
             llama_cpp.llama_sampler_free(slot.sampler)
             slot.sampler = None
 
-    def step(self, plan: StepPlan, slots: list[Slot]) -> StepResult:
-        """Decode one batch per ``plan`` and sample/emit for every row that needs a token."""
+    def step(self, plan: StepPlan, slots: list[Slot], prof: GroupProfile | None = None) -> StepResult:
+        """Decode one batch per ``plan`` and sample/emit for every row that needs a token.
+
+        ``prof`` (the group's profiler, or None) adds timings; off, it costs one branch per section.
+        """
         res = StepResult()
-        t0 = time.perf_counter()
+        if prof is not None:
+            t0 = time.perf_counter()
+            prof.wait_engine += t0 - prof.started_step
         rows: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
         n = 0
         for local, k in plan.prefill:
@@ -208,14 +211,21 @@ class Context:
             rows.append((s, n))
             n += 1
         res.n_rows = len(plan.prefill) + len(plan.generate)
-        t1 = time.perf_counter()
+        if prof is not None:
+            t1 = time.perf_counter()
+            prof.build += t1 - t0
         if n:
             self.faults.before_decode()
             self._batch.n_tokens = n
             rc = llama_cpp.llama_decode(self.ptr, self._batch)
             if rc != 0:
                 raise EngineError(f"llama_decode failed with status {rc}")
-        t2 = time.perf_counter()
+            if prof is not None:
+                t2 = time.perf_counter()
+                prof.decode += t2 - t1
+                llama_cpp.llama_synchronize(self.ptr)
+                t3 = time.perf_counter()
+                prof.synchronize += t3 - t2
         # The batch is in the KV now: advance positions and record what each sequence holds.
         for local, k in plan.prefill:
             s = slots[local]
@@ -226,17 +236,17 @@ class Context:
             s.cache.append(s.next_token)
             s.n_past += 1
         for local in plan.release:
-            self._sample_kept(slots[local], res)
+            self._sample_kept(slots[local], res, prof)
         for s, i in rows:
             if s.phase is Phase.PREFILL:
-                self._prompt_done(s, i, res)
+                self._prompt_done(s, i, res, prof)
             else:
-                self._emit(s, i, res, None)
-        t3 = time.perf_counter()
-        res.t_build, res.t_decode, res.t_sample = t1 - t0, t2 - t1, t3 - t2
+                self._emit(s, i, res, None, prof)
+        if prof is not None:
+            prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
 
-    def _prompt_done(self, s: Slot, i: int, res: StepResult) -> None:
+    def _prompt_done(self, s: Slot, i: int, res: StepResult, prof: GroupProfile | None) -> None:
         now = time.perf_counter()
         s.t_prompt_done = now
         for child in s.children:  # n > 1: the prompt was prefilled once (PG-10)
@@ -256,20 +266,20 @@ class Context:
             return
         for member in (s, *s.children):
             member.phase = Phase.GENERATE
-            self._emit(member, i, res, None)
+            self._emit(member, i, res, None, prof)
 
     _holds_ready = False
 
     def set_holds_ready(self, value: bool) -> None:
         self._holds_ready = value
 
-    def _sample_kept(self, s: Slot, res: StepResult) -> None:
+    def _sample_kept(self, s: Slot, res: StepResult, prof: GroupProfile | None) -> None:
         """Sample the first token of a READY prompt from its kept logits (cohort released)."""
         logits = s.kept_logits
         s.kept_logits = None
         for member in (s, *s.children):
             member.phase = Phase.GENERATE
-            self._emit(member, -1, res, logits)
+            self._emit(member, -1, res, logits, prof)
 
     def _sample(self, s: Slot, i: int, logits: np.ndarray | None) -> int:
         if logits is None:
@@ -286,19 +296,33 @@ class Context:
         llama_cpp.llama_sampler_accept(s.sampler, token)
         return token
 
-    def _emit(self, s: Slot, i: int, res: StepResult, logits: np.ndarray | None) -> None:
+    def _emit(self, s: Slot, i: int, res: StepResult, logits: np.ndarray | None, prof: GroupProfile | None) -> None:
+        """Sample one token for ``s`` and turn it into events (the per-token hot path)."""
         task = s.task
         assert task is not None and s.stream is not None
+        if prof is not None:
+            ta = time.perf_counter()
         token = self._sample(s, i, logits)
         s.n_decoded += 1
         s.next_token = token
         res.n_generated += 1
         logprob, top = self._probs(i, logits, token, task.params.n_probs) if task.params.n_probs else (None, ())
+        if prof is not None:
+            tb = time.perf_counter()
+            prof.sample += tb - ta
+            prof.tokens += 1
         finish = ""
         if self.model.is_eog(token) and not task.ignore_eos:
             text, finish = s.stream.flush(), "stop"
         else:
-            text = s.stream.push(self.model.piece(token))
+            if prof is None:
+                text = s.stream.push(self.model.piece(token))
+            else:
+                decoded = s.stream.decode(self.model.piece(token))
+                tc = time.perf_counter()
+                text = s.stream.accept(decoded)
+                prof.detokenize += tc - tb
+                prof.stop_strings += time.perf_counter() - tc
             if s.stream.stopped_by:
                 finish = "stop"
             elif s.n_decoded >= task.n_predict or s.n_past + 1 >= self.n_ctx_seq:

@@ -212,7 +212,8 @@ class Runtime:
         def make_group(g: int) -> GroupActor:
             return GroupActor(
                 g, model, ctx_opts, cfg.group_slots(g), policies[g],
-                supervisor=sup, coordinator=coord, metrics=metrics,
+                supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
+                profile_interval_s=cfg.profile_interval_s,
             )
 
         coord = self.coordinator = PhaseCoordinator(policies, lambda g: sup.group(g))

@@ -25,7 +25,14 @@ class TextStream:
 
     def push(self, data: bytes) -> str:
         """Feed one token's bytes; return newly released text (maybe empty)."""
-        text = self._decoder.decode(data)
+        return self.accept(self.decode(data))
+
+    def decode(self, data: bytes) -> str:
+        """Incremental UTF-8: the text completed by ``data`` (first half of ``push``)."""
+        return self._decoder.decode(data)
+
+    def accept(self, text: str) -> str:
+        """Stop-string handling of decoded text (second half of ``push``)."""
         if not self._stops:
             if text:
                 self._parts.append(text)
