@@ -1,37 +1,97 @@
-"""PhaseCoordinator: hosts one scheduling policy per group and relays its grants.
+"""PhaseCoordinator: hosts one scheduling policy per group and relays its grants (SPEC 4).
 
 It is not on the per-step path. Groups tell it phase transitions (``PhaseEvent``: arrived,
 prefill_done, finished, cancelled); it passes each to the group's policy and, only when the
-policy returns a new ``Grant``, tells the group. A group plans every step from its policy and
-its latest grant, so the cost is a few messages per request, not one per step.
+policy's grant changes, tells the group. A group plans every step from its latest grant, so
+the cost is a few messages per request, not one per step.
+
+It also keeps the phase observability of PH-9: cohort sizes and barrier wait times, and the
+timers that a bounded GENERATE phase needs (``--cohort-max-generate-ms``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
 from actors.policy import Policy
-from protocol.messages import CoordinatorMsg, PhaseEvent
+from protocol.messages import CoordinatorMsg, Grant, PhaseEvent
+from runtime.errors import Closed
 from runtime.kernel import Actor
+from runtime.metrics import Metrics
 
 
 class PhaseCoordinator(Actor[CoordinatorMsg]):
     name = "phase-coordinator"
 
-    def __init__(self, policies: list[Policy], group_of: Callable[[int], Actor[Any]]) -> None:
+    def __init__(self, policies: list[Policy], group_of: Callable[[int], Actor[Any] | None],
+                 metrics: Metrics | None = None) -> None:
         super().__init__()
         self.policies = policies
         self._group_of = group_of
-        self.events_seen = 0
+        self.metrics = metrics
+        self.grants: list[Grant | None] = [None] * len(policies)
+        self._sealed_at: list[float] = [0.0] * len(policies)
+        self._tick_for: list[int] = [0] * len(policies)  # cohort id a tick is pending for
+        self._tg: Any = None
 
     def policy(self, group: int) -> Policy:
         return self.policies[group]
 
+    def replace_policy(self, group: int, policy: Policy) -> None:
+        """A restarted group gets a fresh policy (the old state named the dead group's slots)."""
+        self.policies[group] = policy
+        self.grants[group] = None
+
+    async def loop(self) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await super().loop()
+            tg.cancel_scope.cancel()
+
     async def handle(self, msg: CoordinatorMsg) -> None:
         match msg:
             case PhaseEvent(group=g):
-                self.events_seen += 1
-                grant = self.policies[g].on_event(msg)
-                if grant is not None:
-                    self._group_of(g).try_tell(grant)
+                policy = self.policies[g]
+                before = policy.phase
+                grant = policy.on_event(msg)
+                self._observe(g, policy, before, msg)
+                if grant is not None and grant != self.grants[g]:
+                    self.grants[g] = grant
+                    group = self._group_of(g)
+                    if group is not None:
+                        try:
+                            group.try_tell(grant)
+                        except Closed:
+                            pass  # the group is restarting; its successor starts from no grant
+                self._schedule_tick(g, policy)
+
+    def _observe(self, g: int, policy: Policy, before: str, event: PhaseEvent) -> None:
+        after = policy.phase
+        if after == before or self.metrics is None:
+            return
+        if after == "prefill_sealed":
+            self._sealed_at[g] = event.at
+        if after == "generate" and before.startswith("prefill"):
+            self.metrics.cohort_released(g, len(getattr(policy, "released", ())),
+                                         event.at - (self._sealed_at[g] or event.at))
+
+    def _schedule_tick(self, g: int, policy: Policy) -> None:
+        bound_ms = getattr(policy, "max_generate_ms", 0.0)
+        cohort = getattr(policy, "cohort", 0)
+        if not bound_ms or policy.phase != "generate" or self._tick_for[g] == cohort or self._tg is None:
+            return
+        self._tick_for[g] = cohort
+        due = getattr(policy, "generate_since", time.perf_counter()) + bound_ms / 1e3
+        self._tg.start_soon(self._tick_at, g, due)
+
+    async def _tick_at(self, g: int, due: float) -> None:
+        await anyio.sleep(max(0.0, due - time.perf_counter()))
+        self._tick_for[g] = 0
+        try:
+            self.try_tell(PhaseEvent(g, "tick", at=time.perf_counter()))
+        except Closed:
+            pass

@@ -18,13 +18,14 @@ import anyio
 import numpy as np
 import structlog
 
-from actors.policy import GroupView, Policy, SlotView
+from actors.policy import GroupView, Policy, SlotView, StepPlan
+from actors.trace import StepRecord
 from protocol.events import Failed
 from protocol.messages import (
     Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCommand,
 )
 from runtime.engine import Context, ContextOptions, StepResult
-from runtime.errors import EngineError, SlotBusy
+from runtime.errors import Closed, EngineError, SlotBusy
 from runtime.kernel import Actor
 from runtime.profiler import REPORT_INTERVAL_S, GroupProfile
 from runtime.slot import Phase, Slot
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from runtime.model import Model
 
 log = structlog.get_logger("llamactor.group")
+
+COST_EMA_WEIGHT = 0.1
 
 
 class GroupActor(Actor[GroupMsg]):
@@ -50,6 +53,7 @@ class GroupActor(Actor[GroupMsg]):
         metrics: Metrics,
         profile: bool = False,
         profile_interval_s: float = REPORT_INTERVAL_S,
+        trace: bool = False,
     ) -> None:
         self.mailbox_size = 4 * len(slot_ids) + 64
         super().__init__()
@@ -65,6 +69,10 @@ class GroupActor(Actor[GroupMsg]):
         self.engine: Context | None = None
         self.grant: Grant | None = None
         self._order = 0
+        self._steps = 0
+        self._ms_per_step = 0.0  # EMA of a generation-only step (for cost-aware policies)
+        self._ms_per_prompt_token = 0.0  # EMA of the extra cost of one prompt token
+        self.trace: list[StepRecord] | None = [] if trace else None
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.on_step: Any = None  # test hook: called with each StepResult
@@ -75,7 +83,7 @@ class GroupActor(Actor[GroupMsg]):
 
     async def setup(self) -> None:
         self.engine = await anyio.to_thread.run_sync(Context, self.model, self.ctx_opts)
-        self.engine.set_holds_ready(self.policy.holds_ready)
+        self.engine.holds_ready = self.policy.holds_ready
 
     async def teardown(self) -> None:
         self.fail_all("the runtime is shutting down", "unavailable_error")
@@ -115,7 +123,7 @@ class GroupActor(Actor[GroupMsg]):
         while True:
             if not self._drain():
                 return
-            plan = self.policy.plan(self._view())
+            plan = self.policy.plan(self._view(), self.grant)
             if plan.empty:
                 try:
                     msg = await self._inbox_recv.receive()
@@ -123,20 +131,42 @@ class GroupActor(Actor[GroupMsg]):
                     return
                 self._handle(msg)
                 continue
+            if self.trace is not None:
+                self._record(plan)
             prof = self.profile
-            if prof is None:
-                res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, None, limiter=self._limiter)
-                self._deliver(res)
-                continue
-            prof.started_step = time.perf_counter()
+            t0 = time.perf_counter()
+            if prof is not None:
+                prof.started_step = t0
             res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, prof, limiter=self._limiter)
             t1 = time.perf_counter()
+            self._learn_costs(res, (t1 - t0) * 1e3)
             self._deliver(res)
-            prof.deliver += time.perf_counter() - t1
-            prof.iterations += 1
-            if t1 - prof.started >= self.profile_interval_s:
-                log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
-                prof.started = t1
+            if prof is not None:
+                prof.deliver += time.perf_counter() - t1
+                prof.iterations += 1
+                if t1 - prof.started >= self.profile_interval_s:
+                    log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
+                    prof.started = t1
+
+    def _learn_costs(self, res: StepResult, step_ms: float) -> None:
+        """EMAs of step costs, offered to policies in the view (stall-free's ITL target)."""
+        if res.n_prompt:
+            extra = max(step_ms - self._ms_per_step, 0.0) / res.n_prompt
+            self._ms_per_prompt_token += COST_EMA_WEIGHT * (extra - self._ms_per_prompt_token)
+        elif res.n_rows:
+            self._ms_per_step += COST_EMA_WEIGHT * (step_ms - self._ms_per_step)
+
+    def _record(self, plan: StepPlan) -> None:
+        assert self.trace is not None
+        self._steps += 1
+        involved = [*(l for l, _ in plan.prefill), *plan.generate, *plan.release]
+        cohorts = {l: self.policy.cohort_of(self._parent_local(l)) for l in involved}
+        self.trace.append(StepRecord(self.group, self._steps, tuple(l for l, _ in plan.prefill),
+                                     plan.generate, plan.release, cohorts))
+
+    def _parent_local(self, local: int) -> int:
+        parent = self.slots[local].parent
+        return parent.local if parent is not None else local
 
     def _drain(self) -> bool:
         """Handle every queued message without waiting; False once the mailbox is closed."""
@@ -163,18 +193,18 @@ class GroupActor(Actor[GroupMsg]):
 
     def _view(self) -> GroupView:
         views = tuple(
-            SlotView(
-                s.local,
-                s.phase.value,
-                s.prompt_left,
-                s.order,
-                s.cohort,
-                s.parent.local if s.parent is not None else -1,
-            )
+            SlotView(s.local, s.phase.value, s.prompt_left, s.order, s.parent.local if s.parent is not None else -1)
             for s in self.slots
             if s.phase is not Phase.IDLE and not s.finished
         )
-        return GroupView(self.group, self.engine.n_batch if self.engine else 0, tuple(sorted(views, key=_by_order)))
+        return GroupView(
+            self.group,
+            self.engine.n_batch if self.engine else 0,
+            tuple(sorted(views, key=_by_order)),
+            time.perf_counter(),
+            self._ms_per_prompt_token,
+            self._ms_per_step,
+        )
 
     # ---- assignment and release --------------------------------------------------------
 
@@ -219,10 +249,15 @@ class GroupActor(Actor[GroupMsg]):
             self._tell_coordinator("finished", members[0])
         ids = [s.id for s in members]
         if report:
-            self.supervisor.try_tell(
-                Released(self.group, tuple(s.local for s in members), tuple(tuple(s.cache) for s in members), task_id)
-            )
+            self._report(Released(self.group, tuple(s.local for s in members),
+                                  tuple(tuple(s.cache) for s in members), task_id))
         return ids
+
+    def _report(self, msg: Released) -> None:
+        try:
+            self.supervisor.try_tell(msg)
+        except Closed:
+            pass  # the supervisor is stopping: the slot table goes with it
 
     def _slot_command(self, cmd: SlotCommand) -> None:
         assert self.engine is not None
@@ -245,7 +280,7 @@ class GroupActor(Actor[GroupMsg]):
         except Exception as exc:  # noqa: BLE001 - any failure goes back to the asker
             cmd.reply.fail(exc)
             return
-        self.supervisor.try_tell(Released(self.group, (s.local,), (tuple(s.cache),)))
+        self._report(Released(self.group, (s.local,), (tuple(s.cache),)))
         cmd.reply.send(result)
 
     # ---- delivery ----------------------------------------------------------------------
@@ -306,7 +341,10 @@ class GroupActor(Actor[GroupMsg]):
 
     def _tell_coordinator(self, kind: str, s: Slot) -> None:
         if self.coordinator is not None:
-            self.coordinator.try_tell(PhaseEvent(self.group, kind, s.local, s.prompt_left))
+            try:
+                self.coordinator.try_tell(PhaseEvent(self.group, kind, s.local, s.prompt_left, time.perf_counter()))
+            except Closed:
+                pass  # stopping
 
     # ---- introspection -------------------------------------------------------------------
 
@@ -321,7 +359,7 @@ class GroupActor(Actor[GroupMsg]):
                 "is_processing": s.busy,
                 "group": self.group,
                 "phase": s.phase.value,
-                "cohort": s.cohort,
+                "cohort": self.policy.cohort_of(self._parent_local(s.local)) if s.busy else 0,
                 "n_cached_tokens": len(s.cache),
             }
             if s.task is not None:

@@ -1,6 +1,6 @@
 """Running a planned load against one server: warm-up, barrier release, measured phase.
 
-Every workload (closed loop, mixed, cohort) is a list of ``Job``\\ s: a job waits for the
+Every workload (closed loop, mixed, cohort) is a list of jobs (``Job``): a job waits for the
 barrier, then for its start offset, then sends its requests one after another (closed loop:
 the next request leaves when the previous one has ended). All jobs are created and parked on
 the barrier before the clock starts, and all prompts are drawn before that too, so the

@@ -111,15 +111,19 @@ class SlotCommand(msgspec.Struct, frozen=True, tag=True):
 
 
 class Grant(msgspec.Struct, frozen=True, tag=True):
-    """Coordinator → group: the phase the group is in and which slots may prefill/generate.
+    """Coordinator → group: the group's phase and which of its slots may do what.
 
-    ``prefill`` / ``generate`` are local slot ids; ``None`` means "no restriction".
+    ``prefill``: slots that may decode prompt tokens; ``generate``: slots (n > 1 parents stand
+    for their children) that may generate; ``release``: READY slots whose kept logits may now
+    be sampled (the cohort barrier opened). Local slot ids. A group plans every step from its
+    latest grant; a grant replaces the previous one whole.
     """
 
     phase: str
     cohort: int
-    prefill: frozenset[int] | None = None
-    generate: frozenset[int] | None = None
+    prefill: frozenset[int] = frozenset()
+    generate: frozenset[int] = frozenset()
+    release: frozenset[int] = frozenset()
 
 
 GroupMsg = Assign | Revoke | SlotCommand | Grant
@@ -129,12 +133,17 @@ GroupMsg = Assign | Revoke | SlotCommand | Grant
 
 
 class PhaseEvent(msgspec.Struct, frozen=True, tag=True):
-    """A slot of ``group`` changed phase: "arrived", "prefill_done", "finished" or "cancelled"."""
+    """A request on ``slot`` (its parent slot) of ``group`` changed phase.
+
+    ``kind``: "arrived", "prefill_done", "finished" (all its choices ended) or "cancelled";
+    "tick" is the coordinator's own timer (``--cohort-max-generate-ms``).
+    """
 
     group: int
     kind: str
-    slot: int
+    slot: int = -1
     prompt_left: int = 0
+    at: float = 0.0  # time.perf_counter() when it happened
 
 
 CoordinatorMsg = PhaseEvent

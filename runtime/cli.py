@@ -73,6 +73,12 @@ def _serve_parser(sub: Any) -> None:
          help="N contexts over one model's weights (SPEC section 3)")
     _opt(p, "-kvu", "--kv-unified", env="LLAMA_ARG_KV_UNIFIED", flag=True)
     _opt(p, "--scheduler", env="LLAMACTOR_SCHEDULER", default="continuous", help="policy name or module:Class")
+    _opt(p, "--prefill-budget", env="LLAMACTOR_PREFILL_BUDGET", type=int, default=0,
+         help="stall-free: prompt tokens per step while streams generate")
+    _opt(p, "--target-itl-ms", env="LLAMACTOR_TARGET_ITL_MS", type=float, default=0.0,
+         help="stall-free: derive the prompt budget from this inter-token target")
+    _opt(p, "--cohort-max-generate-ms", env="LLAMACTOR_COHORT_MAX_GENERATE_MS", type=float, default=0.0,
+         help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)")
     _opt(p, "--queue-size", env="LLAMACTOR_QUEUE_SIZE", type=int, default=DEFAULT_QUEUE_SIZE)
     _opt(p, "-n", "--n-predict", env="LLAMA_ARG_N_PREDICT", type=int, default=-1)
     _opt(p, "--profile", env="LLAMACTOR_PIPE_PROF", flag=True)
@@ -85,7 +91,8 @@ def config_from_args(a: argparse.Namespace) -> RuntimeConfig:
         n_ubatch=a.ubatch_size, threads_batch=a.threads_batch, n_gpu_layers=a.n_gpu_layers,
         use_mmap=not a.no_mmap, api_key=a.api_key, slot_save_path=a.slot_save_path,
         pipeline_groups=a.pipeline_groups, kv_unified=a.kv_unified, scheduler=a.scheduler,
-        queue_size=a.queue_size, n_predict_max=a.n_predict, profile=a.profile,
+        queue_size=a.queue_size, prefill_budget=a.prefill_budget, target_itl_ms=a.target_itl_ms,
+        cohort_max_generate_ms=a.cohort_max_generate_ms, n_predict_max=a.n_predict, profile=a.profile,
     )
     if a.threads > 0:
         kw["threads"] = a.threads

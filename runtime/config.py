@@ -57,7 +57,11 @@ class RuntimeConfig:
     use_mmap: bool = True
     pipeline_groups: int = 1  # N: contexts over the one model (PG-1)
     kv_unified: bool = False
-    scheduler: str = "continuous"
+    scheduler: str = "continuous"  # policy name or module:Class (SPEC section 4)
+    prefill_budget: int = 0  # stall-free: prompt tokens per step while streams generate (0 = default)
+    target_itl_ms: float = 0.0  # stall-free: derive the budget from this inter-token target
+    cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
+    trace_steps: bool = False  # record an engine step trace per group (tests)
     queue_size: int = DEFAULT_QUEUE_SIZE  # tasks waiting for a slot before 503
     max_restarts: int = 3  # group restarts allowed within restart_window_s (AC-2)
     restart_window_s: float = 60.0

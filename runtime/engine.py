@@ -92,6 +92,7 @@ class Context:
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
         self.faults = FaultInjector()
+        self.holds_ready = False  # set by the owning group from its policy: finished prompts wait (PH-4)
         self._alloc_batch(self.n_batch)
 
     def _alloc_batch(self, n: int) -> None:
@@ -190,7 +191,11 @@ class Context:
             prof.wait_engine += t0 - prof.started_step
         rows: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
         n = 0
-        for local, k in plan.prefill:
+        # Rows go in ascending sequence id: with split KV, llama.cpp decodes a batch whose
+        # sequence ids are out of order about 3x slower (measured: 115 vs 345 ms for 32 rows).
+        prefill = sorted(plan.prefill)
+        generate = sorted(plan.generate)
+        for local, k in prefill:
             s = slots[local]
             start = s.n_past
             self._tok[n : n + k] = s.prompt[start : start + k]
@@ -202,7 +207,7 @@ class Context:
                 self._out[n - 1] = 1
                 rows.append((s, n - 1))
         res.n_prompt = n
-        for local in plan.generate:
+        for local in generate:
             s = slots[local]
             self._tok[n] = s.next_token
             self._pos[n] = s.n_past
@@ -256,7 +261,7 @@ class Context:
             child.n_past = s.n_past
             child.n_cached = s.n_cached
             child.t_prompt_done = now
-        if s.phase is Phase.PREFILL and self._holds_ready:
+        if self.holds_ready:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
             s.kept_logits = logits.copy()
             s.phase = Phase.READY
@@ -267,11 +272,6 @@ class Context:
         for member in (s, *s.children):
             member.phase = Phase.GENERATE
             self._emit(member, i, res, None, prof)
-
-    _holds_ready = False
-
-    def set_holds_ready(self, value: bool) -> None:
-        self._holds_ready = value
 
     def _sample_kept(self, s: Slot, res: StepResult, prof: GroupProfile | None) -> None:
         """Sample the first token of a READY prompt from its kept logits (cohort released)."""

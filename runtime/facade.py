@@ -197,7 +197,11 @@ class Runtime:
         )
         policy_cls = resolve_policy(cfg.scheduler)
         n = cfg.pipeline_groups
-        policies = [policy_cls(g) for g in range(n)]
+        policy_options = {
+            "prefill_budget": cfg.prefill_budget,
+            "target_itl_ms": cfg.target_itl_ms,
+            "cohort_max_generate_ms": cfg.cohort_max_generate_ms,
+        }
         ctx_opts = ContextOptions(
             n_ctx=cfg.ctx_per_context,
             n_batch=cfg.n_batch,
@@ -210,13 +214,18 @@ class Runtime:
         metrics = self.metrics = Metrics(n, queue_depth=lambda: len(sup.queue))
 
         def make_group(g: int) -> GroupActor:
+            policy = policy_cls(g, **policy_options)
+            coord.replace_policy(g, policy)  # a restarted group starts with fresh phase state
             return GroupActor(
-                g, model, ctx_opts, cfg.group_slots(g), policies[g],
+                g, model, ctx_opts, cfg.group_slots(g), policy,
                 supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
-                profile_interval_s=cfg.profile_interval_s,
+                profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps,
             )
 
-        coord = self.coordinator = PhaseCoordinator(policies, lambda g: sup.group(g))
+        coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
+                                                    lambda g: sup.group(g), metrics)
+        metrics.phase_of = lambda g: coord.policies[g].phase
+        metrics.waiting_of = lambda g: coord.policies[g].waiting()
         sup = self.supervisor = Supervisor(
             n, cfg.slots_per_group, make_group,
             queue_size=cfg.queue_size, max_restarts=cfg.max_restarts, restart_window_s=cfg.restart_window_s,

@@ -41,6 +41,7 @@ class Metrics:
         self.groups = [GroupCounters() for _ in range(n_groups)]
         self.queue_depth = queue_depth
         self.phase_of: Callable[[int], str] = lambda g: "none"
+        self.waiting_of: Callable[[int], int] = lambda g: 0
         self._ttft = Histogram(
             "llamactor:time_to_first_token_seconds", "Time from arrival to the first token",
             ["group"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
@@ -51,6 +52,14 @@ class Metrics:
         )
         self._queue = Histogram(
             "llamactor:queue_seconds", "Time from arrival to slot assignment",
+            ["group"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self._cohort_size = Histogram(
+            "llamactor:cohort_size", "Members of a prefill cohort when it was released to generation",
+            ["group"], buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry,
+        )
+        self._barrier = Histogram(
+            "llamactor:barrier_wait_seconds", "From a cohort's seal to its release to generation",
             ["group"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )
         self._ttft_g = [self._ttft.labels(str(g)) for g in range(n_groups)]
@@ -82,6 +91,10 @@ class Metrics:
 
     def queue_time(self, group: int, seconds: float) -> None:
         self._queue_g[group].observe(seconds)
+
+    def cohort_released(self, group: int, size: int, barrier_wait_s: float) -> None:
+        self._cohort_size.labels(str(group)).observe(size)
+        self._barrier.labels(str(group)).observe(barrier_wait_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -137,3 +150,8 @@ class _CounterCollector:
         for g in range(len(gs)):
             phase.add_metric([str(g), self.m.phase_of(g)], 1)
         yield phase
+        waiting = GaugeMetricFamily("llamactor:requests_waiting_for_phase",
+                                    "Requests holding a slot that wait for a phase grant", labels=["group"])
+        for g in range(len(gs)):
+            waiting.add_metric([str(g)], self.m.waiting_of(g))
+        yield waiting

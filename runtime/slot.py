@@ -35,7 +35,7 @@ class Slot:
     __slots__ = (
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
-        "t_prompt_done", "t_last", "cohort", "order", "kept_logits", "finished",
+        "t_prompt_done", "t_last", "order", "kept_logits", "finished",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
@@ -59,7 +59,6 @@ class Slot:
         self.stream: TextStream | None = None
         self.n_cached = 0
         self.t_start = self.t_prompt_done = self.t_last = 0.0
-        self.cohort = 0
         self.order = 0
         self.kept_logits: np.ndarray | None = None
         self.finished = False

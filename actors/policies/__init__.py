@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib
 
-from actors.policies.continuous import ContinuousPolicy
+from actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
+from actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
+from actors.policies.stallfree import StallFreePolicy
 from actors.policy import Policy
 from runtime.errors import ConfigError
 
 BUILTIN: dict[str, type[Policy]] = {
-    ContinuousPolicy.name: ContinuousPolicy,
+    cls.name: cls
+    for cls in (ContinuousPolicy, NoContBatchingPolicy, SerialPrefillPolicy, CohortPolicy, StallFreePolicy)
 }
 
 

@@ -1,18 +1,33 @@
-"""``continuous``: llama-server's default continuous batching.
-
-Each step every generating slot contributes one token, then pending prompt chunks fill the
-rest of n_batch in arrival order. A prompt that finishes samples its first token at once.
-"""
+"""``continuous`` (llama-server's default) and ``no-cont-batching``."""
 
 from __future__ import annotations
 
-from actors.policy import GroupView, Policy, StepPlan, fill_prefill
+from actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
+from protocol.messages import Grant
 
 
 class ContinuousPolicy(Policy):
+    """Each step every generating slot contributes one token, then pending prompt chunks fill
+    the rest of n_batch in arrival order. A prompt that finishes samples at once."""
+
     name = "continuous"
 
-    def plan(self, view: GroupView) -> StepPlan:
-        generate = tuple(s.local for s in view.slots if s.phase == "generate")
-        prefill = fill_prefill(view.slots, view.n_batch - len(generate))
-        return StepPlan(prefill=prefill, generate=generate)
+    def plan(self, view: GroupView, grant: Grant | None) -> StepPlan:
+        generate = generating(view)
+        return StepPlan(prefill=fill_prefill(view.slots, view.n_batch - len(generate)), generate=generate)
+
+
+class NoContBatchingPolicy(Policy):
+    """Prompts start only when no slot is generating; a step is all prompt or all generation."""
+
+    name = "no-cont-batching"
+
+    @property
+    def phase(self) -> str:
+        return "none"
+
+    def plan(self, view: GroupView, grant: Grant | None) -> StepPlan:
+        generate = generating(view)
+        if generate:
+            return StepPlan(generate=generate)
+        return StepPlan(prefill=fill_prefill(view.slots, view.n_batch))

@@ -1,0 +1,111 @@
+"""A fake engine for policies: simulates one group's slots and the coordinator, no model.
+
+Each ``step()``: deliver pending phase events to the policy (optionally one step late, as the
+real coordinator's message hop may be), ask for a plan, apply it (prompt tokens consumed,
+tokens generated), and record it. Used by the property-based test of every policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actors.policy import GroupView, Policy, SlotView, StepPlan
+from actors.trace import StepRecord
+from protocol.messages import Grant, PhaseEvent
+
+
+@dataclass
+class SimSlot:
+    local: int
+    order: int
+    prompt_left: int
+    to_generate: int
+    phase: str = "prefill"
+    generated: int = 0
+
+
+@dataclass
+class GroupSim:
+    policy: Policy
+    n_slots: int
+    n_batch: int
+    lag: bool = False  # deliver events one step late
+    slots: dict[int, SimSlot] = field(default_factory=dict)
+    grant: Grant | None = None
+    pending: list[PhaseEvent] = field(default_factory=list)
+    trace: list[StepRecord] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)  # orders
+    cancelled: list[int] = field(default_factory=list)
+    _order: int = 0
+
+    def free_slot(self) -> int | None:
+        return next((i for i in range(self.n_slots) if i not in self.slots), None)
+
+    def arrive(self, prompt: int, generate: int) -> bool:
+        local = self.free_slot()
+        if local is None:
+            return False
+        self._order += 1
+        self.slots[local] = SimSlot(local, self._order, prompt, generate)
+        self._event("arrived", local)
+        return True
+
+    def cancel(self, local: int) -> None:
+        s = self.slots.pop(local)
+        self.cancelled.append(s.order)
+        self._event("cancelled", local)
+
+    def _event(self, kind: str, local: int) -> None:
+        self.pending.append(PhaseEvent(0, kind, local, 0, float(len(self.trace))))
+
+    def _deliver(self) -> None:
+        events, self.pending = self.pending, []
+        for e in events:
+            g = self.policy.on_event(e)
+            if g is not None:
+                self.grant = g
+
+    def view(self) -> GroupView:
+        views = tuple(SlotView(s.local, s.phase, s.prompt_left, s.order, -1)
+                      for s in sorted(self.slots.values(), key=lambda s: s.order))
+        return GroupView(0, self.n_batch, views, float(len(self.trace)), 0.01, 1.0)
+
+    def step(self) -> StepPlan:
+        if not self.lag:
+            self._deliver()
+        plan = self.policy.plan(self.view(), self.grant)
+        if self.lag:
+            self._deliver()
+        cohorts = {l: self.policy.cohort_of(l) for l in
+                   [*(l for l, _ in plan.prefill), *plan.generate, *plan.release]}
+        self.trace.append(StepRecord(0, len(self.trace), tuple(l for l, _ in plan.prefill),
+                                     plan.generate, plan.release, cohorts))
+        assert sum(k for _, k in plan.prefill) + len(plan.generate) <= self.n_batch
+        for local, k in plan.prefill:
+            s = self.slots[local]
+            assert s.phase == "prefill" and 0 < k <= s.prompt_left
+            s.prompt_left -= k
+            if s.prompt_left == 0:
+                if self.policy.holds_ready:
+                    s.phase = "ready"
+                    self._event("prefill_done", local)
+                else:
+                    s.phase = "generate"
+                    self._token(s)
+        for local in plan.release:
+            s = self.slots[local]
+            assert s.phase == "ready"
+            s.phase = "generate"
+            self._token(s)
+        for local in plan.generate:
+            s = self.slots[local]
+            assert s.phase == "generate"
+            self._token(s)
+        return plan
+
+    def _token(self, s: SimSlot) -> None:
+        s.generated += 1
+        if s.generated >= s.to_generate:
+            del self.slots[s.local]
+            self.finished.append(s.order)
+            self._event("finished", s.local)

@@ -1,0 +1,277 @@
+"""Scheduling policies and the phase coordinator (SPEC section 4, PH-1 … PH-9)."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.policies import BUILTIN, resolve_policy
+from actors.trace import TraceViolation, check_phase_exclusion
+from conftest import open_server, wait_until
+from policy_sim import GroupSim
+from protocol.events import Token
+from runtime import Runtime
+
+POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free"]
+EXCLUSIVE = ["no-cont-batching", "serial-prefill", "cohort"]  # never mix phases in a batch
+N_BATCH = 32
+
+
+def config(make_config, scheduler: str, **kw):
+    base = dict(parallel=4, n_batch=N_BATCH, n_ubatch=N_BATCH, scheduler=scheduler, trace_steps=True,
+                prefill_budget=8)
+    base.update(kw)
+    return make_config(**base)
+
+
+def traces(rt: Runtime):
+    return [rec for g in rt.supervisor.groups for rec in g.trace]
+
+
+async def _run_mix(rt: Runtime) -> dict[str, tuple[int, ...]]:
+    """Prompts of several chunks, a short one, n > 1, and a cached-prefix continuation."""
+    out: dict[str, tuple[int, ...]] = {}
+
+    async def one(name: str, prompt, **kw) -> None:
+        c = await rt.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, **kw)
+        out[name] = tuple(t for ch in c.choices for t in ch.tokens)
+
+    async def streamed(name: str, prompt) -> None:
+        toks = [e.token async for e in rt.stream(prompt, max_tokens=8, temperature=0, ignore_eos=True)
+                if isinstance(e, Token)]
+        out[name] = tuple(toks)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "long", [11] * 150)
+        tg.start_soon(one, "short", [12] * 70)
+        tg.start_soon(streamed, "stream", "hello there")
+        tg.start_soon(lambda: one("n2", "two of them", n=2))
+    await one("continued", [11] * 150 + [13] * 10)  # prefix cached from "long"
+    return out
+
+
+@pytest.mark.parametrize("scheduler", POLICIES)
+async def test_policies_change_timing_not_tokens(make_config, scheduler):
+    """Issue 5 checks 1, 5, 6: every policy gives the greedy tokens of `continuous`; under the
+    exclusive policies the trace shows no batch mixing phases (streaming, non-streaming, n > 1,
+    cached prefix all included)."""
+    async with Runtime.open(config(make_config, "continuous")) as rt:
+        expected = await _run_mix(rt)
+    async with Runtime.open(config(make_config, scheduler)) as rt:
+        got = await _run_mix(rt)
+        trace = traces(rt)
+        assert not any(s["is_processing"] for s in rt.slots())
+    assert got == expected
+    if scheduler in EXCLUSIVE:
+        check_phase_exclusion(trace)
+    else:
+        with pytest.raises(TraceViolation):
+            check_phase_exclusion(trace)  # continuous batching mixes by design
+
+
+async def _first_token_times(rt: Runtime, prompts: dict[str, list[int]]) -> dict[str, int]:
+    """Step number (trace length) at which each request got its first token."""
+    first: dict[str, int] = {}
+
+    async def one(name: str) -> None:
+        async for e in rt.stream(prompts[name], max_tokens=4, temperature=0, ignore_eos=True):
+            if isinstance(e, Token) and name not in first:
+                first[name] = len(traces(rt))
+
+    async with anyio.create_task_group() as tg:
+        for name in prompts:
+            tg.start_soon(one, name)
+    return first
+
+
+async def test_shorter_prompt_waits_for_longer_prefill(make_config):
+    """Issue 5 check 2 (PH-2, PH-4, PH-5): two prompts longer than n_batch; the shorter emits no
+    token before the longer finished prefill, and they share the batch while prefilling."""
+    async with Runtime.open(config(make_config, "cohort")) as rt:
+        first = await _first_token_times(rt, {"long": [21] * (5 * N_BATCH), "short": [22] * (2 * N_BATCH + 5)})
+        trace = traces(rt)
+    check_phase_exclusion(trace)
+    last_prefill = max(i for i, r in enumerate(trace) if r.prefill) + 1
+    assert first["short"] > last_prefill and first["long"] > last_prefill
+    shared = [r for r in trace if len(r.prefill) == 2]
+    assert shared, "the two prompts never shared a prefill batch"
+
+
+async def test_arrival_during_generate_waits_for_drain(make_config):
+    """Issue 5 check 3 (PH-6): a request arriving during GENERATE starts no prefill until the
+    cohort drained."""
+    async with Runtime.open(config(make_config, "cohort")) as rt:
+        first = await rt.submit("first", max_tokens=40, temperature=0, ignore_eos=True)
+        await first.first()  # the cohort {first} is generating now
+        steps_at_arrival = len(traces(rt))
+        late = await rt.submit("late arrival", max_tokens=3, temperature=0, ignore_eos=True)
+        async with first, late:
+            async for _ in first:
+                pass
+            async for _ in late:
+                pass
+        trace = traces(rt)
+    check_phase_exclusion(trace)
+    after = trace[steps_at_arrival:]
+    first_prefill = next(i for i, r in enumerate(after) if r.prefill)
+    assert all(not r.prefill for r in after[:first_prefill])
+    assert sum(1 for r in after[:first_prefill] if r.generate) >= 30  # `first` drained meanwhile
+
+
+async def test_cohort_seals_at_first_member_done(make_config):
+    """Issue 5 check 3 (PH-3): arrivals before the seal join the cohort; after it, the next one."""
+    async with Runtime.open(config(make_config, "cohort")) as rt:
+        group = rt.supervisor.groups[0]
+        hold = threading.Event()
+        hold.set()
+        sealed = anyio.Event()
+
+        def on_step(g, res) -> None:
+            if res.ready and not sealed.is_set():
+                hold.clear()  # freeze the group right after the first member finished its prompt
+                g.engine.faults.hold = hold
+                sealed.set()
+
+        group.on_step = on_step
+        try:
+            long = await rt.submit([31] * (6 * N_BATCH), max_tokens=2, temperature=0, ignore_eos=True)
+            joined = await rt.submit([32] * 10, max_tokens=2, temperature=0, ignore_eos=True)
+            with anyio.fail_after(10):
+                await sealed.wait()
+            late = await rt.submit([33] * 10, max_tokens=2, temperature=0, ignore_eos=True)
+            await wait_until(lambda: rt.supervisor.table[2].busy)  # assigned; the group is frozen
+        finally:
+            hold.set()
+        await wait_until(lambda: rt.slots()[2]["is_processing"])
+        rows = {s["id"]: s for s in rt.slots()}
+        assert rows[0]["cohort"] == rows[1]["cohort"] != rows[2]["cohort"]
+        assert rows[1]["phase"] == "ready" and rows[2]["phase"] == "prefill"
+        for h in (long, joined, late):
+            async with h:
+                async for _ in h:
+                    pass
+        check_phase_exclusion(group.trace)
+
+
+@pytest.mark.parametrize("victim", ["waiting", "prefilling"])
+async def test_cancel_member_releases_barrier(make_config, victim):
+    """Issue 5 check 4 (PH-7): cancelling a member waiting at the barrier, or the one still
+    prefilling, lets the rest proceed; no slot leaks; no busy loop while nothing is runnable."""
+    async with Runtime.open(config(make_config, "cohort")) as rt:
+        group = rt.supervisor.groups[0]
+        hold = threading.Event()
+        hold.set()
+        group.engine.faults.hold = hold
+        short_ready = anyio.Event()
+
+        def on_step(g, res) -> None:
+            if res.ready:
+                hold.clear()
+                short_ready.set()
+
+        group.on_step = on_step
+        try:
+            long = await rt.submit([41] * (8 * N_BATCH), max_tokens=3, temperature=0, ignore_eos=True)
+            short = await rt.submit([42] * 5, max_tokens=3, temperature=0, ignore_eos=True)
+            with anyio.fail_after(10):
+                await short_ready.wait()
+            group.on_step = None
+            cancelled, survivor = (short, long) if victim == "waiting" else (long, short)
+            cancelled.close()
+        finally:
+            hold.set()
+        async with survivor:
+            tokens = [e async for e in survivor if isinstance(e, Token)]
+        assert len(tokens) == 3
+        await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
+        steps = len(group.trace)
+        await anyio.sleep(0.2)
+        assert len(group.trace) == steps  # idle: no step ran, no busy loop
+        check_phase_exclusion(group.trace)
+        out = await rt.complete("after", max_tokens=2, temperature=0)
+        assert out.n_predicted == 2
+
+
+async def test_bounded_generate_hands_over_without_mixing(make_config):
+    """PH-6: with --cohort-max-generate-ms the next cohort may prefill while the first is paused."""
+    async with Runtime.open(config(make_config, "cohort", cohort_max_generate_ms=1.0)) as rt:
+        first = await rt.submit("first", max_tokens=300, temperature=0, ignore_eos=True)
+        await first.first()
+        late = await rt.submit("late", max_tokens=3, temperature=0, ignore_eos=True)
+        async with late:
+            late_tokens = [e async for e in late if isinstance(e, Token)]
+        async with first:
+            first_left = [e async for e in first if isinstance(e, Token)]
+        trace = traces(rt)
+    assert len(late_tokens) == 3 and len(first_left) == 299
+    check_phase_exclusion(trace)
+
+
+async def test_observability_slots_and_metrics(make_config):
+    """PH-9: /slots shows phase and cohort; /metrics has phase per group, cohort sizes, barrier
+    wait and requests waiting for a phase."""
+    async with open_server(config(make_config, "cohort")) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/completion", json={"prompt": [5] * 80, "n_predict": 4, "temperature": 0})
+            assert r.status_code == 200
+            text = (await client.get("/metrics")).text
+            slots = (await client.get("/slots")).json()
+    assert 'llamactor:group_phase{group="0",phase="idle"} 1.0' in text
+    assert 'llamactor:cohort_size_count{group="0"} 1.0' in text
+    assert 'llamactor:barrier_wait_seconds_count{group="0"} 1.0' in text
+    assert 'llamactor:requests_waiting_for_phase{group="0"} 0.0' in text
+    assert all("cohort" in s and "phase" in s for s in slots)
+
+
+async def test_custom_policy_loaded_by_server(make_config):
+    """Issue 5: examples/custom_policy.py is loaded with --scheduler module:Class and serves."""
+    cls = resolve_policy("examples.custom_policy:ShortestPromptFirst")
+    assert cls.name == "shortest-prompt-first"
+    async with open_server(config(make_config, "examples.custom_policy:ShortestPromptFirst")) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/completion", json={"prompt": "hi", "n_predict": 5, "temperature": 0})
+            props = (await client.get("/props")).json()
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
+    assert props["scheduler"] == "examples.custom_policy:ShortestPromptFirst"
+
+
+requests = st.lists(
+    st.tuples(st.integers(0, 6), st.integers(1, 200), st.integers(1, 12), st.booleans()),
+    min_size=1, max_size=25,
+)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+@given(plan=requests, lag=st.booleans(), n_slots=st.integers(1, 5))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_policy_property(name, plan, lag, n_slots):
+    """Issue 5 check 7: random arrivals, prompt lengths and cancellations against a fake engine:
+    every request finishes or is cancelled, exclusive policies never mix phases, no slot leaks."""
+    sim = GroupSim(BUILTIN[name](0, prefill_budget=16, cohort_max_generate_ms=0), n_slots, N_BATCH, lag=lag)
+    pending = list(plan)
+    admitted = 0
+    for _ in range(5000):
+        while pending and pending[0][0] == 0:
+            _, prompt, gen, cancel = pending.pop(0)
+            if not sim.arrive(prompt, gen):
+                pending.insert(0, (1, prompt, gen, cancel))
+                break
+            admitted += 1
+            if cancel and len(sim.slots) > 1:
+                victim = sorted(sim.slots)[len(sim.slots) // 2]
+                sim.cancel(victim)
+        if pending:
+            delay, *rest = pending[0]
+            pending[0] = (max(delay - 1, 0), *rest)
+        sim.step()
+        if not pending and not sim.slots:
+            break
+    assert not sim.slots, f"{name}: requests stuck: {sim.slots}"
+    assert len(sim.finished) + len(sim.cancelled) == admitted
+    if name in EXCLUSIVE:
+        check_phase_exclusion(sim.trace)
