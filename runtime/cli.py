@@ -82,7 +82,51 @@ def _serve_parser(sub: Any) -> None:
     _opt(p, "--queue-size", env="LLAMACTOR_QUEUE_SIZE", type=int, default=DEFAULT_QUEUE_SIZE)
     _opt(p, "-n", "--n-predict", env="LLAMA_ARG_N_PREDICT", type=int, default=-1)
     _opt(p, "--profile", env="LLAMACTOR_PIPE_PROF", flag=True)
+    _opt(p, "--rpc", env="LLAMA_ARG_RPC", default="", help="comma-separated HOST:PORT of ggml-rpc workers")
+    _opt(p, "-dev", "--device", env="LLAMA_ARG_DEVICE", default="",
+         help="comma-separated devices for the split, e.g. RPC0,CPU (list the local CPU last)")
+    _opt(p, "-ts", "--tensor-split", env="LLAMA_ARG_TENSOR_SPLIT", default="", help="layer shares, e.g. 3,1")
+    _opt(p, "-sm", "--split-mode", env="LLAMA_ARG_SPLIT_MODE", default="layer", help="none | layer | row")
+    _opt(p, "-fa", "--flash-attn", env="LLAMA_ARG_FLASH_ATTN", default="on", choices=["on", "off", "auto"])
+    _opt(p, "--list-devices", env="LLAMACTOR_LIST_DEVICES", flag=True, help="print the devices and exit")
     _opt(p, "--log-format", env="LLAMACTOR_LOG_FORMAT", default="auto", choices=["auto", "json", "text"])
+
+
+def _worker_parser(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run a ggml-rpc worker that serves layers to a llamactor server")
+    _opt(p, "--host", env="LLAMACTOR_WORKER_HOST", default=DEFAULT_HOST)
+    _opt(p, "--port", env="LLAMACTOR_WORKER_PORT", type=int, default=50052)
+    _opt(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0, help="0 = all cores")
+    _opt(p, "--device", env="LLAMA_ARG_DEVICE", default="CPU")
+    _opt(p, "--cache-dir", env="LLAMACTOR_WORKER_CACHE", default=None, help="local tensor cache directory")
+
+
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in _split_list(text))
+    except ValueError:
+        raise ConfigError(f"--tensor-split must be comma-separated numbers, got {text!r}") from None
+
+
+def run_worker(a: argparse.Namespace) -> int:
+    from runtime import rpc
+
+    threads = a.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if a.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("worker_exposed", host=a.host,
+                    warning="the ggml-rpc protocol has no authentication: anyone who can reach this port "
+                            "can use this machine; bind to a private network only")
+    log.info("worker_listening", host=a.host, port=a.port, threads=threads, device=a.device)
+    try:
+        rpc.serve_worker(a.host, a.port, threads, a.device, a.cache_dir)
+    except ConfigError as exc:
+        print(f"llamactor: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def config_from_args(a: argparse.Namespace) -> RuntimeConfig:
@@ -92,7 +136,9 @@ def config_from_args(a: argparse.Namespace) -> RuntimeConfig:
         use_mmap=not a.no_mmap, api_key=a.api_key, slot_save_path=a.slot_save_path,
         pipeline_groups=a.pipeline_groups, kv_unified=a.kv_unified, scheduler=a.scheduler,
         queue_size=a.queue_size, prefill_budget=a.prefill_budget, target_itl_ms=a.target_itl_ms,
-        cohort_max_generate_ms=a.cohort_max_generate_ms, n_predict_max=a.n_predict, profile=a.profile,
+        cohort_max_generate_ms=a.cohort_max_generate_ms, rpc_servers=_split_list(a.rpc),
+        devices=_split_list(a.device), tensor_split=_float_list(a.tensor_split), split_mode=a.split_mode,
+        flash_attn=a.flash_attn, n_predict_max=a.n_predict, profile=a.profile,
     )
     if a.threads > 0:
         kw["threads"] = a.threads
@@ -154,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llamactor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _worker_parser(sub)
     from ops.bench import add_bench_parser
 
     add_bench_parser(sub)
@@ -162,9 +209,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ops.bench import run_bench
 
         return run_bench(args)
+    if args.command == "worker":
+        configure_logging()
+        return run_worker(args)
     configure_logging(json={"auto": None, "json": True, "text": False}[args.log_format])
     try:
         cfg = config_from_args(args).validated()
+        if args.list_devices:
+            from runtime import rpc
+
+            rpc.add_servers(list(cfg.rpc_servers))
+            for name, description in rpc.list_devices():
+                print(f"{name}: {description}")
+            return 0
+        if cfg.rpc_servers or cfg.devices:
+            from runtime.facade import load_options
+
+            load_options(cfg)  # register workers and check device names now: errors before listening
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2

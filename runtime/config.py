@@ -23,6 +23,9 @@ DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
 DEFAULT_QUEUE_SIZE = 256
 MAX_BODY_BYTES = 8 * 1024 * 1024
+SPLIT_MODES = ("none", "layer", "row")
+FLASH_ATTN = ("on", "off", "auto")
+ALL_LAYERS = 999  # n_gpu_layers meaning "every layer on the listed devices"
 
 
 def default_model_path() -> Path:
@@ -71,6 +74,15 @@ class RuntimeConfig:
     profile_interval_s: float = 5.0
     api_key: str | None = None
     alias: str | None = None  # model id shown by /v1/models
+    # layer split over ggml-rpc (SPEC section 5)
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of each worker, registered as RPC0, RPC1, …
+    devices: tuple[str, ...] = ()  # device order for the split; put the local CPU last (logits stay local)
+    tensor_split: tuple[float, ...] = ()  # share of layers per device, in device order
+    split_mode: str = "layer"  # none | layer | row
+    # on (default) | off | auto. llama.cpp's "auto" decides per device: on the CPU it means on,
+    # but a split over RPC can come out off, so a split model would decode differently from the
+    # same model run locally. An explicit default keeps greedy output identical (RPC-3).
+    flash_attn: str = "on"
 
     def validated(self) -> RuntimeConfig:
         """Return a copy with defaults resolved; raise ConfigError naming every bad value."""
@@ -97,13 +109,32 @@ class RuntimeConfig:
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
         from actors.policies import resolve_policy
+        from runtime.rpc import parse_endpoint
+
+        for endpoint in self.rpc_servers:
+            parse_endpoint(endpoint)
+        if self.flash_attn not in FLASH_ATTN:
+            raise ConfigError(f"--flash-attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        if self.split_mode not in SPLIT_MODES:
+            raise ConfigError(f"--split-mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
+        if self.tensor_split:
+            if any(x < 0 for x in self.tensor_split) or sum(self.tensor_split) <= 0:
+                raise ConfigError(f"--tensor-split needs non-negative shares with a positive sum, got "
+                                  f"{','.join(map(str, self.tensor_split))}")
+            if self.devices and len(self.tensor_split) != len(self.devices):
+                raise ConfigError(f"--tensor-split has {len(self.tensor_split)} shares for "
+                                  f"{len(self.devices)} devices ({','.join(self.devices)})")
 
         resolve_policy(self.scheduler)  # raises ConfigError naming an unknown scheduler
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path is not a directory: {self.slot_save_path}")
+        n_gpu_layers = self.n_gpu_layers
+        if (self.rpc_servers or self.devices) and n_gpu_layers == 0:
+            n_gpu_layers = ALL_LAYERS  # a split over devices means offloading the layers to them
         return replace(
             self,
             model=model,
+            n_gpu_layers=n_gpu_layers,
             n_ubatch=min(self.n_ubatch, self.n_batch),
             threads_batch=self.threads_batch or self.threads,
         )

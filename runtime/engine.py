@@ -42,6 +42,7 @@ class ContextOptions:
     n_threads: int
     n_threads_batch: int
     kv_unified: bool = False
+    flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Context:
         params.n_threads = opts.n_threads
         params.n_threads_batch = opts.n_threads_batch
         params.kv_unified = opts.kv_unified
+        params.flash_attn_type = opts.flash_attn
         params.no_perf = True
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ptr:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import llama_cpp
 import numpy as np
 import structlog
 
@@ -188,8 +189,7 @@ class Runtime:
     async def _start(self) -> None:
         cfg = self.config = self.config.validated()
         self._stack = AsyncExitStack()
-        options = LoadOptions(n_gpu_layers=cfg.n_gpu_layers, use_mmap=cfg.use_mmap)
-        model = await anyio.to_thread.run_sync(Model, cfg.model, options)
+        model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
         self.model = model
         self._stack.callback(model.close)
         self.chat_template = ChatTemplate(
@@ -210,6 +210,7 @@ class Runtime:
             n_threads=cfg.threads,
             n_threads_batch=cfg.threads_batch,
             kv_unified=cfg.kv_unified,
+            flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
         )
         metrics = self.metrics = Metrics(n, queue_depth=lambda: len(sup.queue))
 
@@ -451,6 +452,38 @@ async def collect(handle: RequestHandle) -> Completion:
         slot=first.slot,
         stopping_word=first.stopping_word,
     )
+
+
+def load_options(cfg: RuntimeConfig) -> LoadOptions:
+    """Weights placement from the config: local, or split over ggml-rpc workers (SPEC 5)."""
+    devices = None
+    if cfg.rpc_servers or cfg.devices:
+        from runtime import rpc
+
+        added = rpc.add_servers(list(cfg.rpc_servers))
+        names = list(cfg.devices) or [*added, "CPU"]  # default: workers first, the local CPU last
+        devices = rpc.device_array(names)
+        log.info("layer_split", devices=names, tensor_split=list(cfg.tensor_split), split_mode=cfg.split_mode)
+    return LoadOptions(
+        n_gpu_layers=cfg.n_gpu_layers,
+        use_mmap=cfg.use_mmap,
+        split_mode=SPLIT_MODE_CODES[cfg.split_mode],
+        tensor_split=cfg.tensor_split,
+        devices=devices,
+    )
+
+
+FLASH_ATTN_CODES = {
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+}
+
+SPLIT_MODE_CODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
 
 
 def _error_of(event: Failed) -> LlamactorError:

@@ -1,0 +1,165 @@
+"""Layer split over ggml-rpc workers (SPEC section 5: RPC-1 … RPC-3), all on loopback."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from conftest import free_port, open_server
+from runtime import ConfigError, Runtime
+
+PROMPTS = [f"prompt {i} " + "abc " * i for i in range(8)]
+LLAMACTOR = [sys.executable, "-m", "runtime.cli"]
+WORKER_START_TIMEOUT_S = 20
+
+
+def _wait_port(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "worker exited early"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"worker on port {port} did not start")
+
+
+def start_worker() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_port(port, proc)
+    return proc, f"127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    if proc.stderr:
+        proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Two ggml-rpc workers (RPC-1), registered in this process as RPC0 and RPC1, in order."""
+    started = [start_worker(), start_worker()]
+    try:
+        yield [endpoint for _, endpoint in started]
+    finally:
+        for proc, _ in started:
+            stop(proc)
+
+
+async def _greedy(url: str) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in PROMPTS]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            r = await client.post("/completion", json={"prompt": PROMPTS[i], "n_predict": 16, "temperature": 0,
+                                                        "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            out[i] = r.json()["tokens"]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(PROMPTS)):
+                tg.start_soon(one, i)
+    return out
+
+
+async def test_split_greedy_identical_to_local(make_config, workers):
+    """RPC-2/RPC-3 / issue 6 check 1: split over two workers, and over one worker plus the local
+    CPU (listed last), gives the local server's greedy output for N = 1, 2, 4 groups, 8 requests."""
+    base = dict(parallel=8, n_ctx=8 * 256)
+    async with open_server(make_config(**base)) as (_, url):
+        local = await _greedy(url)
+    layouts = [
+        dict(rpc_servers=tuple(workers), devices=("RPC0", "RPC1"), tensor_split=(1.0, 1.0)),
+        dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0, 1.0)),
+    ]
+    for layout in layouts:
+        for n in (1, 2, 4):
+            async with open_server(make_config(**base, **layout, pipeline_groups=n)) as (rt, url):
+                assert rt.config.n_gpu_layers > 0  # the layers really went to the listed devices
+                assert await _greedy(url) == local, (layout["devices"], n)
+
+
+async def test_split_errors_are_clear(make_config, workers, tmp_path):
+    """Issue 6 check 2: unreachable worker, unknown device, bad tensor split: clear startup errors."""
+    dead = f"127.0.0.1:{free_port()}"
+    cases = [
+        (dict(rpc_servers=(dead,)), f"cannot reach RPC worker {dead}"),
+        (dict(rpc_servers=("nohostport",)), "invalid RPC endpoint 'nohostport'"),
+        (dict(rpc_servers=(workers[0],), devices=("RPC0", "GPU7")), "unknown device 'GPU7'; available: CPU"),
+        (dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0,)),
+         "--tensor-split has 1 shares for 2 devices (RPC0,CPU)"),
+        (dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(-1.0, 2.0)),
+         "--tensor-split needs non-negative shares"),
+        (dict(split_mode="diagonal"), "--split-mode must be one of none, layer, row"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            async with Runtime.open(make_config(**overrides)):
+                pass
+
+
+def test_cli_worker_errors_and_list_devices(tiny_model: Path, workers):
+    """Issue 6: the same errors from `llamactor serve` (exit 2, before listening); --list-devices."""
+    dead = f"127.0.0.1:{free_port()}"
+    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "--rpc", dead],
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2 and f"cannot reach RPC worker {dead}" in proc.stderr.decode()
+    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--rpc", workers[0], "--device", "RPC0,XPU"],
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2 and "unknown device 'XPU'" in proc.stderr.decode()
+    proc = subprocess.run([*LLAMACTOR, "serve", "--rpc", ",".join(workers), "--list-devices"],
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0].startswith("CPU: ") and lines[1:] == [f"RPC0: {workers[0]}", f"RPC1: {workers[1]}"]
+
+
+def test_worker_death_ends_server_instead_of_hanging(tiny_model: Path):
+    """Issue 6: a worker dying mid-run makes llama.cpp abort the server process (documented);
+    it must not hang, so a process supervisor (ops/llamactor.service) can restart it."""
+    worker, endpoint = start_worker()
+    port = free_port()
+    server = subprocess.Popen(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-np", "2", "-t", "1",
+         "--rpc", endpoint, "--device", "RPC0,CPU"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "server did not start"
+            time.sleep(0.05)
+        with httpx.stream("POST", url + "/completion", timeout=30, json={
+            "prompt": "x", "n_predict": 100000, "ignore_eos": True, "stream": True, "temperature": 0,
+        }) as resp:
+            lines = resp.iter_lines()
+            for _ in range(5):
+                next(lines)
+            worker.send_signal(signal.SIGKILL)
+            with pytest.raises(httpx.HTTPError):
+                for _ in lines:
+                    pass
+        assert server.wait(timeout=30) != 0
+    finally:
+        stop(worker)
+        stop(server)
