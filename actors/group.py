@@ -15,7 +15,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import numpy as np
 import structlog
 
 from actors.policy import GroupView, Policy, SlotView, StepPlan
@@ -159,10 +158,10 @@ class GroupActor(Actor[GroupMsg]):
     def _record(self, plan: StepPlan) -> None:
         assert self.trace is not None
         self._steps += 1
-        involved = [*(l for l, _ in plan.prefill), *plan.generate, *plan.release]
-        cohorts = {l: self.policy.cohort_of(self._parent_local(l)) for l in involved}
-        self.trace.append(StepRecord(self.group, self._steps, tuple(l for l, _ in plan.prefill),
-                                     plan.generate, plan.release, cohorts))
+        prefill = tuple(local for local, _ in plan.prefill)
+        involved = (*prefill, *plan.generate, *plan.release)
+        cohorts = {local: self.policy.cohort_of(self._parent_local(local)) for local in involved}
+        self.trace.append(StepRecord(self.group, self._steps, prefill, plan.generate, plan.release, cohorts))
 
     def _parent_local(self, local: int) -> int:
         parent = self.slots[local].parent
@@ -385,4 +384,3 @@ def _send_final(sink: Any, event: Any) -> None:
     sink.close()
 
 
-__all__ = ["GroupActor", "np"]

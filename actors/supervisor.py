@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import numpy as np
@@ -312,4 +311,3 @@ def _fail(task: Task, message: str, kind: str) -> None:
     task.sink.close()
 
 
-__all__ = ["Supervisor", "SlotEntry", "TableSnapshot", "Any"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import re
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -327,4 +326,3 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
     )
 
 
-__all__ = ["build_app", "time"]

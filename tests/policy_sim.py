@@ -76,10 +76,9 @@ class GroupSim:
         plan = self.policy.plan(self.view(), self.grant)
         if self.lag:
             self._deliver()
-        cohorts = {l: self.policy.cohort_of(l) for l in
-                   [*(l for l, _ in plan.prefill), *plan.generate, *plan.release]}
-        self.trace.append(StepRecord(0, len(self.trace), tuple(l for l, _ in plan.prefill),
-                                     plan.generate, plan.release, cohorts))
+        prefill = tuple(local for local, _ in plan.prefill)
+        cohorts = {local: self.policy.cohort_of(local) for local in (*prefill, *plan.generate, *plan.release)}
+        self.trace.append(StepRecord(0, len(self.trace), prefill, plan.generate, plan.release, cohorts))
         assert sum(k for _, k in plan.prefill) + len(plan.generate) <= self.n_batch
         for local, k in plan.prefill:
             s = self.slots[local]

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import open_server, serve_runtime
+from conftest import open_server
 from runtime import Runtime
 
 
@@ -217,4 +217,3 @@ async def test_two_runtimes_coexist(make_config):
         await rt_a.__aenter__()
 
 
-__all__ = ["serve_runtime"]
