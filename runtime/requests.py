@@ -102,14 +102,19 @@ def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat 
         raise RequestError(f"unsupported JSON schema: {exc}") from None
 
 
-def from_native(req: NativeCompletionRequest) -> Submission:
-    params = SamplingParams(
+def sampling_of(req: NativeCompletionRequest | CompletionRequest | ChatCompletionRequest, *,
+                grammar: str, n_probs: int) -> SamplingParams:
+    """The sampling fields every generation body shares (same names in both APIs)."""
+    return SamplingParams(
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
         repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias),
-        grammar=grammar_of(req.grammar, req.json_schema, None), n_probs=req.n_probs,
+        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias), grammar=grammar, n_probs=n_probs,
     )
+
+
+def from_native(req: NativeCompletionRequest) -> Submission:
+    params = sampling_of(req, grammar=grammar_of(req.grammar, req.json_schema, None), n_probs=req.n_probs)
     return Submission(
         prompt_of(req.prompt), req.n_predict, params, stop_of(req.stop), req.n, req.id_slot,
         req.cache_prompt, req.ignore_eos,
@@ -117,13 +122,7 @@ def from_native(req: NativeCompletionRequest) -> Submission:
 
 
 def _openai_params(req: CompletionRequest | ChatCompletionRequest, n_probs: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
-        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias),
-        grammar=grammar_of(req.grammar, None, req.response_format), n_probs=n_probs,
-    )
+    return sampling_of(req, grammar=grammar_of(req.grammar, None, req.response_format), n_probs=n_probs)
 
 
 def from_completion(req: CompletionRequest) -> Submission:
