@@ -36,6 +36,7 @@ from runtime.kernel import Actor
 log = structlog.get_logger("llamactor.supervisor")
 
 EMPTY = np.zeros(0, dtype=np.int32)
+PREFIX_SIMILARITY = 0.1  # a cached prefix counts when it covers at least this share of the prompt
 
 
 @dataclass
@@ -249,23 +250,35 @@ class Supervisor(Actor[SupervisorMsg]):
         return True
 
     def _choose(self, task: Task) -> list[SlotEntry] | None:
-        """The parent slot (best prefix, then LRU) plus n-1 free slots of the same group."""
+        """The parent slot plus n-1 free slots of the same group (PG-10).
+
+        Order of preference: the longest reusable cached prefix (at least
+        ``PREFIX_SIMILARITY`` of the prompt, as llama-server's --slot-prompt-similarity), then
+        the group with the fewest busy slots, then the lowest slot id. Lowest id, not least
+        recently used: with split KV, llama.cpp attends over every sequence between the lowest
+        and highest id in a batch, so busy slots spread over [0, P) made 8 users cost about as
+        much as 30 (measured: TPOT 45 ms with slots 0-7, 80 ms with 8 slots spread over 8-20).
+        """
         if task.id_slot >= 0:
             e = self.table[task.id_slot]
             if e.busy or e.group in self.down:
                 return None
             siblings = [s for s in self.table if s.group == e.group and not s.busy and s is not e]
             return [e, *siblings[: task.n - 1]] if len(siblings) >= task.n - 1 else None
-        best: tuple[int, float] | None = None
+        best: tuple[int, int, int] | None = None
         chosen: list[SlotEntry] | None = None
+        min_prefix = max(1, int(PREFIX_SIMILARITY * len(task.prompt)))
         for g in range(len(self.groups)):
             if g in self.down or self.groups[g] is None:
                 continue
-            free = [e for e in self.table if e.group == g and not e.busy]
+            slots = [e for e in self.table if e.group == g]
+            free = [e for e in slots if not e.busy]
             if len(free) < task.n:
                 continue
+            n_busy = len(slots) - len(free)
             for e in free:
-                key = (_common_prefix(e.cached, task.prompt), -e.last_used)
+                prefix = _common_prefix(e.cached, task.prompt)
+                key = (prefix if prefix >= min_prefix else 0, -n_busy, -e.id)
                 if best is None or key > best:
                     best = key
                     chosen = [e, *[f for f in free if f is not e][: task.n - 1]]
