@@ -82,8 +82,8 @@ class Policy:
 
     @property
     def phase(self) -> str:
-        """The group's phase as this policy sees it (shown in /metrics)."""
-        return "continuous"
+        """The group's phase as this policy sees it (shown in /metrics); stateless policies: their name."""
+        return self.name
 
     def cohort_of(self, local: int) -> int:  # noqa: ARG002
         return 0

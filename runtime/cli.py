@@ -72,7 +72,7 @@ def _serve_parser(sub: Any) -> None:
     _opt(p, "--pipeline-groups", env="LLAMA_ARG_PIPELINE_GROUPS", type=int, default=1,
          help="N contexts over one model's weights (SPEC section 3)")
     _opt(p, "-kvu", "--kv-unified", env="LLAMA_ARG_KV_UNIFIED", flag=True)
-    _opt(p, "--scheduler", env="LLAMACTOR_SCHEDULER", default="continuous", help="policy name or module:Class")
+    _opt(p, "--scheduler", env="LLAMACTOR_SCHEDULER", default="stall-free", help="policy name or module:Class")
     _opt(p, "--prefill-budget", env="LLAMACTOR_PREFILL_BUDGET", type=int, default=0,
          help="stall-free: prompt tokens per step while streams generate")
     _opt(p, "--target-itl-ms", env="LLAMACTOR_TARGET_ITL_MS", type=float, default=0.0,

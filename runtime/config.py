@@ -60,7 +60,7 @@ class RuntimeConfig:
     use_mmap: bool = True
     pipeline_groups: int = 1  # N: contexts over the one model (PG-1)
     kv_unified: bool = False
-    scheduler: str = "continuous"  # policy name or module:Class (SPEC section 4)
+    scheduler: str = "stall-free"  # policy name or module:Class (SPEC section 4); README says why
     prefill_budget: int = 0  # stall-free: prompt tokens per step while streams generate (0 = default)
     target_itl_ms: float = 0.0  # stall-free: derive the budget from this inter-token target
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)

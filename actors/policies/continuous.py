@@ -22,10 +22,6 @@ class NoContBatchingPolicy(Policy):
 
     name = "no-cont-batching"
 
-    @property
-    def phase(self) -> str:
-        return "none"
-
     def plan(self, view: GroupView, grant: Grant | None) -> StepPlan:
         generate = generating(view)
         if generate:
