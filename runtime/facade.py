@@ -114,13 +114,16 @@ class RequestHandle:
         finally:
             self.close()
 
-    async def first(self) -> Token | Done:
-        """Wait for the first event (raises the request's error): lets HTTP pick a status."""
+    async def first(self) -> Token | Done | None:
+        """Wait for the first event (raises the request's error): lets HTTP pick a status.
+
+        None when the request ends without any event (nothing to generate: max_tokens 0).
+        """
         try:
             event = await self.events.receive()
         except anyio.EndOfStream:
             self.close()
-            raise Closed("the request ended without a result") from None
+            return None
         if isinstance(event, Failed):
             self.close()
             raise _error_of(event)

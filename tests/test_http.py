@@ -217,3 +217,13 @@ async def test_two_runtimes_coexist(make_config):
         await rt_a.__aenter__()
 
 
+
+
+async def test_zero_tokens_requested(make_config):
+    """n_predict 0 is valid: an empty completion, streaming or not."""
+    async with open_server(make_config()) as (rt, url):
+        async with httpx.AsyncClient(base_url=url) as client:
+            r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
+            r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0, "stream": True})
+            assert r.status_code == 200 and r.text.strip().endswith("data: [DONE]")
