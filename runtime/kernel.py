@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -54,6 +55,14 @@ class Reply(Generic[T]):
             pass
         finally:
             self._send.close()
+
+
+@dataclass(frozen=True)
+class ActorStatistics:
+    name: str
+    mailbox_used: int  # messages waiting
+    mailbox_size: int  # the bound
+    finished: bool
 
 
 class Actor(Generic[M]):
@@ -99,8 +108,10 @@ class Actor(Generic[M]):
             raise value
         return value
 
-    def mailbox_depth(self) -> int:
-        return self._inbox_send.statistics().current_buffer_used
+    def statistics(self) -> ActorStatistics:
+        return ActorStatistics(
+            self.name, self._inbox_send.statistics().current_buffer_used, self.mailbox_size, self._finished.is_set()
+        )
 
     # ---- lifecycle -------------------------------------------------------------------
 

@@ -68,6 +68,8 @@ async def test_try_tell_raises_overloaded_when_full():
     actor.try_tell(Add(2))
     with pytest.raises(Overloaded, match="mailbox is full"):
         actor.try_tell(Add(3))
+    stats = actor.statistics()
+    assert (stats.mailbox_used, stats.mailbox_size, stats.finished) == (2, 2, False)
     async with open_actor_scope() as scope:  # drain and close it
         await scope.start(actor)
     assert actor.total == 3
