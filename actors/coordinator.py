@@ -19,7 +19,7 @@ import anyio
 
 from actors.policy import Policy
 from protocol.messages import CoordinatorMsg, Grant, PhaseEvent
-from runtime.errors import Closed
+from runtime.errors import Closed, Overloaded
 from runtime.kernel import Actor
 from runtime.metrics import Metrics
 
@@ -67,7 +67,18 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
                             group.try_tell(grant)
                         except Closed:
                             pass  # the group is restarting; its successor starts from no grant
+                        except Overloaded:
+                            self._tg.start_soon(self._send_latest_grant, g, group)
                 self._schedule_tick(g, policy)
+
+    async def _send_latest_grant(self, g: int, group: Actor[Any]) -> None:
+        """A full group mailbox: wait for room, then send the newest grant (grants replace whole)."""
+        grant = self.grants[g]
+        if grant is not None:
+            try:
+                await group.tell(grant)
+            except Closed:
+                pass
 
     def _observe(self, g: int, policy: Policy, before: str, event: PhaseEvent) -> None:
         after = policy.phase

@@ -21,9 +21,9 @@ from actors.policy import GroupView, Policy, SlotView, StepPlan
 from actors.trace import StepRecord
 from protocol.events import Failed
 from protocol.messages import (
-    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCommand,
+    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCached, SlotCommand,
 )
-from runtime.engine import Context, ContextOptions, StepResult
+from runtime.engine import Context, ContextOptions, KvCacheFull, StepResult
 from runtime.errors import Closed, EngineError, SlotBusy
 from runtime.kernel import Actor
 from runtime.profiler import REPORT_INTERVAL_S, GroupProfile
@@ -136,7 +136,11 @@ class GroupActor(Actor[GroupMsg]):
             t0 = time.perf_counter()
             if prof is not None:
                 prof.started_step = t0
-            res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, prof, limiter=self._limiter)
+            try:
+                res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, prof, limiter=self._limiter)
+            except KvCacheFull:
+                self._make_room()
+                continue
             t1 = time.perf_counter()
             self._learn_costs(res, (t1 - t0) * 1e3)
             self._deliver(res)
@@ -146,6 +150,28 @@ class GroupActor(Actor[GroupMsg]):
                 if t1 - prof.started >= self.profile_interval_s:
                     log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
                     prof.started = t1
+
+    def _make_room(self) -> None:
+        """Unified KV overcommitted (every slot may use all C cells). First drop the cached
+        prompts of idle slots; if none, stop the request holding the most cells and drop its
+        cells, so the others go on. The group itself is healthy: no restart."""
+        assert self.engine is not None
+        idle = [s for s in self.slots if not s.busy and s.cache]
+        for s in idle:
+            self.engine.erase(s)
+            self._report(SlotCached(self.group, s.local, ()))
+        if idle:
+            return
+        busy = [s for s in self.slots if s.task is not None and s.parent is None]
+        victim = max(busy, key=lambda s: s.n_past)
+        members = [victim, *victim.children]
+        log.warning("kv_cache_full", group=self.group, task=victim.task.id, cells=victim.n_past)
+        self._end_task(victim.task.id, Failed(
+            f"the shared KV cache is full ({victim.n_past} cells held by this request); it was stopped "
+            f"to make room", "server_error"))
+        for s in members:
+            self.engine.erase(s)
+            self._report(SlotCached(self.group, s.local, ()))
 
     def _learn_costs(self, res: StepResult, step_ms: float) -> None:
         """EMAs of step costs, offered to policies in the view (stall-free's ITL target)."""
@@ -252,7 +278,7 @@ class GroupActor(Actor[GroupMsg]):
                                   tuple(tuple(s.cache) for s in members), task_id))
         return ids
 
-    def _report(self, msg: Released) -> None:
+    def _report(self, msg: Released | SlotCached) -> None:
         try:
             self.supervisor.try_tell(msg)
         except Closed:
@@ -279,7 +305,7 @@ class GroupActor(Actor[GroupMsg]):
         except Exception as exc:  # noqa: BLE001 - any failure goes back to the asker
             cmd.reply.fail(exc)
             return
-        self._report(Released(self.group, (s.local,), (tuple(s.cache),)))
+        self._report(SlotCached(self.group, s.local, tuple(s.cache)))
         cmd.reply.send(result)
 
     # ---- delivery ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Supervisor: owns the task queue and the slot table of every group, and keeps groups alive.
 
 Slot selection (AC-3) runs over every free slot of every group: longest common prefix of
-the slot's cached tokens with the prompt first (KV reuse), then least recently used; a task
-may pin ``id_slot``. A task with n > 1 choices needs n free slots in one group (PG-10); it
+the slot's cached tokens with the prompt first (KV reuse), then the least busy group, then
+the lowest slot id (not least recently used: see ``_choose`` for the measurement); a task may
+pin ``id_slot``. A task with n > 1 choices needs n free slots in one group (PG-10); it
 waits otherwise and never splits. The queue is bounded: past ``queue_size`` a task is refused
 with ``Overloaded`` (HTTP 503 + Retry-After), never an unbounded wait.
 
@@ -27,10 +28,10 @@ from anyio.abc import TaskStatus
 from actors.group import GroupActor
 from protocol.events import Failed
 from protocol.messages import (
-    Assign, Cancel, GroupDown, Released, Revoke, SlotCommand, SlotRequest, Snapshot,
+    Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest, Snapshot,
     Submit, SupervisorMsg, Task,
 )
-from runtime.errors import Closed, NotFound, Unavailable
+from runtime.errors import Closed, NotFound, Overloaded, Unavailable
 from runtime.kernel import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
@@ -84,6 +85,7 @@ class Supervisor(Actor[SupervisorMsg]):
         self.running: dict[int, int] = {}  # task id -> group
         self.down: set[int] = set()  # groups past their restart limit
         self.restarts = [0] * n_groups
+        self._schedule_soon = False
 
     # ---- lifecycle: the supervisor starts, watches and stops its groups ------------------
 
@@ -117,6 +119,9 @@ class Supervisor(Actor[SupervisorMsg]):
         while True:
             group = self.make_group(g)
             self.groups[g] = group
+            if self._schedule_soon:
+                self._schedule_soon = False
+                self._schedule()  # queued tasks may go to the restarted group (it queues them until ready)
             try:
                 await group.run(task_status=status)
                 return  # clean stop: the mailbox was closed
@@ -124,11 +129,9 @@ class Supervisor(Actor[SupervisorMsg]):
                 if not status.started_once:
                     raise
                 log.error("group_failed", group=g, error=str(exc))
-                try:
-                    self.try_tell(GroupDown(g, str(exc)))
-                except Closed:
-                    return  # the runtime is stopping: nothing to restart
-
+                # The group failed its requests itself; its slots are free and hold nothing now,
+                # before a successor exists, so no new task can land on a slot still marked busy.
+                self._reset_group(g)
                 now = time.monotonic()
                 failures.append(now)
                 while failures and now - failures[0] > self.restart_window_s:
@@ -137,8 +140,10 @@ class Supervisor(Actor[SupervisorMsg]):
                     log.error("group_down", group=g, restarts=self.restarts[g])
                     self.down.add(g)
                     self.groups[g] = None
+                    self._fail_unservable()
                     return
                 self.restarts[g] += 1
+                self._schedule_soon = True
 
     def group(self, g: int) -> GroupActor | None:
         return self.groups[g]
@@ -158,8 +163,8 @@ class Supervisor(Actor[SupervisorMsg]):
             case Released(group=g, slots=locals_, cached=cached, task_id=task_id):
                 self.running.pop(task_id, None)
                 self._released(g, locals_, cached)
-            case GroupDown(group=g):
-                self._group_down(g)
+            case SlotCached(group=g, slot=local, cached=cached):
+                self._entry(g, local).cached = np.asarray(cached, dtype=np.int32) if cached else EMPTY
             case SlotRequest():
                 self._slot_request(msg)
             case Snapshot(reply=reply):
@@ -177,8 +182,8 @@ class Supervisor(Actor[SupervisorMsg]):
         if task.id_slot >= len(self.table):
             _fail(task, f"slot {task.id_slot} does not exist (0..{len(self.table) - 1})", "invalid_request_error")
             return
-        if len(self.down) == len(self.groups):
-            _fail(task, "no group is running: the runtime is unhealthy", "unavailable_error")
+        if self._unservable(task):
+            _fail(task, "no group can serve this request: the runtime is unhealthy", "unavailable_error")
             return
         if not self._try_start(task):
             if len(self.queue) >= self.queue_size:
@@ -195,7 +200,10 @@ class Supervisor(Actor[SupervisorMsg]):
         g = self.running.get(task_id)
         group = self.groups[g] if g is not None else None
         if group is not None:
-            group.try_tell(Revoke(task_id))
+            try:
+                group.try_tell(Revoke(task_id))
+            except (Overloaded, Closed):
+                pass  # the group also frees the slots when it finds the stream closed
 
     def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...]) -> None:
         now = time.monotonic()
@@ -206,17 +214,24 @@ class Supervisor(Actor[SupervisorMsg]):
             e.last_used = now
         self._schedule()
 
-    def _group_down(self, g: int) -> None:
+    def _reset_group(self, g: int) -> None:
         for e in self.table:
             if e.group == g:
                 e.busy = False
                 e.cached = EMPTY
         self.running = {t: grp for t, grp in self.running.items() if grp != g}
-        if g in self.down:
-            for t in [t for t in self.queue if self._fits_nowhere(t)]:
+
+    def _fail_unservable(self) -> None:
+        """Queued tasks that no live group can serve fail now instead of waiting forever."""
+        for t in list(self.queue):
+            if self._unservable(t):
                 self.queue.remove(t)
                 _fail(t, "no group can serve this request: the runtime is unhealthy", "unavailable_error")
-        self._schedule()
+
+    def _unservable(self, task: Task) -> bool:
+        if task.id_slot >= 0:
+            return self.table[task.id_slot].group in self.down
+        return len(self.down) == len(self.groups)
 
     def _slot_request(self, req: SlotRequest) -> None:
         if not 0 <= req.slot < len(self.table):
@@ -228,7 +243,10 @@ class Supervisor(Actor[SupervisorMsg]):
             req.reply.fail(Unavailable(f"group {e.group} is down"))
             return
         # Only the owning group is involved: other groups keep decoding (PG-4).
-        group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply))
+        try:
+            group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply))
+        except (Overloaded, Closed) as exc:
+            req.reply.fail(Overloaded(f"group {e.group} cannot take more slot commands now: {exc}"))
 
     # ---- scheduling --------------------------------------------------------------------
 
@@ -243,10 +261,13 @@ class Supervisor(Actor[SupervisorMsg]):
             return False
         group = self.groups[chosen[0].group]
         assert group is not None
+        try:
+            group.try_tell(Assign(task, tuple(e.local for e in chosen)))
+        except (Overloaded, Closed):
+            return False  # the group is failing or full: the task stays queued
         for e in chosen:
             e.busy = True
         self.running[task.id] = chosen[0].group
-        group.try_tell(Assign(task, tuple(e.local for e in chosen)))
         return True
 
     def _choose(self, task: Task) -> list[SlotEntry] | None:
@@ -283,9 +304,6 @@ class Supervisor(Actor[SupervisorMsg]):
                     best = key
                     chosen = [e, *[f for f in free if f is not e][: task.n - 1]]
         return chosen
-
-    def _fits_nowhere(self, task: Task) -> bool:
-        return all(g in self.down for g in range(len(self.groups)))
 
     def _entry(self, g: int, local: int) -> SlotEntry:
         return self.table[g * (len(self.table) // len(self.groups)) + local]

@@ -4,7 +4,7 @@ Who sends what:
 
     Runtime ──Submit/Cancel/SlotRequest──► Supervisor
     Supervisor ──Assign/Revoke/SlotCommand──► GroupActor(g)
-    GroupActor(g) ──Released──► Supervisor
+    GroupActor(g) ──Released/SlotCached──► Supervisor
     GroupActor(g) ──PhaseEvent──► PhaseCoordinator ──Grant──► GroupActor(g)
 
 Every ``ask`` carries its reply channel (``reply``) inside the message and is always made
@@ -60,11 +60,12 @@ class Released(msgspec.Struct, frozen=True, tag=True):
     task_id: int = -1  # the task these slots served; -1 after a slot command
 
 
-class GroupDown(msgspec.Struct, frozen=True, tag=True):
-    """A group's decode loop failed; all its slots are free and hold nothing."""
+class SlotCached(msgspec.Struct, frozen=True, tag=True):
+    """Group → supervisor: an idle slot's KV now holds ``cached`` (after erase/restore)."""
 
     group: int
-    error: str
+    slot: int
+    cached: tuple[int, ...]
 
 
 class SlotRequest(msgspec.Struct, frozen=True, tag=True):
@@ -82,7 +83,7 @@ class Snapshot(msgspec.Struct, frozen=True, tag=True):
     reply: Any = None
 
 
-SupervisorMsg = Submit | Cancel | Released | GroupDown | SlotRequest | Snapshot
+SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest | Snapshot
 
 
 # ---- GroupActor mailbox ---------------------------------------------------------------

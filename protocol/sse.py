@@ -14,6 +14,3 @@ DONE = b"data: [DONE]\n\n"
 def frame(obj: Any) -> bytes:
     return b"data: " + _encode(obj) + b"\n\n"
 
-
-def error_frame(obj: Any) -> bytes:
-    return b"error: " + _encode(obj) + b"\n\n"

@@ -101,6 +101,9 @@ class RuntimeConfig:
             raise ConfigError(f"--ctx-size ({c}) must be a multiple of --pipeline-groups ({n}) with split KV")
         if self.n_batch < 1 or self.n_ubatch < 1:
             raise ConfigError(f"--batch-size and --ubatch-size must be >= 1, got {self.n_batch}, {self.n_ubatch}")
+        if self.n_batch < p // n:
+            raise ConfigError(f"--batch-size ({self.n_batch}) must be at least the slots of one group ({p // n}): "
+                              f"every slot may need a row in one step")
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.queue_size < 0:

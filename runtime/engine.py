@@ -56,6 +56,13 @@ class StepResult:
     gaps: list[float] = field(default_factory=list)  # inter-token gaps of streams that generated
 
 
+DECODE_NO_KV_SLOT = 1  # llama_decode: no KV cells for the batch (unified KV can be overcommitted)
+
+
+class KvCacheFull(EngineError):
+    """Recoverable: the group stops one request to make room and goes on (see GroupActor)."""
+
+
 class FaultInjector:
     """Test hook: make the next ``n`` decode steps of a context raise, or hold them on an event."""
 
@@ -225,6 +232,8 @@ class Context:
             self.faults.before_decode()
             self._batch.n_tokens = n
             rc = llama_cpp.llama_decode(self.ptr, self._batch)
+            if rc == DECODE_NO_KV_SLOT:
+                raise KvCacheFull("the KV cache has no room for this batch")
             if rc != 0:
                 raise EngineError(f"llama_decode failed with status {rc}")
             if prof is not None:

@@ -101,6 +101,34 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def _unless_disconnected(request: Request, handle: RequestHandle, wait: Any) -> Any:
+    """Await ``wait()`` while watching the client; if it leaves, cancel the request (API-6)."""
+    outcome: list[Any] = []
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                await _wait_disconnect(request)
+                handle.close()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                outcome.append(await wait())
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                outcome.append(exc)
+            tg.cancel_scope.cancel()
+    except BaseException:
+        handle.close()
+        raise
+    if not outcome:
+        raise RequestError("client disconnected")
+    if isinstance(outcome[0], Exception):
+        handle.close()
+        raise outcome[0]
+    return outcome[0]
+
+
 class Api:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -205,7 +233,7 @@ class Api:
         req = await _decode(request, CompletionRequest)
         sub = from_completion(req)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        shaper = OpenAIShaper(self.model_id, chat=False, want_logprobs=bool(req.logprobs),
+        shaper = OpenAIShaper(self.model_id, chat=False, want_logprobs=req.logprobs is not None,
                               include_usage=include_usage)
         handle = await self._submit(sub)
         if req.stream:
@@ -228,33 +256,15 @@ class Api:
 
     async def _collect(self, request: Request, handle: RequestHandle) -> Any:
         """Collect a non-streaming result; a client disconnect cancels the request (API-6)."""
-        outcome: list[Any] = []
-        async with anyio.create_task_group() as tg:
+        return await _unless_disconnected(request, handle, lambda: collect(handle))
 
-            async def watch() -> None:
-                await _wait_disconnect(request)
-                handle.close()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            try:
-                outcome.append(await collect(handle))
-            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
-                outcome.append(exc)
-            tg.cancel_scope.cancel()
-        if not outcome:
-            raise RequestError("client disconnected")
-        if isinstance(outcome[0], Exception):
-            raise outcome[0]
-        return outcome[0]
+    async def _first(self, request: Request, handle: RequestHandle) -> Token | Done | None:
+        """The first event, or an error; a client leaving while queued or prefilling cancels (API-6)."""
+        return await _unless_disconnected(request, handle, handle.first)
 
     async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
                       tail: Any = None) -> Response:
-        try:
-            first = await handle.first()
-        except BaseException:
-            handle.close()
-            raise
+        first = await self._first(request, handle)
 
         async def frames() -> AsyncIterator[bytes]:
             try:

@@ -12,7 +12,7 @@ import structlog
 from starlette.responses import Response
 
 from protocol.wire import ErrorBody, ErrorResponse
-from runtime.errors import LlamactorError, Overloaded, RequestError
+from runtime.errors import LlamactorError, Overloaded, RequestError, Unavailable
 
 log = structlog.get_logger("llamactor.http")
 
@@ -34,6 +34,8 @@ def map_exception(exc: BaseException) -> LlamactorError:
         return RequestError(f"malformed JSON: {exc}")
     if isinstance(exc, UnicodeDecodeError):
         return RequestError("the request body is not valid UTF-8")
+    if isinstance(exc, TimeoutError):
+        return Unavailable("timed out waiting for the engine; try again")
     log.exception("unhandled_error", exc_info=exc)
     return LlamactorError("internal server error")
 

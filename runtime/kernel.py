@@ -136,9 +136,10 @@ class Actor(Generic[M]):
             task_status.started()
             await self.loop()
         finally:
+            # No new messages from here on (senders get Closed), then teardown may drain the rest.
+            self._inbox_send.close()
             with anyio.move_on_after(STOP_TIMEOUT_S, shield=True):
                 await self.teardown()
-            self._inbox_send.close()
             self._inbox_recv.close()
             self._finished.set()
 

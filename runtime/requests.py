@@ -128,7 +128,7 @@ def _openai_params(req: CompletionRequest | ChatCompletionRequest, n_probs: int)
 def from_completion(req: CompletionRequest) -> Submission:
     max_tokens = DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS if req.max_tokens is None else req.max_tokens
     return Submission(
-        prompt_of(req.prompt), max_tokens, _openai_params(req, req.logprobs or 0), stop_of(req.stop), req.n,
+        prompt_of(req.prompt), max_tokens, _openai_params(req, 0 if req.logprobs is None else max(req.logprobs, 1)), stop_of(req.stop), req.n,
         req.id_slot, req.cache_prompt, req.ignore_eos,
     )
 

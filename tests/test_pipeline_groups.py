@@ -166,3 +166,26 @@ async def test_profiler_logs_each_group(make_config):
     for e in lines:
         assert fields <= set(e) and all(e[f] >= 0 for f in fields)
     assert sum(e["tokens"] for e in lines) == 32
+
+
+async def test_unified_kv_overcommit_stops_one_request_not_the_group(make_config):
+    """PG-3 with --kv-unified: slots share C cells, so they can run out; the request holding the
+    most cells is stopped with an error, the other finishes, and the group is not restarted."""
+    async with Runtime.open(make_config(parallel=2, n_ctx=256, kv_unified=True, n_batch=64, n_ubatch=64)) as rt:
+        outcomes: list[str] = []
+
+        async def one(prompt: list[int]) -> None:
+            try:
+                out = await rt.complete(prompt, max_tokens=150, temperature=0, ignore_eos=True)
+                outcomes.append(f"ok {out.n_predicted}")
+            except Exception as exc:  # noqa: BLE001
+                outcomes.append(f"error {exc}")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, [9] * 90)
+            tg.start_soon(one, [8] * 60)
+        assert sorted(o.split()[0] for o in outcomes) == ["error", "ok"], outcomes
+        assert any("KV cache is full" in o for o in outcomes)
+        assert rt.supervisor.restarts == [0]
+        out = await rt.complete("after", max_tokens=3, temperature=0)
+        assert out.n_predicted == 3
