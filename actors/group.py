@@ -186,12 +186,8 @@ class GroupActor(Actor[GroupMsg]):
         self._steps += 1
         prefill = tuple(local for local, _ in plan.prefill)
         involved = (*prefill, *plan.generate, *plan.release)
-        cohorts = {local: self.policy.cohort_of(self._parent_local(local)) for local in involved}
+        cohorts = {local: self.policy.cohort_of(self.slots[local].order) for local in involved}
         self.trace.append(StepRecord(self.group, self._steps, prefill, plan.generate, plan.release, cohorts))
-
-    def _parent_local(self, local: int) -> int:
-        parent = self.slots[local].parent
-        return parent.local if parent is not None else local
 
     def _drain(self) -> bool:
         """Handle every queued message without waiting; False once the mailbox is closed."""
@@ -263,15 +259,12 @@ class GroupActor(Actor[GroupMsg]):
             _send_final(sink, final)
         elif sink is not None:
             sink.close()
+        self._tell_coordinator("cancelled" if cancelled else "finished", members[0])
         for s in members:
             # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds).
             if self.engine is not None:
                 self.engine.release(s)
             s.reset()
-        if cancelled:
-            self._tell_coordinator("cancelled", members[0])
-        else:
-            self._tell_coordinator("finished", members[0])
         ids = [s.id for s in members]
         if report:
             self._report(Released(self.group, tuple(s.local for s in members),
@@ -367,7 +360,9 @@ class GroupActor(Actor[GroupMsg]):
     def _tell_coordinator(self, kind: str, s: Slot) -> None:
         if self.coordinator is not None:
             try:
-                self.coordinator.try_tell(PhaseEvent(self.group, kind, s.local, s.prompt_left, time.perf_counter()))
+                self.coordinator.try_tell(
+                    PhaseEvent(self.group, kind, s.local, s.prompt_left, time.perf_counter(), s.order)
+                )
             except Closed:
                 pass  # stopping
 
@@ -384,7 +379,7 @@ class GroupActor(Actor[GroupMsg]):
                 "is_processing": s.busy,
                 "group": self.group,
                 "phase": s.phase.value,
-                "cohort": self.policy.cohort_of(self._parent_local(s.local)) if s.busy else 0,
+                "cohort": self.policy.cohort_of(s.order) if s.busy else 0,
                 "n_cached_tokens": len(s.cache),
             }
             if s.task is not None:

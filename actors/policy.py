@@ -31,7 +31,7 @@ class SlotView(NamedTuple):
     local: int  # the slot's id inside its group (sequence id)
     phase: str  # "prefill" | "ready" | "generate"
     prompt_left: int  # prompt tokens not yet decoded (0 unless prefilling)
-    order: int  # arrival order within the group: smaller came first
+    order: int  # the request's arrival order in the group (its identity; n > 1 choices share it)
     parent: int  # local id of the n > 1 parent slot, or -1 for a parent/single slot
 
 
@@ -85,7 +85,8 @@ class Policy:
         """The group's phase as this policy sees it (shown in /metrics); stateless policies: their name."""
         return self.name
 
-    def cohort_of(self, local: int) -> int:  # noqa: ARG002
+    def cohort_of(self, order: int) -> int:  # noqa: ARG002
+        """The cohort of the request with this arrival order (0 when the policy has none)."""
         return 0
 
     def waiting(self) -> int:
@@ -94,14 +95,11 @@ class Policy:
 
 
 def generating(view: GroupView, allowed: Iterable[int] | None = None) -> tuple[int, ...]:
-    """Slots in phase "generate" (optionally only those whose parent or self is ``allowed``)."""
+    """Slots in phase "generate" (optionally only those of requests whose order is ``allowed``)."""
     if allowed is None:
         return tuple(s.local for s in view.slots if s.phase == "generate")
     allow = set(allowed)
-    return tuple(
-        s.local for s in view.slots
-        if s.phase == "generate" and (s.local in allow or s.parent in allow)
-    )
+    return tuple(s.local for s in view.slots if s.phase == "generate" and s.order in allow)
 
 
 def fill_prefill(slots: Iterable[SlotView], budget: int) -> tuple[tuple[int, int], ...]:

@@ -114,10 +114,11 @@ class SlotCommand(msgspec.Struct, frozen=True, tag=True):
 class Grant(msgspec.Struct, frozen=True, tag=True):
     """Coordinator → group: the group's phase and which of its slots may do what.
 
-    ``prefill``: slots that may decode prompt tokens; ``generate``: slots (n > 1 parents stand
-    for their children) that may generate; ``release``: READY slots whose kept logits may now
-    be sampled (the cohort barrier opened). Local slot ids. A group plans every step from its
-    latest grant; a grant replaces the previous one whole.
+    ``prefill``: requests that may decode prompt tokens; ``generate``: requests that may
+    generate; ``release``: READY requests whose kept logits may now be sampled (the cohort
+    barrier opened). Requests are named by their arrival ``order`` in the group, not by slot:
+    a slot is reused, and a grant still in flight must not apply to the slot's next request.
+    A group plans every step from its latest grant; a grant replaces the previous one whole.
     """
 
     phase: str
@@ -145,6 +146,7 @@ class PhaseEvent(msgspec.Struct, frozen=True, tag=True):
     slot: int = -1
     prompt_left: int = 0
     at: float = 0.0  # time.perf_counter() when it happened
+    order: int = 0  # the request's arrival order in the group: its identity for the policy
 
 
 CoordinatorMsg = PhaseEvent

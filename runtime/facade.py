@@ -28,7 +28,7 @@ import structlog
 
 from actors.coordinator import PhaseCoordinator
 from actors.group import GroupActor
-from actors.policies import resolve_policy
+from actors import policies
 from actors.supervisor import Supervisor
 from protocol.events import Done, Failed, Token
 from protocol.messages import Cancel, SlotRequest, Submit, Task
@@ -198,7 +198,7 @@ class Runtime:
         self.chat_template = ChatTemplate(
             model.chat_template(), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
         )
-        policy_cls = resolve_policy(cfg.scheduler)
+        policy_cls = policies.resolve_policy(cfg.scheduler)
         n = cfg.pipeline_groups
         policy_options = {
             "prefill_budget": cfg.prefill_budget,

@@ -47,16 +47,16 @@ class GroupSim:
             return False
         self._order += 1
         self.slots[local] = SimSlot(local, self._order, prompt, generate)
-        self._event("arrived", local)
+        self._event("arrived", local, self._order)
         return True
 
     def cancel(self, local: int) -> None:
         s = self.slots.pop(local)
         self.cancelled.append(s.order)
-        self._event("cancelled", local)
+        self._event("cancelled", local, s.order)
 
-    def _event(self, kind: str, local: int) -> None:
-        self.pending.append(PhaseEvent(0, kind, local, 0, float(len(self.trace))))
+    def _event(self, kind: str, local: int, order: int) -> None:
+        self.pending.append(PhaseEvent(0, kind, local, 0, float(len(self.trace)), order))
 
     def _deliver(self) -> None:
         events, self.pending = self.pending, []
@@ -77,7 +77,8 @@ class GroupSim:
         if self.lag:
             self._deliver()
         prefill = tuple(local for local, _ in plan.prefill)
-        cohorts = {local: self.policy.cohort_of(local) for local in (*prefill, *plan.generate, *plan.release)}
+        cohorts = {local: self.policy.cohort_of(self.slots[local].order)
+                   for local in (*prefill, *plan.generate, *plan.release)}
         self.trace.append(StepRecord(0, len(self.trace), prefill, plan.generate, plan.release, cohorts))
         assert sum(k for _, k in plan.prefill) + len(plan.generate) <= self.n_batch
         for local, k in plan.prefill:
@@ -87,7 +88,7 @@ class GroupSim:
             if s.prompt_left == 0:
                 if self.policy.holds_ready:
                     s.phase = "ready"
-                    self._event("prefill_done", local)
+                    self._event("prefill_done", local, s.order)
                 else:
                     s.phase = "generate"
                     self._token(s)
@@ -107,4 +108,4 @@ class GroupSim:
         if s.generated >= s.to_generate:
             del self.slots[s.local]
             self.finished.append(s.order)
-            self._event("finished", s.local)
+            self._event("finished", s.local, s.order)

@@ -44,12 +44,12 @@ class CohortPolicy(Policy):
         self.max_generate_ms = float(options.get("cohort_max_generate_ms") or 0.0)
         self.state = CohortPhase.IDLE
         self.cohort = 0
-        self.members: list[int] = []  # parent slots of the current cohort, arrival order
+        self.members: list[int] = []  # requests (arrival orders) of the current cohort
         self.ready: set[int] = set()  # members whose prompt is done (kept logits)
         self.released: set[int] = set()  # members allowed to generate
         self.paused: set[int] = set()  # an earlier cohort's generators, paused by the bound
         self.queue: list[int] = []  # arrivals waiting for a later cohort
-        self.cohort_of_slot: dict[int, int] = {}
+        self.cohort_of_request: dict[int, int] = {}
         self.generate_since = 0.0
         self._rotate = 0
 
@@ -59,8 +59,8 @@ class CohortPolicy(Policy):
     def phase(self) -> str:
         return self.state.value
 
-    def cohort_of(self, local: int) -> int:
-        return self.cohort_of_slot.get(local, 0)
+    def cohort_of(self, order: int) -> int:
+        return self.cohort_of_request.get(order, 0)
 
     def waiting(self) -> int:
         return len(self.queue)
@@ -68,7 +68,7 @@ class CohortPolicy(Policy):
     # ---- events (the coordinator calls these) -------------------------------------------
 
     def on_event(self, event: PhaseEvent) -> Grant | None:
-        s = event.slot
+        s = event.order  # requests, not slots: a slot is reused while old events are in flight
         match event.kind:
             case "arrived":
                 if self.state is CohortPhase.IDLE:
@@ -120,7 +120,7 @@ class CohortPolicy(Policy):
 
     def _join(self, s: int) -> None:
         self.members.append(s)
-        self.cohort_of_slot[s] = self.cohort
+        self.cohort_of_request[s] = self.cohort
 
     def _release_if_complete(self, now: float) -> None:
         if self.members and all(m in self.ready for m in self.members):
@@ -138,7 +138,7 @@ class CohortPolicy(Policy):
             group.discard(s)
         if s in self.queue:
             self.queue.remove(s)
-        self.cohort_of_slot.pop(s, None)
+        self.cohort_of_request.pop(s, None)
 
     def _next_cohort(self) -> None:
         waiting, self.queue = self.queue, []
@@ -173,10 +173,12 @@ class CohortPolicy(Policy):
         if grant is None:
             return StepPlan()
         if grant.prefill:
-            members = [s for s in view.slots if s.local in grant.prefill and s.phase == "prefill"]
+            members = [s for s in view.slots if s.order in grant.prefill and s.phase == "prefill"]
             self._rotate += 1
             return StepPlan(prefill=self.share(members, view.n_batch))
-        release = tuple(s.local for s in view.slots if s.local in grant.release and s.phase == "ready")
+        release = tuple(
+            s.local for s in view.slots if s.order in grant.release and s.phase == "ready" and s.parent < 0
+        )
         return StepPlan(generate=generating(view, grant.generate), release=release)
 
     def share(self, members: list, n_batch: int) -> tuple[tuple[int, int], ...]:
