@@ -10,6 +10,7 @@ import pytest
 
 from conftest import open_server, wait_until
 from runtime import EngineError, Runtime
+from runtime.facade import collect
 
 
 async def _start_streams(rt: Runtime, n: int):
@@ -86,3 +87,59 @@ async def test_slot_erase_waits_only_for_owning_group(make_config):
         async with h:
             async for _ in h:
                 pass
+
+
+async def test_slot_command_does_not_free_a_busy_slot(make_config):
+    """AC-3 table integrity: an erase queued ahead of an Assign for the same slot must not mark
+    that slot free while it serves the new request (no double assignment, nothing hangs)."""
+    async with Runtime.open(make_config(parallel=2, n_ctx=2 * 1024)) as rt:
+        group = rt.supervisor.groups[0]
+        hold = threading.Event()
+        group.engine.faults.hold = hold
+        try:
+            a = await rt.submit([1, 2, 3, 4], max_tokens=200, temperature=0, ignore_eos=True)
+            await wait_until(lambda: group.slots[0].busy)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rt.slot_action, 1, "erase")
+                await wait_until(lambda: group.statistics().mailbox_used >= 1)  # the erase waits in the mailbox
+                b = await rt.submit([5, 6, 7, 8], max_tokens=200, temperature=0, ignore_eos=True)
+                await wait_until(lambda: rt.supervisor.table[1].busy)
+                hold.set()
+        finally:
+            hold.set()
+        await wait_until(lambda: group.slots[1].busy or not rt.supervisor.table[1].busy)
+        assert rt.supervisor.table[1].busy == group.slots[1].busy
+        c = await rt.submit([9, 10, 11], max_tokens=5, temperature=0, ignore_eos=True)
+        with anyio.fail_after(20):
+            results = [await collect(h) for h in (a, b, c)]
+        assert [r.n_predicted for r in results] == [200, 200, 5]
+
+
+async def test_slot_command_flood_is_refused_not_fatal(make_config):
+    """A flood of slot commands while the group is busy gets 409/503 answers; the runtime survives."""
+    async with Runtime.open(make_config(parallel=1, n_ctx=1024)) as rt:
+        group = rt.supervisor.groups[0]
+        hold = threading.Event()
+        group.engine.faults.hold = hold
+        outcomes: list[str] = []
+        try:
+            h = await rt.submit([1, 2, 3, 4], max_tokens=4, temperature=0)
+            await wait_until(lambda: group.slots[0].busy)
+
+            async def erase() -> None:
+                try:
+                    await rt.slot_action(0, "erase")
+                    outcomes.append("ok")
+                except Exception as exc:  # noqa: BLE001
+                    outcomes.append(type(exc).__name__)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(200):
+                    tg.start_soon(erase)
+                await wait_until(lambda: outcomes.count("Overloaded") > 0)
+                hold.set()
+        finally:
+            hold.set()
+        assert set(outcomes) <= {"ok", "SlotBusy", "Overloaded"} and "Overloaded" in outcomes
+        await collect(h)
+        assert (await rt.complete([1, 2, 3], max_tokens=2, temperature=0)).n_predicted == 2
