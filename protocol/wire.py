@@ -13,31 +13,41 @@ from typing import Any
 
 import msgspec
 
+from protocol.sampling import SamplingParams
+
 DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS = 16
 
 
-class NativeCompletionRequest(msgspec.Struct, kw_only=True):
-    prompt: str | list[Any]
-    n_predict: int = -1
+_SAMPLING_DEFAULTS = SamplingParams()
+
+
+class _Generation(msgspec.Struct, kw_only=True):
+    """Fields both APIs share, named as llama-server names them; defaults from SamplingParams."""
+
     stream: bool = False
     stop: list[str] | str | None = None
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = -1
-    logit_bias: dict[str, float] | list[Any] | None = None
+    n: int = 1
+    temperature: float = _SAMPLING_DEFAULTS.temperature
+    top_k: int = _SAMPLING_DEFAULTS.top_k
+    top_p: float = _SAMPLING_DEFAULTS.top_p
+    min_p: float = _SAMPLING_DEFAULTS.min_p
+    repeat_penalty: float = _SAMPLING_DEFAULTS.repeat_penalty
+    repeat_last_n: int = _SAMPLING_DEFAULTS.repeat_last_n
+    presence_penalty: float = _SAMPLING_DEFAULTS.presence_penalty
+    frequency_penalty: float = _SAMPLING_DEFAULTS.frequency_penalty
     grammar: str = ""
-    json_schema: dict[str, Any] | None = None
     cache_prompt: bool = True
     id_slot: int = -1
-    n_probs: int = 0
     ignore_eos: bool = False
-    n: int = 1
+
+
+class NativeCompletionRequest(_Generation, kw_only=True):
+    prompt: str | list[Any]
+    n_predict: int = -1
+    seed: int = -1
+    logit_bias: dict[str, float] | list[Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    n_probs: int = 0
 
 
 class StreamOptions(msgspec.Struct):
@@ -50,28 +60,12 @@ class ResponseFormat(msgspec.Struct):
     schema: dict[str, Any] | None = None
 
 
-class _OpenAISampling(msgspec.Struct, kw_only=True):
+class _OpenAISampling(_Generation, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float = 0.8
-    top_p: float = 0.95
-    n: int = 1
-    stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: list[str] | str | None = None
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    # llama.cpp extensions accepted by llama-server's OpenAI endpoints too
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    ignore_eos: bool = False
-    cache_prompt: bool = True
-    id_slot: int = -1
-    grammar: str = ""
     response_format: ResponseFormat | None = None
 
 

@@ -82,6 +82,23 @@ async def open_server(config: RuntimeConfig) -> AsyncIterator[tuple[Runtime, str
         yield rt, url
 
 
+async def greedy_over_http(url: str, prompts: list[str], n_predict: int) -> list[list[int]]:
+    """Greedy token ids for each prompt, all requests concurrent, through /completion."""
+    out: list[list[int]] = [[] for _ in prompts]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            r = await client.post("/completion", json={"prompt": prompts[i], "n_predict": n_predict,
+                                                        "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            out[i] = r.json()["tokens"]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+    return out
+
+
 async def wait_until(predicate, timeout_s: float = 10.0, poll_s: float = 0.005) -> None:
     """Wait for a condition (never a sleep guess): poll ``predicate`` until true or time out."""
     with anyio.fail_after(timeout_s):

@@ -10,26 +10,10 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import open_server, wait_until
+from conftest import greedy_over_http, open_server, wait_until
 from runtime import ConfigError, Runtime, RuntimeConfig
 
 PROMPTS = [f"prompt number {i}: {'abc ' * i}" for i in range(8)]
-
-
-async def _greedy_over_http(url: str) -> list[list[int]]:
-    out: list[list[int]] = [[] for _ in PROMPTS]
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-
-        async def one(i: int) -> None:
-            r = await client.post("/completion", json={"prompt": PROMPTS[i], "n_predict": 20, "temperature": 0,
-                                                        "ignore_eos": True})
-            assert r.status_code == 200
-            out[i] = r.json()["tokens"]
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(PROMPTS)):
-                tg.start_soon(one, i)
-    return out
 
 
 async def test_greedy_identical_for_1_2_4_groups(make_config):
@@ -37,7 +21,7 @@ async def test_greedy_identical_for_1_2_4_groups(make_config):
     results = {}
     for n in (1, 2, 4):
         async with open_server(make_config(parallel=8, n_ctx=8 * 512, pipeline_groups=n)) as (rt, url):
-            results[n] = await _greedy_over_http(url)
+            results[n] = await greedy_over_http(url, PROMPTS, 20)
             groups_used = {s["group"] for s in rt.slots()}
             assert groups_used == set(range(n))
     assert results[1] == results[2] == results[4]

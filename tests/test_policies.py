@@ -29,6 +29,24 @@ def config(make_config, scheduler: str, **kw):
     return make_config(**base)
 
 
+def freeze_after_first_ready(group) -> tuple[threading.Event, anyio.Event]:
+    """Test hook: once a prompt finishes prefill, hold the group's next decode step.
+
+    Returns (hold, ready): ``ready`` is set at that moment; set ``hold`` to let the group go on.
+    """
+    hold, ready = threading.Event(), anyio.Event()
+    hold.set()
+    group.engine.faults.hold = hold
+
+    def on_step(g, res) -> None:
+        if res.ready and not ready.is_set():
+            hold.clear()
+            ready.set()
+
+    group.on_step = on_step
+    return hold, ready
+
+
 def traces(rt: Runtime):
     return [rec for g in rt.supervisor.groups for rec in g.trace]
 
@@ -127,17 +145,7 @@ async def test_cohort_seals_at_first_member_done(make_config):
     """Issue 5 check 3 (PH-3): arrivals before the seal join the cohort; after it, the next one."""
     async with Runtime.open(config(make_config, "cohort")) as rt:
         group = rt.supervisor.groups[0]
-        hold = threading.Event()
-        hold.set()
-        sealed = anyio.Event()
-
-        def on_step(g, res) -> None:
-            if res.ready and not sealed.is_set():
-                hold.clear()  # freeze the group right after the first member finished its prompt
-                g.engine.faults.hold = hold
-                sealed.set()
-
-        group.on_step = on_step
+        hold, sealed = freeze_after_first_ready(group)
         try:
             long = await rt.submit([31] * (6 * N_BATCH), max_tokens=2, temperature=0, ignore_eos=True)
             joined = await rt.submit([32] * 10, max_tokens=2, temperature=0, ignore_eos=True)
@@ -164,17 +172,7 @@ async def test_cancel_member_releases_barrier(make_config, victim):
     prefilling, lets the rest proceed; no slot leaks; no busy loop while nothing is runnable."""
     async with Runtime.open(config(make_config, "cohort")) as rt:
         group = rt.supervisor.groups[0]
-        hold = threading.Event()
-        hold.set()
-        group.engine.faults.hold = hold
-        short_ready = anyio.Event()
-
-        def on_step(g, res) -> None:
-            if res.ready:
-                hold.clear()
-                short_ready.set()
-
-        group.on_step = on_step
+        hold, short_ready = freeze_after_first_ready(group)
         try:
             long = await rt.submit([41] * (8 * N_BATCH), max_tokens=3, temperature=0, ignore_eos=True)
             short = await rt.submit([42] * 5, max_tokens=3, temperature=0, ignore_eos=True)

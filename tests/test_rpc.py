@@ -9,16 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
-from conftest import free_port, open_server
+from conftest import free_port, greedy_over_http, open_server
 from runtime import ConfigError, Runtime
 
 PROMPTS = [f"prompt {i} " + "abc " * i for i in range(8)]
 LLAMACTOR = [sys.executable, "-m", "runtime.cli"]
 WORKER_START_TIMEOUT_S = 20
+N_PREDICT = 16
 
 
 def _wait_port(port: int, proc: subprocess.Popen) -> None:
@@ -60,28 +60,12 @@ def workers():
             stop(proc)
 
 
-async def _greedy(url: str) -> list[list[int]]:
-    out: list[list[int]] = [[] for _ in PROMPTS]
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-
-        async def one(i: int) -> None:
-            r = await client.post("/completion", json={"prompt": PROMPTS[i], "n_predict": 16, "temperature": 0,
-                                                        "ignore_eos": True})
-            assert r.status_code == 200, r.text
-            out[i] = r.json()["tokens"]
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(PROMPTS)):
-                tg.start_soon(one, i)
-    return out
-
-
 async def test_split_greedy_identical_to_local(make_config, workers):
     """RPC-2/RPC-3 / issue 6 check 1: split over two workers, and over one worker plus the local
     CPU (listed last), gives the local server's greedy output for N = 1, 2, 4 groups, 8 requests."""
     base = dict(parallel=8, n_ctx=8 * 256)
     async with open_server(make_config(**base)) as (_, url):
-        local = await _greedy(url)
+        local = await greedy_over_http(url, PROMPTS, N_PREDICT)
     layouts = [
         dict(rpc_servers=tuple(workers), devices=("RPC0", "RPC1"), tensor_split=(1.0, 1.0)),
         dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0, 1.0)),
@@ -90,7 +74,7 @@ async def test_split_greedy_identical_to_local(make_config, workers):
         for n in (1, 2, 4):
             async with open_server(make_config(**base, **layout, pipeline_groups=n)) as (rt, url):
                 assert rt.config.n_gpu_layers > 0  # the layers really went to the listed devices
-                assert await _greedy(url) == local, (layout["devices"], n)
+                assert await greedy_over_http(url, PROMPTS, N_PREDICT) == local, (layout["devices"], n)
 
 
 async def test_split_errors_are_clear(make_config, workers, tmp_path):
