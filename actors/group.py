@@ -12,6 +12,7 @@ Slot-touching commands (erase/save/restore) run between this group's steps only 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,12 +20,13 @@ import structlog
 
 from actors.policy import GroupView, Policy, SlotView, StepPlan
 from actors.trace import StepRecord
-from protocol.events import Failed
+from protocol.events import Event, Failed
 from protocol.messages import (
-    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCached, SlotCommand,
+    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCached, SlotCommand, Task,
 )
 from runtime.engine import Context, ContextOptions, KvCacheFull, StepResult
-from runtime.errors import Closed, EngineError, SlotBusy
+from runtime.errors import Closed, EngineError, RequestError, SlotBusy
+from runtime.hooks import GroupHooks
 from runtime.kernel import Actor
 from runtime.profiler import REPORT_INTERVAL_S, GroupProfile
 from runtime.slot import Phase, Slot
@@ -53,6 +55,7 @@ class GroupActor(Actor[GroupMsg]):
         profile: bool = False,
         profile_interval_s: float = REPORT_INTERVAL_S,
         trace: bool = False,
+        hooks: GroupHooks | None = None,
     ) -> None:
         self.mailbox_size = 4 * len(slot_ids) + 64
         super().__init__()
@@ -74,14 +77,15 @@ class GroupActor(Actor[GroupMsg]):
         self.trace: list[StepRecord] | None = [] if trace else None
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
-        self.on_step: Any = None  # test hook: called with each StepResult
+        self.hooks = hooks
+        self._send = _send_event if hooks is None else _hooked_send(hooks, group)
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.engine = await anyio.to_thread.run_sync(Context, self.model, self.ctx_opts)
+        self.engine = await anyio.to_thread.run_sync(Context, self.model, self.ctx_opts, self.hooks, self.group)
         self.engine.holds_ready = self.policy.holds_ready
 
     async def teardown(self) -> None:
@@ -100,7 +104,7 @@ class GroupActor(Actor[GroupMsg]):
                 msg = self._inbox_recv.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
-            if isinstance(msg, Assign):
+            if isinstance(msg, Assign):  # the request being admitted fails too: none waits
                 _send_final(msg.task.sink, Failed(message, kind))
                 freed += [self.slots[i].id for i in msg.slots]
             elif isinstance(msg, SlotCommand) and msg.reply is not None:
@@ -114,7 +118,9 @@ class GroupActor(Actor[GroupMsg]):
             await self._decode_loop()
         except Exception as exc:
             # Fail everything now, while the mailbox is still open to drain pending Assigns.
+            held = sorted(self._tasks)
             self.fail_all(f"group {self.group} failed: {exc}")
+            log.error("group_step_failed", group=self.group, tasks=held, error=str(exc))
             raise
 
     async def _decode_loop(self) -> None:
@@ -229,25 +235,45 @@ class GroupActor(Actor[GroupMsg]):
 
     # ---- assignment and release --------------------------------------------------------
 
-    def _assign(self, task: Any, locals_: tuple[int, ...]) -> None:
+    def _assign(self, task: Task, locals_: tuple[int, ...]) -> None:
+        """Start serving ``task`` on these slots. Anything that fails here (sampler chains,
+        grammar, a hook) fails this request alone: its slots go back, the group goes on."""
         assert self.engine is not None
         prompt = task.prompt
         parent = self.slots[locals_[0]]
         members = [self.slots[i] for i in locals_]
         self._order += 1
         now = time.perf_counter()
-        for index, s in enumerate(members):
-            s.task, s.index, s.order, s.t_start = task, index, self._order, now
-            s.prompt = prompt
-            s.phase = Phase.PREFILL if s is parent else Phase.READY
-            s.parent = None if s is parent else parent
-            self.engine.start(s)
+        try:
+            if self.hooks is not None:
+                self.hooks.on_assign(self.group, task)
+            for index, s in enumerate(members):
+                s.task, s.index, s.order, s.t_start = task, index, self._order, now
+                s.prompt = prompt
+                s.phase = Phase.PREFILL if s is parent else Phase.READY
+                s.parent = None if s is parent else parent
+                self.engine.start(s)
+        except Exception as exc:  # noqa: BLE001 - request-scoped: see the docstring
+            self._refuse(task, members, exc)
+            return
         parent.children = members[1:]
         parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt)
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
         self._tell_coordinator("arrived", parent)
+
+    def _refuse(self, task: Task, members: list[Slot], exc: Exception) -> None:
+        """A request failed before it started: error event, slots back to the table."""
+        assert self.engine is not None
+        log.warning("request_failed", task=task.id, group=self.group, at="assign", error=str(exc))
+        self.metrics.groups[self.group].requests_failed += 1
+        _send_final(task.sink, _failure(exc, "the request could not start"))
+        for s in members:
+            self.engine.release(s)
+            s.reset()
+        self._report(Released(self.group, tuple(s.local for s in members),
+                              tuple(tuple(s.cache) for s in members), task.id))
 
     def _end_task(self, task_id: int, final: Failed | None, *, report: bool = True) -> list[int]:
         """Free every slot of a task; send ``final`` (if any) and close its stream."""
@@ -304,23 +330,40 @@ class GroupActor(Actor[GroupMsg]):
     # ---- delivery ----------------------------------------------------------------------
 
     def _deliver(self, res: StepResult) -> None:
-        """Send the step's events; a closed stream means the client left: free its slots now."""
+        """Send the step's events; a closed stream means the client left: free its slots now.
+
+        A request whose sampling failed in the step, or whose events cannot be sent for any
+        other reason than a closed stream, ends with an error event; the group goes on.
+        """
         self.metrics.step(self.group, res)
+        failed: dict[int, Exception] = {s.task.id: exc for s, exc in res.failed if s.task is not None}
         gone: set[int] = set()
         ts = time.perf_counter()
-        for sink, event in res.events:
+        send = self._send
+        for task, event in res.events:
+            if task.id in failed:
+                continue
             try:
-                sink.send_nowait(event)
+                send(task, event)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
-                gone.add(id(sink))
+                gone.add(task.id)
+            except Exception as exc:  # noqa: BLE001 - request-scoped (see the docstring)
+                failed.setdefault(task.id, exc)
         now = time.perf_counter()
         if self.profile is not None:
             self.profile.send += now - ts
+        for task_id, exc in failed.items():
+            if task_id in self._tasks:
+                log.warning("request_failed", task=task_id, group=self.group, at="step", error=str(exc))
+                self.metrics.groups[self.group].requests_failed += 1
+                self._end_task(task_id, _failure(exc, "the request failed while generating"))
         for s in res.ready:
-            self._tell_coordinator("prefill_done", s)
+            if s.task is not None and s.task.id in self._tasks:
+                self._tell_coordinator("prefill_done", s)
         done_tasks: set[int] = set()
         for s in res.finished:
-            assert s.task is not None
+            if s.task is None or s.task.id not in self._tasks:
+                continue
             if s.index == 0 and s.parent is None:
                 self.metrics.ttft(self.group, s.t_prompt_done - s.task.arrived)
             done_tasks.add(s.task.id)
@@ -329,11 +372,11 @@ class GroupActor(Actor[GroupMsg]):
             if members and all(m.finished for m in members):
                 self._log_end(members, now)
                 self._end_task(task_id, None)
-        for task_id, members in list(self._tasks.items()):
-            if members[0].task is not None and id(members[0].task.sink) in gone:
+        for task_id in gone:
+            if task_id in self._tasks:
                 self._end_task(task_id, None)
-        if self.on_step is not None:
-            self.on_step(self, res)
+        if self.hooks is not None:
+            self.hooks.after_step(self, res)
 
     def _log_end(self, members: list[Slot], now: float) -> None:
         s = members[0]
@@ -395,6 +438,25 @@ class GroupActor(Actor[GroupMsg]):
 
 def _by_order(v: SlotView) -> int:
     return v.order
+
+
+def _send_event(task: Task, event: Event) -> None:
+    task.sink.send_nowait(event)
+
+
+def _hooked_send(hooks: GroupHooks, group: int) -> Callable[[Task, Event], None]:
+    def send(task: Task, event: Event) -> None:
+        hooks.before_send(group, task)
+        task.sink.send_nowait(event)
+
+    return send
+
+
+def _failure(exc: Exception, context: str) -> Failed:
+    """The error event for a request-scoped failure: 400 for bad input, 500 otherwise."""
+    if isinstance(exc, RequestError):
+        return Failed(str(exc), "invalid_request_error")
+    return Failed(f"{context}: {exc}", "server_error")
 
 
 def _send_final(sink: Any, event: Any) -> None:

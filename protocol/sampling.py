@@ -1,10 +1,14 @@
 """Sampling parameters of one request, validated once at the HTTP/embedding boundary.
 
-The engine turns these into a llama.cpp sampler chain (``runtime.sampling``); this module
-only says what a request may ask for and what its bounds are.
+The names, defaults and order of samplers are llama-server's (``common_params_sampling`` in
+the llama.cpp that llama-cpp-python 0.3.36 vendors), so that the same request gives the same
+tokens on both servers. The engine turns these into a llama.cpp sampler chain
+(``runtime.sampling``); this module only says what a request may ask for and its bounds.
 """
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 
@@ -12,20 +16,59 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_N_PROBS = 20
+MAX_DRY_BREAKERS = 32
+MAX_DRY_BREAKER_CHARS = 40  # llama.cpp truncates longer breakers; we refuse them instead
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+
+# llama-server's default sampler order (common_params_sampling::samplers).
+DEFAULT_SAMPLERS = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+)
+_CANONICAL = frozenset((*DEFAULT_SAMPLERS, "infill"))
+# The aliases llama.cpp's common_sampler_types_from_names accepts, and its one-letter codes.
+SAMPLER_ALIASES: dict[str, str] = {
+    **{name: name for name in _CANONICAL},
+    **{name.replace("_", "-"): name for name in _CANONICAL if "_" in name},
+    **{name.replace("_", ""): name for name in _CANONICAL if "_" in name},
+    "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p", "typical": "typ_p",
+}
+SAMPLER_CHARS: dict[str, str] = {
+    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties",
+}
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """How to pick each next token. ``temperature <= 0`` means greedy."""
+    """How to pick each next token. ``temperature <= 0`` means greedy.
+
+    ``repeat_last_n`` and ``dry_penalty_last_n`` of -1 mean "the whole slot context".
+    """
 
     temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    min_keep: int = 0
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     seed: int = DEFAULT_SEED
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str = ""
@@ -33,30 +76,103 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature <= 0.0 and self.mirostat == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Penalties or DRY are on: their samplers must see the prompt, as in llama-server."""
+        return self.penalties_on or self.dry_on
+
+    @property
+    def penalties_on(self) -> bool:
+        return "penalties" in self.samplers and self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def dry_on(self) -> bool:
+        return "dry" in self.samplers and self.dry_multiplier != 0.0 and self.dry_penalty_last_n != 0
 
 
 class ParamError(ValueError):
     """A request field is out of range; the message names the field and the bound."""
 
 
+def sampler_names(raw: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """llama-server's ``samplers`` field: a list of names (aliases allowed) or a string of letters."""
+    if isinstance(raw, str):
+        unknown = [c for c in raw if c not in SAMPLER_CHARS]
+        if unknown:
+            raise ParamError(f"samplers: unknown sampler letter(s) {''.join(unknown)!r}; "
+                             f"known: {''.join(SAMPLER_CHARS)}")
+        return tuple(SAMPLER_CHARS[c] for c in raw)
+    out = []
+    for name in raw:
+        canonical = SAMPLER_ALIASES.get(str(name).lower())
+        if canonical is None:
+            raise ParamError(f"samplers: unknown sampler {name!r}; known: {', '.join(sorted(_CANONICAL))}")
+        out.append(canonical)
+    return tuple(out)
+
+
+_FINITE = (
+    "temperature", "dynatemp_range", "dynatemp_exponent", "top_p", "min_p", "typical_p", "top_n_sigma",
+    "xtc_probability", "xtc_threshold", "repeat_penalty", "presence_penalty", "frequency_penalty",
+    "dry_multiplier", "dry_base", "mirostat_tau", "mirostat_eta",
+)
+_INT32_MAX = 2**31 - 1
+
+
 def check_sampling(p: SamplingParams, n_vocab: int) -> None:
     """Raise ParamError for values llama.cpp would misbehave on. Called once per request."""
-    if p.top_p < 0 or p.top_p > 1:
-        raise ParamError(f"top_p must be in [0, 1], got {p.top_p}")
-    if p.min_p < 0 or p.min_p > 1:
-        raise ParamError(f"min_p must be in [0, 1], got {p.min_p}")
-    if p.repeat_last_n < -1:
-        raise ParamError(f"repeat_last_n must be >= -1, got {p.repeat_last_n}")
+    for name in _FINITE:
+        value = getattr(p, name)
+        if not math.isfinite(value):
+            raise ParamError(f"{name} must be a finite number, got {value}")
+    _range("top_p", p.top_p, 0.0, 1.0)
+    _range("min_p", p.min_p, 0.0, 1.0)
+    _range("xtc_probability", p.xtc_probability, 0.0, 1.0)
+    _range("xtc_threshold", p.xtc_threshold, 0.0, 1.0)
+    if p.repeat_penalty <= 0:
+        raise ParamError(f"repeat_penalty must be greater than 0, got {p.repeat_penalty}")
+    if p.mirostat not in (0, 1, 2):
+        raise ParamError(f"mirostat must be 0, 1 or 2, got {p.mirostat}")
+    for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "min_keep"):
+        value = getattr(p, name)
+        low = -1 if name in ("repeat_last_n", "dry_penalty_last_n") else 0
+        if name == "top_k":
+            low = -_INT32_MAX  # llama.cpp: top_k <= 0 means the whole vocabulary
+        _range(name, value, low, _INT32_MAX)
     if p.seed < 0 or p.seed > DEFAULT_SEED:
         raise ParamError(f"seed must be in [0, {DEFAULT_SEED}], got {p.seed}")
     if p.n_probs < 0 or p.n_probs > MAX_N_PROBS:
         raise ParamError(f"n_probs must be in [0, {MAX_N_PROBS}], got {p.n_probs}")
     if len(p.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
         raise ParamError(f"logit_bias has {len(p.logit_bias)} entries, at most {MAX_LOGIT_BIAS_ENTRIES}")
-    for token, _ in p.logit_bias:
+    for token, bias in p.logit_bias:
         if not 0 <= token < n_vocab:
             raise ParamError(f"logit_bias token id {token} is outside the vocabulary [0, {n_vocab})")
+        if math.isnan(bias) or bias == math.inf:
+            raise ParamError(f"logit_bias for token {token} must be a number or -inf/false, got {bias}")
+    banned = {token for token, bias in p.logit_bias if bias == -math.inf}
+    if len(banned) >= n_vocab:
+        raise ParamError("logit_bias bans every token of the vocabulary: nothing could be sampled")
+    if not p.dry_sequence_breakers:
+        raise ParamError("dry_sequence_breakers must be a non-empty array of strings")
+    if len(p.dry_sequence_breakers) > MAX_DRY_BREAKERS:
+        raise ParamError(f"dry_sequence_breakers has {len(p.dry_sequence_breakers)} entries, at most {MAX_DRY_BREAKERS}")
+    for b in p.dry_sequence_breakers:
+        if not b or len(b) > MAX_DRY_BREAKER_CHARS or "\x00" in b:
+            raise ParamError(f"each dry_sequence_breakers entry must be 1 to {MAX_DRY_BREAKER_CHARS} characters "
+                             f"without NUL, got {b!r}")
+    sampler_names(p.samplers)  # every name known
+    if "infill" in p.samplers:
+        raise ParamError("samplers: 'infill' is only meaningful for /infill, which this server does not offer yet")
+
+
+def _range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ParamError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 def check_stop(stop: tuple[str, ...]) -> None:

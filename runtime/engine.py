@@ -25,7 +25,9 @@ import numpy as np
 
 from actors.policy import StepPlan
 from protocol.events import Done, Event, Token, TopProb
+from protocol.messages import Task
 from runtime.errors import EngineError
+from runtime.hooks import GroupHooks
 from runtime.model import Model
 from runtime.profiler import GroupProfile
 from runtime.sampling import build_chain
@@ -47,13 +49,14 @@ class ContextOptions:
 
 @dataclass
 class StepResult:
-    events: list[tuple[Any, Event]] = field(default_factory=list)  # (sink, event) to send
+    events: list[tuple[Task, Event]] = field(default_factory=list)  # (task, event) to send on task.sink
     finished: list[Slot] = field(default_factory=list)  # choices that ended this step
     ready: list[Slot] = field(default_factory=list)  # prompts that finished and wait (READY)
     n_prompt: int = 0
     n_generated: int = 0
     n_rows: int = 0  # slots that took part
     gaps: list[float] = field(default_factory=list)  # inter-token gaps of streams that generated
+    failed: list[tuple[Slot, Exception]] = field(default_factory=list)  # request-scoped failures
 
 
 DECODE_NO_KV_SLOT = 1  # llama_decode: no KV cells for the batch (unified KV can be overcommitted)
@@ -63,25 +66,10 @@ class KvCacheFull(EngineError):
     """Recoverable: the group stops one request to make room and goes on (see GroupActor)."""
 
 
-class FaultInjector:
-    """Test hook: make the next ``n`` decode steps of a context raise, or hold them on an event."""
-
-    def __init__(self) -> None:
-        self.fail_next = 0
-        self.hold: Any = None  # a threading.Event the step waits on before decoding
-
-    def before_decode(self) -> None:
-        if self.hold is not None:
-            self.hold.wait()
-        if self.fail_next > 0:
-            self.fail_next -= 1
-            raise EngineError("injected decode failure")
-
-
 class Context:
     """A llama_context made from the shared model, its batch buffers and its step."""
 
-    def __init__(self, model: Model, opts: ContextOptions) -> None:
+    def __init__(self, model: Model, opts: ContextOptions, hooks: GroupHooks | None = None, group: int = 0) -> None:
         self.model = model
         self.opts = opts
         params = llama_cpp.llama_context_default_params()
@@ -100,7 +88,9 @@ class Context:
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
-        self.faults = FaultInjector()
+        self._decode = llama_cpp.llama_decode
+        if hooks is not None:
+            self._bind_hooks(hooks, group)
         self.holds_ready = False  # set by the owning group from its policy: finished prompts wait (PH-4)
         self._alloc_batch(self.n_batch)
 
@@ -125,6 +115,22 @@ class Context:
         b.seq_id = seq_ptrs
         b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._batch = b
+
+    def _bind_hooks(self, hooks: GroupHooks, group: int) -> None:
+        """Route decode and sampling through ``hooks`` (tests); unhooked contexts pay nothing."""
+        decode, sample = self._decode, self._sample
+
+        def hooked_decode(ctx: Any, batch: Any) -> int:
+            hooks.before_decode(group, self._n_prompt, self._n_generate)
+            return decode(ctx, batch)
+
+        def hooked_sample(s: Slot, i: int, logits: np.ndarray | None) -> int:
+            assert s.task is not None
+            hooks.before_sample(group, s.task)
+            return sample(s, i, logits)
+
+        self._decode = hooked_decode
+        self._sample = hooked_sample  # type: ignore[method-assign]
 
     def close(self) -> None:
         if self.ptr:
@@ -181,7 +187,10 @@ class Context:
         """Prepare a newly assigned slot's sampler and text stream (in the group's thread)."""
         task = slot.task
         assert task is not None
-        slot.sampler = build_chain(self.model, task.params, seed_offset=slot.index)
+        slot.sampler = build_chain(
+            self.model, task.params, n_ctx=self.n_ctx_seq, seed_offset=slot.index,
+            prompt=task.prompt if task.params.penalized else (),
+        )
         slot.stream = TextStream(task.stop)
 
     def release(self, slot: Slot) -> None:
@@ -229,9 +238,9 @@ class Context:
             t1 = time.perf_counter()
             prof.build += t1 - t0
         if n:
-            self.faults.before_decode()
+            self._n_prompt, self._n_generate = res.n_prompt, len(generate)
             self._batch.n_tokens = n
-            rc = llama_cpp.llama_decode(self.ptr, self._batch)
+            rc = self._decode(self.ptr, self._batch)
             if rc == DECODE_NO_KV_SLOT:
                 raise KvCacheFull("the KV cache has no room for this batch")
             if rc != 0:
@@ -251,13 +260,21 @@ class Context:
             s = slots[local]
             s.cache.append(s.next_token)
             s.n_past += 1
+        # A failure while sampling or detokenizing one request is that request's alone: it is
+        # recorded and the group goes on (the group ends the request with an error event).
         for local in plan.release:
-            self._sample_kept(slots[local], res, prof)
+            try:
+                self._sample_kept(slots[local], res, prof)
+            except Exception as exc:  # noqa: BLE001 - request-scoped, see above
+                res.failed.append((slots[local], exc))
         for s, i in rows:
-            if s.phase is Phase.PREFILL:
-                self._prompt_done(s, i, res, prof)
-            else:
-                self._emit(s, i, res, None, prof)
+            try:
+                if s.phase is Phase.PREFILL:
+                    self._prompt_done(s, i, res, prof)
+                else:
+                    self._emit(s, i, res, None, prof)
+            except Exception as exc:  # noqa: BLE001 - request-scoped, see above
+                res.failed.append((s, exc))
         if prof is not None:
             prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
@@ -343,11 +360,11 @@ class Context:
         if s.n_decoded > 1:
             res.gaps.append(now - s.t_last)
         s.t_last = now
-        res.events.append((task.sink, Token(s.index, text, token, logprob, top)))
+        res.events.append((task, Token(s.index, text, token, logprob, top)))
         if finish:
             s.finished = True
             res.finished.append(s)
-            res.events.append((task.sink, self._done(s, finish)))
+            res.events.append((task, self._done(s, finish)))
 
     def _done(self, s: Slot, finish: str) -> Done:
         assert s.task is not None and s.stream is not None

@@ -32,7 +32,7 @@ from actors import policies
 from actors.supervisor import Supervisor
 from protocol.events import Done, Failed, Token
 from protocol.messages import Cancel, SlotRequest, Submit, Task
-from protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop
+from protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
 from runtime.chat import ChatTemplate
 from runtime.config import RuntimeConfig
 from runtime.engine import ContextOptions
@@ -42,7 +42,8 @@ from runtime.errors import (
 from runtime.kernel import open_actor_scope
 from runtime.metrics import Metrics
 from runtime.model import LoadOptions, Model
-from runtime.sampling import check_grammar
+from runtime.hooks import GroupHooks
+from runtime.sampling import check_chain
 
 log = structlog.get_logger("llamactor.runtime")
 
@@ -145,8 +146,9 @@ class RequestHandle:
 
 
 class Runtime:
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> None:
         self.config = config
+        self.hooks = hooks  # injected into every group (tests, chaos): see runtime.hooks
         self.state = RuntimeState.CREATED
         self.model: Model | None = None
         self.chat_template: ChatTemplate | None = None
@@ -161,8 +163,8 @@ class Runtime:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: RuntimeConfig) -> AsyncIterator[Runtime]:
-        rt = cls(config)
+    async def open(cls, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> AsyncIterator[Runtime]:
+        rt = cls(config, hooks=hooks)
         async with rt:
             yield rt
 
@@ -223,13 +225,15 @@ class Runtime:
             return GroupActor(
                 g, model, ctx_opts, cfg.group_slots(g), policy,
                 supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
-                profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps,
+                profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps, hooks=self.hooks,
             )
 
         coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
                                                     lambda g: sup.group(g), metrics)
         metrics.phase_of = lambda g: coord.policies[g].phase
         metrics.waiting_of = lambda g: coord.policies[g].waiting()
+        metrics.restarts_of = lambda g: sup.restarts[g]
+        metrics.down_of = lambda g: g in sup.down
         sup = self.supervisor = Supervisor(
             n, cfg.slots_per_group, make_group,
             queue_size=cfg.queue_size, max_restarts=cfg.max_restarts, restart_window_s=cfg.restart_window_s,
@@ -310,7 +314,14 @@ class Runtime:
         model, cfg, sup = self.model, self.config, self.supervisor
         assert model is not None and sup is not None
         try:
+            if "samplers" in sampling:
+                sampling["samplers"] = sampler_names(sampling["samplers"])
+            for name in ("dry_sequence_breakers", "logit_bias"):
+                if name in sampling:
+                    sampling[name] = _as_tuple(sampling[name])
             params = params or SamplingParams(**sampling)
+        except ParamError as exc:
+            raise RequestError(str(exc)) from None
         except TypeError as exc:
             raise RequestError(str(exc)) from None
         stop = tuple(stop)
@@ -319,8 +330,13 @@ class Runtime:
             check_stop(stop)
         except ParamError as exc:
             raise RequestError(str(exc)) from None
-        if params.grammar:
-            check_grammar(model, params.grammar)
+        # Every sampler of the chain is built once here, so that settings llama.cpp refuses
+        # fail this request alone (400), never a group. Grammars and DRY breakers scan the
+        # vocabulary: off the event loop.
+        if params.grammar or params.dry_on:
+            await anyio.to_thread.run_sync(check_chain, model, params, cfg.ctx_per_request)
+        else:
+            check_chain(model, params, cfg.ctx_per_request)
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("the prompt is empty")
@@ -487,6 +503,15 @@ SPLIT_MODE_CODES = {
     "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
     "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
 }
+
+
+def _as_tuple(value: Any) -> Any:
+    """Lists (and dicts of logit bias) from keyword arguments as the tuples SamplingParams holds."""
+    if isinstance(value, dict):
+        return tuple((int(k), float(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_as_tuple(v) if isinstance(v, list) else v for v in value)
+    return value
 
 
 def _error_of(event: Failed) -> LlamactorError:

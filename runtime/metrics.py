@@ -33,6 +33,7 @@ class GroupCounters:
     n_busy_slots: int = 0  # summed over decodes: busy slots per decode = this / n_decode
     requests_processing: int = 0
     tokens_max: int = 0
+    requests_failed: int = 0  # failed alone (bad settings, a sampling error): the group went on
 
 
 class Metrics:
@@ -42,6 +43,8 @@ class Metrics:
         self.queue_depth = queue_depth
         self.phase_of: Callable[[int], str] = lambda g: "none"
         self.waiting_of: Callable[[int], int] = lambda g: 0
+        self.restarts_of: Callable[[int], int] = lambda g: 0
+        self.down_of: Callable[[int], bool] = lambda g: False
         self._ttft = Histogram(
             "llamactor:time_to_first_token_seconds", "Time from arrival to the first token",
             ["group"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
@@ -155,3 +158,16 @@ class _CounterCollector:
         for g in range(len(gs)):
             waiting.add_metric([str(g)], self.m.waiting_of(g))
         yield waiting
+        restarts = CounterMetricFamily("llamactor:group_restarts", "Restarts of a group after its decode loop failed",
+                                       labels=["group"])
+        down = GaugeMetricFamily("llamactor:group_down", "1 when the group is down past its restart limit",
+                                 labels=["group"])
+        failed = CounterMetricFamily("llamactor:requests_failed", "Requests that failed alone while the group went on",
+                                     labels=["group"])
+        for g, c in enumerate(gs):
+            restarts.add_metric([str(g)], self.m.restarts_of(g))
+            down.add_metric([str(g)], 1 if self.m.down_of(g) else 0)
+            failed.add_metric([str(g)], c.requests_failed)
+        yield restarts
+        yield down
+        yield failed

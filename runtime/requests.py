@@ -12,7 +12,9 @@ from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from protocol.sampling import DEFAULT_SEED, SamplingParams
+from protocol.sampling import (
+    DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, DEFAULT_SEED, ParamError, SamplingParams, sampler_names,
+)
 from protocol.wire import (
     DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS, ChatCompletionRequest, CompletionRequest,
     NativeCompletionRequest, ResponseFormat,
@@ -20,6 +22,7 @@ from protocol.wire import (
 from runtime.errors import RequestError
 
 NEG_INF_BIAS = float("-inf")
+_DEFAULTS = SamplingParams()
 
 
 @dataclass
@@ -105,10 +108,23 @@ def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat 
 def sampling_of(req: NativeCompletionRequest | CompletionRequest | ChatCompletionRequest, *,
                 grammar: str, n_probs: int) -> SamplingParams:
     """The sampling fields every generation body shares (same names in both APIs)."""
+    try:
+        samplers = DEFAULT_SAMPLERS if req.samplers is None else sampler_names(req.samplers)
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
+    breakers = DEFAULT_DRY_BREAKERS if req.dry_sequence_breakers is None else tuple(req.dry_sequence_breakers)
     return SamplingParams(
-        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+        temperature=req.temperature, dynatemp_range=req.dynatemp_range, dynatemp_exponent=req.dynatemp_exponent,
+        top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, typical_p=req.typical_p, top_n_sigma=req.top_n_sigma,
+        xtc_probability=req.xtc_probability, xtc_threshold=req.xtc_threshold,
         repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        # llama-server: a dry_base below 1 is replaced by the default
+        dry_multiplier=req.dry_multiplier, dry_base=req.dry_base if req.dry_base >= 1.0 else _DEFAULTS.dry_base,
+        dry_allowed_length=req.dry_allowed_length, dry_penalty_last_n=req.dry_penalty_last_n,
+        dry_sequence_breakers=breakers,
+        mirostat=req.mirostat, mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta,
+        min_keep=req.min_keep, samplers=samplers,
         seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias), grammar=grammar, n_probs=n_probs,
     )
 

@@ -1,13 +1,24 @@
-"""Build a llama.cpp sampler chain from ``SamplingParams`` (AC-5).
+"""Build a llama.cpp sampler chain from ``SamplingParams`` (AC-5), as llama-server does.
 
-One chain per slot per request, made in the group's thread when the slot is assigned and
-freed when the slot is released. The order follows llama-server's defaults: logit bias,
-grammar, penalties, top-k, top-p, min-p, temperature, then the final pick (greedy or dist).
+One chain per slot per request. The chain is llama-server's ``common_sampler_init``: logit
+bias, then the samplers in the request's order (default: penalties, dry, top_n_sigma, top_k,
+typ_p, top_p, min_p, xtc, temperature), then ``dist``; or temperature then mirostat (v1/v2).
+Like llama-server, the penalty and DRY samplers are shown the prompt before the first token.
+
+Differences, on purpose: the grammar sampler sits first in the chain (llama-server keeps it
+aside and resamples only when its first pick breaks the grammar; both give valid output), and
+a greedy request (temperature <= 0) ends in ``greedy`` after only the samplers that can change
+the arg-max (bias, penalties, DRY, XTC): top-k/p, min-p, typical, top-n-sigma and a zero
+temperature all keep the arg-max, so the token is the same and the step is cheaper.
+
+Every binding used here was checked against llama-cpp-python 0.3.36's ctypes signatures; a
+test builds every sampler through a real request (tests/test_sampling.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import llama_cpp
 
@@ -15,53 +26,106 @@ from protocol.sampling import SamplingParams
 from runtime.errors import RequestError
 from runtime.model import Model
 
+MIROSTAT_M = 100  # llama-server's fixed m for mirostat v1
 
-def build_chain(model: Model, p: SamplingParams, seed_offset: int = 0) -> ctypes.c_void_p:
+
+def build_chain(
+    model: Model, p: SamplingParams, *, n_ctx: int, seed_offset: int = 0, prompt: Sequence[int] = (),
+) -> ctypes.c_void_p:
     """Return a new sampler chain; the caller owns it (``llama_sampler_free``).
 
-    ``seed_offset`` gives each of the n choices of one request its own random stream.
+    ``seed_offset`` gives each of the n choices of one request its own random stream;
+    ``n_ctx`` is the slot's context (what -1 means for ``repeat_last_n``/``dry_penalty_last_n``);
+    ``prompt`` is shown to the penalty and DRY samplers (llama-server's ``init_sampler``).
+    Raises RequestError when llama.cpp refuses the grammar; the chain is freed then.
     """
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+    try:
+        _fill(chain, model, p, n_ctx, seed_offset, prompt)
+    except BaseException:
+        llama_cpp.llama_sampler_free(chain)
+        raise
+    return chain
+
+
+def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, seed_offset: int,
+          prompt: Sequence[int]) -> None:
+    def add(sampler: ctypes.c_void_p, *, history: int = 0) -> None:
+        if not sampler:
+            raise RequestError("llama.cpp could not build a sampler for these settings")
+        # The sampler keeps only its last ``history`` tokens: showing it the prompt's tail
+        # leaves it in the state llama-server's whole-prompt replay does.
+        for tok in prompt[len(prompt) - min(history, len(prompt)):] if history else ():
+            llama_cpp.llama_sampler_accept(sampler, int(tok))
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+
+    seed = p.seed if p.seed == llama_cpp.LLAMA_DEFAULT_SEED else (p.seed + seed_offset) & 0xFFFFFFFF
+    if p.grammar:
+        g = llama_cpp.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+        if not g:
+            raise RequestError("invalid grammar: llama.cpp could not parse it")
+        add(g)
     if p.logit_bias:
         arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
         for i, (tok, bias) in enumerate(p.logit_bias):
             arr[i].token = tok
             arr[i].bias = bias
         add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), arr))
-    if p.grammar:
-        g = llama_cpp.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
-        if not g:
-            llama_cpp.llama_sampler_free(chain)
-            raise RequestError("invalid grammar: llama.cpp could not parse it")
-        add(g)
-    if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-        add(
-            llama_cpp.llama_sampler_init_penalties(
-                p.repeat_last_n if p.repeat_last_n >= 0 else 4096,
-                p.repeat_penalty,
-                p.frequency_penalty,
-                p.presence_penalty,
-            )
-        )
+    if p.mirostat:
+        add(llama_cpp.llama_sampler_init_temp(p.temperature))
+        if p.mirostat == 1:
+            add(llama_cpp.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, MIROSTAT_M))
+        else:
+            add(llama_cpp.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+        return
+    last_n = lambda n: n_ctx if n < 0 else n  # noqa: E731 - -1 means the whole slot context
+    for name in p.samplers:
+        if p.greedy and name not in _ARGMAX_CHANGING:
+            continue
+        if name == "penalties":
+            if p.penalties_on:
+                add(llama_cpp.llama_sampler_init_penalties(
+                    model.n_vocab, last_n(p.repeat_last_n), p.repeat_penalty, p.frequency_penalty, p.presence_penalty,
+                ), history=last_n(p.repeat_last_n))
+        elif name == "dry":
+            if p.dry_on:
+                breakers = [b.encode() for b in p.dry_sequence_breakers]
+                c_breakers = (ctypes.c_char_p * len(breakers))(*breakers)
+                add(llama_cpp.llama_sampler_init_dry(
+                    model.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                    last_n(p.dry_penalty_last_n), c_breakers, len(breakers),
+                ), history=last_n(p.dry_penalty_last_n))
+        elif name == "top_n_sigma":
+            if p.top_n_sigma >= 0:
+                add(llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+        elif name == "top_k":
+            if p.top_k > 0:
+                add(llama_cpp.llama_sampler_init_top_k(p.top_k))
+        elif name == "typ_p":
+            if p.typical_p < 1.0:
+                add(llama_cpp.llama_sampler_init_typical(p.typical_p, p.min_keep))
+        elif name == "top_p":
+            if p.top_p < 1.0:
+                add(llama_cpp.llama_sampler_init_top_p(p.top_p, p.min_keep))
+        elif name == "min_p":
+            if p.min_p > 0.0:
+                add(llama_cpp.llama_sampler_init_min_p(p.min_p, p.min_keep))
+        elif name == "xtc":
+            if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5:
+                add(llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, p.min_keep, seed))
+        elif name == "temperature":
+            add(llama_cpp.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent))
     if p.greedy:
         add(llama_cpp.llama_sampler_init_greedy())
-        return chain
-    if p.top_k > 0:
-        add(llama_cpp.llama_sampler_init_top_k(p.top_k))
-    if p.top_p < 1.0:
-        add(llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
-    if p.min_p > 0.0:
-        add(llama_cpp.llama_sampler_init_min_p(p.min_p, 1))
-    add(llama_cpp.llama_sampler_init_temp(p.temperature))
-    seed = p.seed if p.seed == llama_cpp.LLAMA_DEFAULT_SEED else (p.seed + seed_offset) & 0xFFFFFFFF
-    add(llama_cpp.llama_sampler_init_dist(seed))
-    return chain
+    else:
+        add(llama_cpp.llama_sampler_init_dist(seed))
 
 
-def check_grammar(model: Model, grammar: str) -> None:
-    """Raise RequestError if llama.cpp cannot parse ``grammar`` (done once, at submit)."""
-    g = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
-    if not g:
-        raise RequestError("invalid grammar: llama.cpp could not parse it")
-    llama_cpp.llama_sampler_free(g)
+# Samplers that can change which token has the highest logit; the others keep the arg-max.
+_ARGMAX_CHANGING = frozenset({"penalties", "dry", "xtc"})
+
+
+def check_chain(model: Model, p: SamplingParams, n_ctx: int) -> None:
+    """Build and free one chain: at admission, so that a bad request fails alone (a 400),
+    never inside a group. Raises RequestError."""
+    llama_cpp.llama_sampler_free(build_chain(model, p, n_ctx=n_ctx))

@@ -77,8 +77,8 @@ async def serve_runtime(rt: Runtime) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def open_server(config: RuntimeConfig) -> AsyncIterator[tuple[Runtime, str]]:
-    async with Runtime.open(config) as rt, serve_runtime(rt) as url:
+async def open_server(config: RuntimeConfig, *, hooks: Any = None) -> AsyncIterator[tuple[Runtime, str]]:
+    async with Runtime.open(config, hooks=hooks) as rt, serve_runtime(rt) as url:
         yield rt, url
 
 

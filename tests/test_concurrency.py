@@ -8,6 +8,7 @@ import anyio
 import httpx
 
 from conftest import open_server, wait_until
+from faults import Faults
 from runtime.facade import RequestHandle
 
 
@@ -55,11 +56,12 @@ async def test_disconnect_frees_slot_within_one_step(make_config, monkeypatch):
     monkeypatch.setattr(RequestHandle, "close", recording_close)
 
     def on_step(group, res) -> None:
-        if any(id(sink) in closed_sinks for sink, _ in res.events):
+        if any(id(task.sink) in closed_sinks for task, _ in res.events):
             steps_after_close["n"] += 1
 
-    async with open_server(make_config(parallel=2)) as (rt, url):
-        rt.supervisor.groups[0].on_step = on_step
+    faults = Faults()
+    faults.on_step = on_step
+    async with open_server(make_config(parallel=2), hooks=faults) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             async with client.stream("POST", "/completion", json={
                 "prompt": "a long story", "n_predict": 3000, "temperature": 0, "ignore_eos": True, "stream": True,

@@ -11,6 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from conftest import greedy_over_http, open_server, wait_until
+from faults import Faults
 from runtime import ConfigError, Runtime, RuntimeConfig
 
 PROMPTS = [f"prompt number {i}: {'abc ' * i}" for i in range(8)]
@@ -72,9 +73,10 @@ async def test_per_request_context_in_both_modes(make_config):
 async def test_slot_work_waits_only_for_owning_group(make_config):
     """PG-4 / issue 4 check 3: with group 1 held inside a decode step, erasing and releasing a slot
     of group 0 complete; group 1's own slot commands wait for its step (PG-5)."""
-    async with Runtime.open(make_config(parallel=4, pipeline_groups=2)) as rt:
-        hold = threading.Event()
-        rt.supervisor.groups[1].engine.faults.hold = hold
+    faults = Faults()
+    faults.hold, faults.hold_groups = threading.Event(), {1}
+    hold = faults.hold
+    async with Runtime.open(make_config(parallel=4, pipeline_groups=2), hooks=faults) as rt:
         stuck = await rt.submit("held in group 1", max_tokens=8, temperature=0, id_slot=2)
         await wait_until(lambda: rt.slots()[2]["is_processing"])
         with anyio.fail_after(5):

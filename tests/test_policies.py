@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from actors.policies import BUILTIN, resolve_policy
 from actors.trace import TraceViolation, check_phase_exclusion
 from conftest import open_server, wait_until
+from faults import Faults
 from policy_sim import GroupSim
 from protocol.events import Token
 from runtime import Runtime
@@ -29,21 +30,21 @@ def config(make_config, scheduler: str, **kw):
     return make_config(**base)
 
 
-def freeze_after_first_ready(group) -> tuple[threading.Event, anyio.Event]:
-    """Test hook: once a prompt finishes prefill, hold the group's next decode step.
+def freeze_after_first_ready(faults: Faults) -> tuple[threading.Event, anyio.Event]:
+    """Once a prompt finishes prefill, hold the group's next decode step (via the injected hooks).
 
     Returns (hold, ready): ``ready`` is set at that moment; set ``hold`` to let the group go on.
     """
     hold, ready = threading.Event(), anyio.Event()
     hold.set()
-    group.engine.faults.hold = hold
+    faults.hold = hold
 
     def on_step(g, res) -> None:
         if res.ready and not ready.is_set():
             hold.clear()
             ready.set()
 
-    group.on_step = on_step
+    faults.on_step = on_step
     return hold, ready
 
 
@@ -143,9 +144,10 @@ async def test_arrival_during_generate_waits_for_drain(make_config):
 
 async def test_cohort_seals_at_first_member_done(make_config):
     """Issue 5 check 3 (PH-3): arrivals before the seal join the cohort; after it, the next one."""
-    async with Runtime.open(config(make_config, "cohort")) as rt:
+    faults = Faults()
+    async with Runtime.open(config(make_config, "cohort"), hooks=faults) as rt:
         group = rt.supervisor.groups[0]
-        hold, sealed = freeze_after_first_ready(group)
+        hold, sealed = freeze_after_first_ready(faults)
         try:
             long = await rt.submit([31] * (6 * N_BATCH), max_tokens=2, temperature=0, ignore_eos=True)
             joined = await rt.submit([32] * 10, max_tokens=2, temperature=0, ignore_eos=True)
@@ -170,15 +172,16 @@ async def test_cohort_seals_at_first_member_done(make_config):
 async def test_cancel_member_releases_barrier(make_config, victim):
     """Issue 5 check 4 (PH-7): cancelling a member waiting at the barrier, or the one still
     prefilling, lets the rest proceed; no slot leaks; no busy loop while nothing is runnable."""
-    async with Runtime.open(config(make_config, "cohort")) as rt:
+    faults = Faults()
+    async with Runtime.open(config(make_config, "cohort"), hooks=faults) as rt:
         group = rt.supervisor.groups[0]
-        hold, short_ready = freeze_after_first_ready(group)
+        hold, short_ready = freeze_after_first_ready(faults)
         try:
             long = await rt.submit([41] * (8 * N_BATCH), max_tokens=3, temperature=0, ignore_eos=True)
             short = await rt.submit([42] * 5, max_tokens=3, temperature=0, ignore_eos=True)
             with anyio.fail_after(10):
                 await short_ready.wait()
-            group.on_step = None
+            faults.on_step = None
             cancelled, survivor = (short, long) if victim == "waiting" else (long, short)
             cancelled.close()
         finally:

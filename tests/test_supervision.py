@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from conftest import open_server, wait_until
+from faults import Faults
 from runtime import EngineError, Runtime
 from runtime.facade import collect
 
@@ -23,10 +24,11 @@ async def _start_streams(rt: Runtime, n: int):
 async def test_decode_failure_fails_inflight_restarts_group(make_config):
     """Issue 2 check 6: an injected decode failure fails every in-flight request (none hangs),
     the group restarts with a fresh context, and the next request succeeds."""
-    async with open_server(make_config(parallel=4, n_ctx=4 * 8192)) as (rt, url):
+    faults = Faults()
+    async with open_server(make_config(parallel=4, n_ctx=4 * 8192), hooks=faults) as (rt, url):
         old_group = rt.supervisor.groups[0]
         handles = await _start_streams(rt, 3)
-        old_group.engine.faults.fail_next = 1
+        faults.fail_decode = 1
         for h in handles:
             with anyio.fail_after(10), pytest.raises(EngineError, match="injected decode failure"):
                 async for _ in h:
@@ -42,7 +44,8 @@ async def test_decode_failure_fails_inflight_restarts_group(make_config):
 
 async def test_streaming_client_sees_error_event(make_config):
     """AC-2 through HTTP: a streaming request whose group fails ends with an error event, not a hang."""
-    async with open_server(make_config(parallel=2, n_ctx=2 * 8192)) as (rt, url):
+    faults = Faults()
+    async with open_server(make_config(parallel=2, n_ctx=2 * 8192), hooks=faults) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             async with client.stream("POST", "/completion", json={
                 "prompt": "x", "n_predict": 5000, "temperature": 0, "ignore_eos": True, "stream": True,
@@ -52,16 +55,17 @@ async def test_streaming_client_sees_error_event(make_config):
                     if line.startswith("data: "):
                         lines.append(line)
                         if len(lines) == 3:
-                            rt.supervisor.groups[0].engine.faults.fail_next = 1
+                            faults.fail_decode = 1
         assert '"server_error"' in lines[-1] and "injected decode failure" in lines[-1]
 
 
 async def test_restart_intensity_limit_reports_unhealthy(make_config):
     """AC-2/API-1: past max_restarts within the window the group stays down and /health is 503."""
-    async with open_server(make_config(parallel=2, max_restarts=1, restart_window_s=60)) as (rt, url):
+    faults = Faults()
+    async with open_server(make_config(parallel=2, max_restarts=1, restart_window_s=60), hooks=faults) as (rt, url):
         for _ in range(2):
             group = rt.supervisor.groups[0]
-            group.engine.faults.fail_next = 1
+            faults.fail_decode = 1
             with pytest.raises(EngineError):
                 await rt.complete("boom", max_tokens=4, temperature=0)
             await wait_until(lambda g=group: rt.supervisor.groups[0] is not g)
@@ -75,9 +79,9 @@ async def test_restart_intensity_limit_reports_unhealthy(make_config):
 
 async def test_slot_erase_waits_only_for_owning_group(make_config):
     """AC-2 helper check of the test hook: a held step blocks its own group's commands only."""
-    async with Runtime.open(make_config(parallel=2)) as rt:
-        hold = threading.Event()
-        rt.supervisor.groups[0].engine.faults.hold = hold
+    faults = Faults()
+    async with Runtime.open(make_config(parallel=2), hooks=faults) as rt:
+        hold = faults.hold = threading.Event()
         h = await rt.submit("x", max_tokens=4, temperature=0)
         with anyio.move_on_after(0.2) as scope:
             await rt.slot_action(1, "erase")
@@ -92,10 +96,10 @@ async def test_slot_erase_waits_only_for_owning_group(make_config):
 async def test_slot_command_does_not_free_a_busy_slot(make_config):
     """AC-3 table integrity: an erase queued ahead of an Assign for the same slot must not mark
     that slot free while it serves the new request (no double assignment, nothing hangs)."""
-    async with Runtime.open(make_config(parallel=2, n_ctx=2 * 1024)) as rt:
+    faults = Faults()
+    async with Runtime.open(make_config(parallel=2, n_ctx=2 * 1024), hooks=faults) as rt:
         group = rt.supervisor.groups[0]
-        hold = threading.Event()
-        group.engine.faults.hold = hold
+        hold = faults.hold = threading.Event()
         try:
             a = await rt.submit([1, 2, 3, 4], max_tokens=200, temperature=0, ignore_eos=True)
             await wait_until(lambda: group.slots[0].busy)
@@ -117,10 +121,10 @@ async def test_slot_command_does_not_free_a_busy_slot(make_config):
 
 async def test_slot_command_flood_is_refused_not_fatal(make_config):
     """A flood of slot commands while the group is busy gets 409/503 answers; the runtime survives."""
-    async with Runtime.open(make_config(parallel=1, n_ctx=1024)) as rt:
+    faults = Faults()
+    async with Runtime.open(make_config(parallel=1, n_ctx=1024), hooks=faults) as rt:
         group = rt.supervisor.groups[0]
-        hold = threading.Event()
-        group.engine.faults.hold = hold
+        hold = faults.hold = threading.Event()
         outcomes: list[str] = []
         try:
             h = await rt.submit([1, 2, 3, 4], max_tokens=4, temperature=0)

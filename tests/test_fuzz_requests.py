@@ -1,0 +1,276 @@
+"""Issue 9 check 3/4: property-based fuzzing of the request surface against a running server.
+
+Every field of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions`` is drawn from
+valid values, edge values and wrong types, in combination (n, stop, logprobs, penalties, DRY,
+XTC, mirostat, grammar/json_schema, logit_bias, seed, id_slot, stream), and sent to a real
+server (Hypercorn + the runtime on the tiny model, in a thread of its own). Properties:
+
+- every answer is 200 or a 4xx with an OpenAI-shaped error body (no 5xx: nothing here is an
+  engine fault);
+- every request ends within a deadline, streaming ones included (the stream is read to its end);
+- no group restarts, and afterwards /health is 200 and a plain request succeeds.
+
+``make test`` runs ``LLAMACTOR_FUZZ_EXAMPLES`` examples (default 150); set it higher for a
+longer hunt. The number run is printed and checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import TEST_THREADS, serve_runtime
+from runtime import Runtime, RuntimeConfig
+
+EXAMPLES = int(os.environ.get("LLAMACTOR_FUZZ_EXAMPLES", "150"))
+DEADLINE_S = 30.0
+PARALLEL = 4
+N_CTX = 2048  # 512 tokens per slot: a fuzzed unlimited n_predict still ends quickly
+
+# ---- value strategies -------------------------------------------------------------------
+
+junk = st.one_of(st.none(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.booleans())
+edge_floats = st.sampled_from([0.0, -0.0, 1.0, -1.0, 0.5, 1e-30, 1e30, -1e30, 2.0, 100.0])
+floats = st.one_of(edge_floats, st.floats(-5, 5, allow_nan=False), st.floats(allow_nan=False, allow_infinity=False))
+small_ints = st.one_of(st.sampled_from([-2, -1, 0, 1, 2, 3, 64, 2**31 - 1, 2**31, -(2**31)]), st.integers(-10, 100))
+
+
+def weighted(common: st.SearchStrategy, rare: st.SearchStrategy, p_rare: float) -> st.SearchStrategy:
+    """``rare`` with probability about ``p_rare``, else ``common`` (one_of does not weight)."""
+    return st.floats(0, 1).flatmap(lambda u: rare if u < p_rare else common)
+
+
+def maybe_junk(valid: st.SearchStrategy) -> st.SearchStrategy:
+    """Mostly the field's own type, rarely a wrong one (so most requests reach the engine)."""
+    return weighted(valid, junk, 1 / 12)
+
+
+def usually(good: st.SearchStrategy, edge: st.SearchStrategy) -> st.SearchStrategy:
+    """Mostly values in the field's range, sometimes an edge or out-of-range value."""
+    return weighted(good, edge, 1 / 15)
+
+
+unit = usually(st.floats(0, 1), floats)
+positive = usually(st.floats(0.01, 3), floats)
+counts = usually(st.integers(0, 128), small_ints)
+
+
+text_prompts = st.one_of(st.sampled_from(["hello", "a b c", "é ü 中文 🙂", "\n\n", " ", "x" * 200]), st.text(max_size=40))
+token_prompts = st.lists(st.one_of(st.integers(0, 459), st.sampled_from([-1, 460, 10**9])), min_size=0, max_size=20)
+prompts = st.one_of(text_prompts, text_prompts, token_prompts, st.lists(text_prompts, min_size=1, max_size=2))
+stops = st.one_of(st.none(), st.text(max_size=4), st.lists(st.text(max_size=6), max_size=20))
+grammars = st.sampled_from(["", 'root ::= [a-z ]+ "."', 'root ::= "yes" | "no"', "root ::= (", "root ::= x",
+                            'root ::= [^\\x00]*'])
+schemas = st.sampled_from([None, {}, {"type": "object"}, {"type": "string", "maxLength": 5},
+                           {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                           {"type": "bogus"}, {"$ref": "#/nowhere"}])
+logit_biases = st.one_of(
+    st.none(),
+    st.lists(st.tuples(st.integers(-3, 470), st.one_of(floats, st.just(False))).map(list), max_size=5),
+    st.dictionaries(st.integers(-3, 470).map(str), floats, max_size=5),
+)
+samplers = st.one_of(st.none(), st.text(alphabet="dkypsmtxeiz", max_size=6),
+                     st.lists(st.sampled_from(["top_k", "top-p", "temp", "typ", "min_p", "xtc", "dry", "penalties",
+                                               "top_n_sigma", "bogus"]), max_size=6))
+
+SAMPLING = {
+    "temperature": usually(st.floats(0, 2), floats), "top_k": counts, "top_p": unit, "min_p": unit,
+    "typical_p": unit, "top_n_sigma": usually(st.floats(-1, 3), floats), "xtc_probability": unit,
+    "xtc_threshold": unit, "dynatemp_range": usually(st.floats(0, 1), floats), "dynatemp_exponent": positive,
+    "repeat_penalty": positive, "repeat_last_n": usually(st.integers(-1, 128), small_ints),
+    "presence_penalty": usually(st.floats(-2, 2), floats), "frequency_penalty": usually(st.floats(-2, 2), floats),
+    "dry_multiplier": usually(st.floats(0, 3), floats), "dry_base": usually(st.floats(0.5, 3), floats),
+    "dry_allowed_length": counts, "dry_penalty_last_n": usually(st.integers(-1, 128), small_ints),
+    "dry_sequence_breakers": usually(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4),
+                                     st.lists(st.text(max_size=45), max_size=4)),
+    "mirostat": usually(st.integers(0, 2), st.integers(-1, 3)), "mirostat_tau": positive, "mirostat_eta": positive,
+    "min_keep": counts,
+    "samplers": samplers, "seed": st.one_of(small_ints, st.just(2**32 - 1), st.just(2**32)),
+    "logit_bias": logit_biases, "grammar": usually(st.just(""), grammars), "stop": stops, "stream": st.booleans(),
+    "n": usually(st.integers(1, 2), st.integers(-1, 6)), "cache_prompt": st.booleans(), "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
+    "ignore_eos": st.booleans(),
+}
+NATIVE = {**SAMPLING, "prompt": prompts, "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
+          "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)), "json_schema": schemas}
+OPENAI = {**SAMPLING, "max_tokens": usually(st.integers(0, 24), st.sampled_from([None, -1, 10**9])), "model": st.text(max_size=5),
+          "response_format": st.one_of(st.none(), st.fixed_dictionaries({"type": st.sampled_from(
+              ["text", "json_object", "json_schema", "yaml"])}, optional={"json_schema": st.one_of(
+                  schemas.map(lambda s: {"name": "x", "schema": s}), st.just({}))})),
+          "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": st.booleans()}))}
+COMPLETIONS = {**OPENAI, "prompt": prompts, "logprobs": st.one_of(st.none(), st.integers(-1, 25)),
+               "echo": st.booleans()}
+messages = st.lists(st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]),
+    "content": st.one_of(text_prompts, st.none(), st.lists(st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "image_url"]), "text": text_prompts}), max_size=2)),
+}), min_size=0, max_size=3)
+CHAT = {**OPENAI, "messages": messages, "max_completion_tokens": st.one_of(st.none(), st.integers(-1, 40)),
+        "logprobs": st.booleans(), "top_logprobs": st.one_of(st.none(), st.integers(-1, 25))}
+
+
+def body(fields: dict[str, st.SearchStrategy], required: tuple[str, ...], *, junky: bool) -> st.SearchStrategy:
+    """A request body: the required fields and any subset of the others; ``junky`` bodies may
+    carry values of the wrong type anywhere (the well-typed ones reach the engine)."""
+    wrap = maybe_junk if junky else (lambda v: v)
+    req = {k: wrap(fields[k]) for k in required}
+    opt = {k: wrap(v) for k, v in fields.items() if k not in required}
+    return st.fixed_dictionaries(req, optional=opt)
+
+
+ENDPOINTS = (("/completion", NATIVE, ("prompt",)), ("/v1/completions", COMPLETIONS, ("prompt",)),
+             ("/v1/chat/completions", CHAT, ("messages",)))
+requests = st.one_of(
+    *[st.tuples(st.just(path), body(fields, req, junky=False)) for path, fields, req in ENDPOINTS],
+    *[st.tuples(st.just(path), body(fields, req, junky=False)) for path, fields, req in ENDPOINTS],
+    *[st.tuples(st.just(path), body(fields, req, junky=True)) for path, fields, req in ENDPOINTS],
+)
+
+# ---- the server, in a thread with its own event loop -------------------------------------
+
+
+class LiveServer:
+    def __init__(self, model: Path) -> None:
+        self.config = RuntimeConfig(model=model, n_ctx=N_CTX, parallel=PARALLEL, threads=TEST_THREADS,
+                                    n_batch=512, n_ubatch=512)
+        self.url = ""
+        self.rt: Runtime | None = None
+        self._ready = threading.Event()
+        self._stop: anyio.Event | None = None
+        self._portal_token: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._stop = anyio.Event()
+            self._portal_token = anyio.lowlevel.current_token()
+            async with Runtime.open(self.config) as rt, serve_runtime(rt) as url:
+                self.rt, self.url = rt, url
+                self._ready.set()
+                await self._stop.wait()
+
+        try:
+            anyio.run(main)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self._error = exc
+            self._ready.set()
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        assert self._ready.wait(60), "server did not start"
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        anyio.from_thread.run_sync(self._stop.set, token=self._portal_token)
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from tinymodel import write_tiny_model
+
+    model = write_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny.gguf")
+    with LiveServer(model) as server:
+        yield server
+
+
+def _check_error_shape(r: httpx.Response) -> None:
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "code"}, err
+    assert err["code"] == r.status_code and isinstance(err["message"], str) and err["message"]
+
+
+def _read_stream(r: httpx.Response, path: str) -> None:
+    """Read an SSE stream to its end: every frame JSON (or [DONE]); an error frame must be a 4xx."""
+    saw_done = saw_final = False
+    for line in r.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            saw_done = True
+            continue
+        frame = json.loads(data)
+        if "error" in frame:
+            assert 400 <= frame["error"]["code"] < 500, frame
+            return
+        if path == "/completion":
+            saw_final = saw_final or frame.get("stop", False)
+        else:
+            saw_final = saw_final or any(c.get("finish_reason") for c in frame.get("choices", []))
+    assert saw_done if path != "/completion" else saw_final
+
+
+class Counter:
+    n = 0
+    statuses: dict[int, int] = {}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@given(request=requests)
+def test_fuzz_request_surface(live: LiveServer, request: tuple[str, dict[str, Any]]) -> None:
+    path, payload = request
+    Counter.n += 1
+    with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
+        try:
+            content = json.dumps(payload, allow_nan=True).encode()
+        except (ValueError, TypeError):
+            return
+        with client.stream("POST", path, content=content, headers={"Content-Type": "application/json"}) as r:
+            Counter.statuses[r.status_code] = Counter.statuses.get(r.status_code, 0) + 1
+            if r.status_code != 200:
+                r.read()
+                assert 400 <= r.status_code < 500, (r.status_code, r.text, payload)
+                if os.environ.get("FUZZ_DEBUG"):
+                    print(r.text[:150])
+                _check_error_shape(r)
+            elif r.headers["content-type"].startswith("text/event-stream"):
+                _read_stream(r, path)
+            else:
+                r.read()
+                out = r.json()
+                assert "content" in out or "choices" in out
+    assert live.rt is not None and live.rt.supervisor.restarts == [0], payload
+
+
+def test_fuzz_left_the_server_healthy(live: LiveServer) -> None:
+    """Issue 9 check 4: after the fuzz run /health is 200, no group restarted (the /metrics
+    counter says so), and a plain request succeeds."""
+    print(f"\nfuzz: {Counter.n} examples, statuses {dict(sorted(Counter.statuses.items()))}")
+    assert Counter.n >= min(EXAMPLES, 50)
+    with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
+        assert client.get("/health").status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'llamactor:group_restarts_total{group="0"} 0.0' in metrics
+        r = client.post("/completion", json={"prompt": "plain", "n_predict": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+        slots = client.get("/slots").json()
+        assert not any(s["is_processing"] for s in slots)
+
+
+def test_fuzz_strategies_cover_every_sampling_field() -> None:
+    """Every field the wire types accept is drawn by the fuzzer (a new field must be fuzzed)."""
+    import msgspec
+
+    from protocol.wire import ChatCompletionRequest, CompletionRequest, NativeCompletionRequest
+
+    for wire, fields in ((NativeCompletionRequest, NATIVE), (CompletionRequest, COMPLETIONS),
+                         (ChatCompletionRequest, CHAT)):
+        names = {f.encode_name for f in msgspec.structs.fields(wire)}
+        assert names <= set(fields), (wire.__name__, sorted(names - set(fields)))
+    assert math.isfinite(DEADLINE_S)
