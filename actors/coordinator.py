@@ -17,18 +17,18 @@ from typing import Any
 
 import anyio
 
-from actors.policy import Policy
-from protocol.messages import CoordinatorMsg, Grant, PhaseEvent
-from runtime.errors import Closed, Overloaded
-from runtime.kernel import Actor
-from runtime.metrics import Metrics
+from llamactor.actors.observe import CoordinatorMetrics
+from llamactor.actors.policy import Policy, PolicyStatus
+from llamactor.protocol.messages import CoordinatorMsg, Grant, PhaseEvent
+from llamactor.protocol.errors import Closed, Overloaded
+from llamactor.runtime.kernel.actor import Actor
 
 
 class PhaseCoordinator(Actor[CoordinatorMsg]):
     name = "phase-coordinator"
 
     def __init__(self, policies: list[Policy], group_of: Callable[[int], Actor[Any] | None],
-                 metrics: Metrics | None = None) -> None:
+                 metrics: CoordinatorMetrics | None = None) -> None:
         super().__init__()
         self.policies = policies
         self._group_of = group_of
@@ -56,9 +56,10 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
         match msg:
             case PhaseEvent(group=g):
                 policy = self.policies[g]
-                before = policy.phase
+                before = policy.status()
                 grant = policy.on_event(msg)
-                self._observe(g, policy, before, msg)
+                after = policy.status()
+                self._observe(g, before, after, msg)
                 if grant is not None and grant != self.grants[g]:
                     self.grants[g] = grant
                     group = self._group_of(g)
@@ -69,7 +70,7 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
                             pass  # the group is restarting; its successor starts from no grant
                         except Overloaded:
                             self._tg.start_soon(self._send_latest_grant, g, group)
-                self._schedule_tick(g, policy)
+                self._schedule_tick(g, after)
 
     async def _send_latest_grant(self, g: int, group: Actor[Any]) -> None:
         """A full group mailbox: wait for room, then send the newest grant (grants replace whole)."""
@@ -80,24 +81,20 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
             except Closed:
                 pass
 
-    def _observe(self, g: int, policy: Policy, before: str, event: PhaseEvent) -> None:
-        after = policy.phase
-        if after == before or self.metrics is None:
+    def _observe(self, g: int, before: PolicyStatus, after: PolicyStatus, event: PhaseEvent) -> None:
+        if after.phase == before.phase or self.metrics is None:
             return
-        if after == "prefill_sealed":
+        if after.phase == "prefill_sealed":
             self._sealed_at[g] = event.at
-        if after == "generate" and before.startswith("prefill"):
-            self.metrics.cohort_released(g, len(getattr(policy, "released", ())),
-                                         event.at - (self._sealed_at[g] or event.at))
+        if after.phase == "generate" and before.phase.startswith("prefill"):
+            self.metrics.cohort_released(g, after.released, event.at - (self._sealed_at[g] or event.at))
 
-    def _schedule_tick(self, g: int, policy: Policy) -> None:
-        bound_ms = getattr(policy, "max_generate_ms", 0.0)
-        cohort = getattr(policy, "cohort", 0)
-        if not bound_ms or policy.phase != "generate" or self._tick_for[g] == cohort or self._tg is None:
+    def _schedule_tick(self, g: int, status: PolicyStatus) -> None:
+        """A bounded GENERATE phase: one "tick" event at its deadline (per cohort)."""
+        if not status.generate_deadline or self._tick_for[g] == status.cohort or self._tg is None:
             return
-        self._tick_for[g] = cohort
-        due = getattr(policy, "generate_since", time.perf_counter()) + bound_ms / 1e3
-        self._tg.start_soon(self._tick_at, g, due)
+        self._tick_for[g] = status.cohort
+        self._tg.start_soon(self._tick_at, g, status.generate_deadline)
 
     async def _tick_at(self, g: int, due: float) -> None:
         await anyio.sleep(max(0.0, due - time.perf_counter()))

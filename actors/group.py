@@ -18,22 +18,22 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from actors.policy import GroupView, Policy, SlotView, StepPlan
-from actors.trace import StepRecord
-from protocol.events import Event, Failed
-from protocol.messages import (
+from llamactor.actors.observe import GroupMetrics
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.actors.trace import StepRecord
+from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.messages import (
     Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCached, SlotCommand, Task,
 )
-from runtime.engine import Context, ContextOptions, KvCacheFull, StepResult
-from runtime.errors import Closed, EngineError, RequestError, SlotBusy
-from runtime.hooks import GroupHooks
-from runtime.kernel import Actor
-from runtime.profiler import REPORT_INTERVAL_S, GroupProfile
-from runtime.slot import Phase, Slot
+from llamactor.runtime.engine.context import Context, ContextOptions, KvCacheFull, StepResult
+from llamactor.protocol.errors import Closed, EngineError, RequestError, SlotBusy
+from llamactor.runtime.engine.hooks import GroupHooks
+from llamactor.runtime.kernel.actor import Actor
+from llamactor.runtime.engine.profiler import REPORT_INTERVAL_S, GroupProfile
+from llamactor.runtime.engine.slot import Phase, Slot
 
 if TYPE_CHECKING:
-    from runtime.metrics import Metrics
-    from runtime.model import Model
+    from llamactor.runtime.engine.model import Model
 
 log = structlog.get_logger("llamactor.group")
 
@@ -51,7 +51,7 @@ class GroupActor(Actor[GroupMsg]):
         *,
         supervisor: Actor[Any],
         coordinator: Actor[Any] | None,
-        metrics: Metrics,
+        metrics: GroupMetrics,
         profile: bool = False,
         profile_interval_s: float = REPORT_INTERVAL_S,
         trace: bool = False,

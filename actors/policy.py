@@ -20,46 +20,23 @@ prefill must wait (phase "ready", its logits kept) until a grant releases it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
-from protocol.messages import Grant, PhaseEvent
+from llamactor.protocol.messages import Grant, PhaseEvent
+from llamactor.protocol.plan import IDLE_PLAN, GroupView, PolicyStatus, SlotView, StepPlan
 
-
-class SlotView(NamedTuple):
-    """What a policy may know about one busy slot."""
-
-    local: int  # the slot's id inside its group (sequence id)
-    phase: str  # "prefill" | "ready" | "generate"
-    prompt_left: int  # prompt tokens not yet decoded (0 unless prefilling)
-    order: int  # the request's arrival order in the group (its identity; n > 1 choices share it)
-    parent: int  # local id of the n > 1 parent slot, or -1 for a parent/single slot
-
-
-class GroupView(NamedTuple):
-    group: int
-    n_batch: int  # max tokens in one decode step
-    slots: tuple[SlotView, ...]  # busy slots only, in arrival order
-    now: float = 0.0  # perf_counter seconds at the snapshot
-    ms_per_prompt_token: float = 0.0  # measured cost of one prompt token in a step (EMA)
-    ms_per_step: float = 0.0  # measured fixed cost of one generation step (EMA)
-
-
-class StepPlan(NamedTuple):
-    """One decode step: ``prefill`` is (local slot, n prompt tokens); ``generate`` one token each.
-
-    ``release`` lists READY slots whose kept logits are sampled this step (no decode for them).
-    """
-
-    prefill: tuple[tuple[int, int], ...] = ()
-    generate: tuple[int, ...] = ()
-    release: tuple[int, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.prefill or self.generate or self.release)
-
-
-IDLE_PLAN = StepPlan()
+__all__ = [
+    "IDLE_PLAN",
+    "Grant",
+    "GroupView",
+    "PhaseEvent",
+    "Policy",
+    "PolicyStatus",
+    "SlotView",
+    "StepPlan",
+    "fair_share",
+    "fill_prefill",
+    "generating",
+]
 
 
 class Policy:
@@ -92,6 +69,10 @@ class Policy:
     def waiting(self) -> int:
         """Requests in the group that wait for a phase (not granted anything yet)."""
         return 0
+
+    def status(self) -> PolicyStatus:
+        """A frozen report for the coordinator; stateful policies add their cohort and timers."""
+        return PolicyStatus(self.phase)
 
 
 def generating(view: GroupView, allowed: Iterable[int] | None = None) -> tuple[int, ...]:

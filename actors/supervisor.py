@@ -25,14 +25,14 @@ import numpy as np
 import structlog
 from anyio.abc import TaskStatus
 
-from actors.group import GroupActor
-from protocol.events import Failed
-from protocol.messages import (
+from llamactor.actors.group import GroupActor
+from llamactor.protocol.events import Failed
+from llamactor.protocol.messages import (
     Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest, Snapshot,
     Submit, SupervisorMsg, Task,
 )
-from runtime.errors import Closed, NotFound, Overloaded, Unavailable
-from runtime.kernel import Actor
+from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
+from llamactor.runtime.kernel.actor import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
 

@@ -9,8 +9,8 @@ the fewest prompt tokens left, so short requests are not stuck behind long ones.
 
 from __future__ import annotations
 
-from actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
-from protocol.messages import Grant
+from llamactor.actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
+from llamactor.protocol.messages import Grant
 
 
 class ShortestPromptFirst(Policy):

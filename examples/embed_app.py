@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from runtime import Runtime, RuntimeConfig
+from llamactor.runtime import Runtime, RuntimeConfig
 
 
 def create_app(config: RuntimeConfig) -> Starlette:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ops.stats import RequestRecord
+from llamactor.ops.stats import RequestRecord
 
 DONE_PAYLOAD = b"[DONE]"
 ERROR_FIELD = b"error"

@@ -19,12 +19,12 @@ from typing import Any
 
 import anyio
 
-from ops.compare import Target, pair_ratios, parse_sweep, run_matrix
-from ops.loadgen import ClosedLoop
-from ops.progress import Progress
-from ops.report import describe, notes, render_ratios, render_runs, to_json
-from ops.runner import DEFAULT_TIMEOUT_S, Common, Workload
-from ops.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
+from llamactor.ops.compare import Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.loadgen import ClosedLoop
+from llamactor.ops.progress import Progress
+from llamactor.ops.report import describe, notes, render_ratios, render_runs, to_json
+from llamactor.ops.runner import DEFAULT_TIMEOUT_S, Common, Workload
+from llamactor.ops.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
 
 WORKLOADS = ("closed", "mixed", "cohort")
 EXIT_OK, EXIT_FAILED_REQUESTS, EXIT_USAGE = 0, 1, 2

@@ -15,9 +15,9 @@ from types import TracebackType
 import httpx
 import msgspec
 
-from ops.apis import APIS, Api, SseDecoder
-from ops.http1 import Http1Pool, ProtocolError
-from ops.stats import RequestRecord
+from llamactor.ops.apis import APIS, Api, SseDecoder
+from llamactor.ops.http1 import Http1Pool, ProtocolError
+from llamactor.ops.stats import RequestRecord
 
 TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
 HTTP_OK = 200

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from ops.prompts import PromptSource
-from ops.runner import Common
-from ops.stats import CrossCheck, Distribution, RequestRecord, finite
+from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.prompts import PromptSource
+from llamactor.ops.runner import Common
+from llamactor.ops.stats import CrossCheck, Distribution, RequestRecord, finite
 
 MAX_ERRORS_SHOWN = 3
 

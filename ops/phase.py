@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ops.client import BenchClient
-from ops.progress import NoProgress, Progress
-from ops.stats import CrossCheck, RequestRecord
+from llamactor.ops.client import BenchClient
+from llamactor.ops.progress import NoProgress, Progress
+from llamactor.ops.stats import CrossCheck, RequestRecord
 
 WARMUP_NTG = 8  # tokens generated per warm-up request: enough to run decode steps
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ops.compare import PairRatio, Run
+from llamactor.ops.compare import PairRatio, Run
 
 CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
 HEADERS = {

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ops.client import BenchClient
-from ops.phase import Job, PhaseResult, measure, warm_up
-from ops.progress import NoProgress, Progress
-from ops.prompts import PromptSource
+from llamactor.ops.client import BenchClient
+from llamactor.ops.phase import Job, PhaseResult, measure, warm_up
+from llamactor.ops.progress import NoProgress, Progress
+from llamactor.ops.prompts import PromptSource
 
 DEFAULT_TIMEOUT_S = 600.0  # a single request slower than this counts as failed
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ops.loadgen import error_sample
-from ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from ops.prompts import PromptSource
-from ops.runner import Common
-from ops.stats import MS_PER_S, CrossCheck, Distribution, RequestRecord, finite, ratio
+from llamactor.ops.loadgen import error_sample
+from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.prompts import PromptSource
+from llamactor.ops.runner import Common
+from llamactor.ops.stats import MS_PER_S, CrossCheck, Distribution, RequestRecord, finite, ratio
 
 DEFAULT_ARRIVALS_S = (1.0, 2.5, 4.0)
 DEFAULT_COHORT_NPP = (600, 1100, 1600, 2100)

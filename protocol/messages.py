@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.sampling import SamplingParams
+from llamactor.protocol.sampling import SamplingParams
 
 
 class Task(msgspec.Struct, frozen=True, kw_only=True):

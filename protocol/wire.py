@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.sampling import SamplingParams
+from llamactor.protocol.sampling import SamplingParams
 
 DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS = 16
 

@@ -1,24 +1,18 @@
-"""llamactor's runtime: the embedding API.
+"""llamactor's embedding API (SPEC section 7).
 
-    from runtime import Runtime, RuntimeConfig
+    from llamactor.runtime import Runtime, RuntimeConfig
     async with Runtime.open(RuntimeConfig(model=path, parallel=8)) as rt:
         out = await rt.complete("Hello", max_tokens=16)
+
+The names below are loaded on first use (PEP 562), so importing a lower layer that lives under
+``llamactor.runtime`` (the actor kernel, the engine bindings) never drags in the layers above
+it: every module can be imported on its own, in any order.
 """
 
-from runtime.config import RuntimeConfig
-from runtime.errors import (
-    Closed,
-    ConfigError,
-    EngineError,
-    LlamactorError,
-    NotFound,
-    Overloaded,
-    RequestError,
-    SlotBusy,
-    Unauthorized,
-    Unavailable,
-)
-from runtime.facade import Choice, Completion, RequestHandle, Runtime, RuntimeState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "Choice",
@@ -38,3 +32,41 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
 ]
+
+_ERRORS = "llamactor.protocol.errors"
+_WHERE = {
+    "Runtime": "llamactor.runtime.api",
+    "RuntimeConfig": "llamactor.runtime.service.config",
+    "RuntimeState": "llamactor.runtime.service.core",
+    "Choice": "llamactor.runtime.service.handles",
+    "Completion": "llamactor.runtime.service.handles",
+    "RequestHandle": "llamactor.runtime.service.handles",
+    **{name: _ERRORS for name in (
+        "Closed", "ConfigError", "EngineError", "LlamactorError", "NotFound", "Overloaded", "RequestError",
+        "SlotBusy", "Unauthorized", "Unavailable",
+    )},
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llamactor.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from llamactor.protocol.errors import (
+        Closed, ConfigError, EngineError, LlamactorError, NotFound, Overloaded, RequestError, SlotBusy,
+        Unauthorized, Unavailable,
+    )
+    from llamactor.runtime.api import Runtime
+    from llamactor.runtime.service.config import RuntimeConfig
+    from llamactor.runtime.service.core import RuntimeState
+    from llamactor.runtime.service.handles import Choice, Completion, RequestHandle

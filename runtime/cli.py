@@ -17,9 +17,9 @@ from typing import Any
 import anyio
 import structlog
 
-from runtime.config import DEFAULT_N_BATCH, DEFAULT_N_CTX, DEFAULT_N_UBATCH, DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, RuntimeConfig
-from runtime.errors import ConfigError
-from runtime.logging import configure_logging
+from llamactor.runtime.service.config import DEFAULT_N_BATCH, DEFAULT_N_CTX, DEFAULT_N_UBATCH, DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, RuntimeConfig
+from llamactor.protocol.errors import ConfigError
+from llamactor.runtime.service.logging import configure_logging
 
 log = structlog.get_logger("llamactor.cli")
 
@@ -113,7 +113,7 @@ def _float_list(text: str) -> tuple[float, ...]:
 
 
 def run_worker(a: argparse.Namespace) -> int:
-    from runtime import rpc
+    from llamactor.runtime.engine import rpc
 
     threads = a.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
@@ -150,8 +150,8 @@ async def serve(cfg: RuntimeConfig, host: str, port: int) -> int:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from runtime.facade import Runtime
-    from runtime.http import build_app
+    from llamactor.runtime.api import Runtime
+    from llamactor.runtime.http.app import build_app
 
     rt = Runtime(cfg)
     stop = anyio.Event()
@@ -201,12 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
-    from ops.bench import add_bench_parser
+    from llamactor.ops.bench import add_bench_parser
 
     add_bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
-        from ops.bench import run_bench
+        from llamactor.ops.bench import run_bench
 
         return run_bench(args)
     if args.command == "worker":
@@ -216,14 +216,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args).validated()
         if args.list_devices:
-            from runtime import rpc
+            from llamactor.runtime.engine import rpc
 
             rpc.add_servers(list(cfg.rpc_servers))
             for name, description in rpc.list_devices():
                 print(f"{name}: {description}")
             return 0
         if cfg.rpc_servers or cfg.devices:
-            from runtime.facade import load_options
+            from llamactor.runtime.service.core import load_options
 
             load_options(cfg)  # register workers and check device names now: errors before listening
     except ConfigError as exc:

@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 
-from runtime import Runtime, RuntimeConfig
+from llamactor.runtime import Runtime, RuntimeConfig
 from tinymodel import write_tiny_model
 
 TEST_THREADS = 1  # one thread: no spin-barrier stalls when the 2 cores are shared

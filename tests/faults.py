@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from runtime.errors import EngineError
+from llamactor.protocol.errors import EngineError
 
 TaskPredicate = Callable[[Any], bool]
 

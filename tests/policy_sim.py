@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.policy import GroupView, Policy, SlotView, StepPlan
-from actors.trace import StepRecord
-from protocol.messages import Grant, PhaseEvent
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.actors.trace import StepRecord
+from llamactor.protocol.messages import Grant, PhaseEvent
 
 
 @dataclass

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from conftest import open_server
-from runtime.config import MAX_BODY_BYTES
+from llamactor.runtime.service.config import MAX_BODY_BYTES
 
 GOOD = {"prompt": "hello", "n_predict": 3, "temperature": 0}
 SLOT_CTX = 1024  # TEST_N_CTX 4096 / parallel 4

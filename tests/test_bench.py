@@ -14,17 +14,17 @@ from dataclasses import replace
 import pytest
 
 from conftest import open_server
-from ops.apis import SseDecoder
-from ops.client import parse_metric
-from ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
-from ops.http1 import _Connection
-from ops.loadgen import ClosedLoop
-from ops.progress import NoProgress
-from ops.prompts import PromptSource
-from ops.report import notes, render_ratios, render_runs, to_json
-from ops.runner import Common, run_workload
-from ops.stats import CrossCheck, RequestRecord
-from ops.workloads import Cohort, Mixed
+from llamactor.ops.apis import SseDecoder
+from llamactor.ops.client import parse_metric
+from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.http1 import _Connection
+from llamactor.ops.loadgen import ClosedLoop
+from llamactor.ops.progress import NoProgress
+from llamactor.ops.prompts import PromptSource
+from llamactor.ops.report import notes, render_ratios, render_runs, to_json
+from llamactor.ops.runner import Common, run_workload
+from llamactor.ops.stats import CrossCheck, RequestRecord
+from llamactor.ops.workloads import Cohort, Mixed
 
 USERS, REQUESTS, NPP, NTG = 3, 2, 16, 12
 
@@ -99,7 +99,7 @@ async def test_cli_bench_json_subprocess(make_config) -> None:
     import anyio
 
     async with open_server(make_config(parallel=4)) as (_, url):
-        cmd = [sys.executable, "-m", "runtime.cli", "bench", "--url", url, "--users", "2", "--requests", "2",
+        cmd = [sys.executable, "-m", "llamactor.runtime.cli", "bench", "--url", url, "--users", "2", "--requests", "2",
                "--npp", str(NPP), "--ntg", str(NTG), "--json"]
         proc = await anyio.run_process(cmd, check=False)
     assert proc.returncode == 0, proc.stderr.decode()

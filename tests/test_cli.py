@@ -13,7 +13,7 @@ import httpx
 
 from conftest import free_port
 
-LLAMACTOR = [sys.executable, "-m", "runtime.cli"]
+LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 STARTUP_TIMEOUT_S = 30
 
 

@@ -9,7 +9,7 @@ import httpx
 
 from conftest import open_server, wait_until
 from faults import Faults
-from runtime.facade import RequestHandle
+from llamactor.runtime.service.handles import RequestHandle
 
 
 async def _stream_tokens(client: httpx.AsyncClient, prompt: str, n: int) -> int:

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-import runtime
-from runtime import ConfigError, Runtime, RuntimeConfig, Unavailable
+import llamactor.runtime as runtime
+from llamactor.runtime import ConfigError, Runtime, RuntimeConfig, Unavailable
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

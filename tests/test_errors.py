@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime import errors
-from runtime.httperrors import error_body, map_exception
+from llamactor.protocol import errors
+from llamactor.runtime.http.errors import error_body, map_exception
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import TEST_THREADS, serve_runtime
-from runtime import Runtime, RuntimeConfig
+from llamactor.runtime import Runtime, RuntimeConfig
 
 EXAMPLES = int(os.environ.get("LLAMACTOR_FUZZ_EXAMPLES", "150"))
 DEADLINE_S = 30.0
@@ -267,7 +267,7 @@ def test_fuzz_strategies_cover_every_sampling_field() -> None:
     """Every field the wire types accept is drawn by the fuzzer (a new field must be fuzzed)."""
     import msgspec
 
-    from protocol.wire import ChatCompletionRequest, CompletionRequest, NativeCompletionRequest
+    from llamactor.protocol.wire import ChatCompletionRequest, CompletionRequest, NativeCompletionRequest
 
     for wire, fields in ((NativeCompletionRequest, NATIVE), (CompletionRequest, COMPLETIONS),
                          (ChatCompletionRequest, CHAT)):

@@ -8,8 +8,8 @@ import llama_cpp
 import numpy as np
 
 from conftest import open_server
-from runtime import Runtime
-from runtime.model import Model
+from llamactor.runtime import Runtime
+from llamactor.runtime.engine.model import Model
 
 PROMPTS = [
     "The quick brown fox",

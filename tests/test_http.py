@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from conftest import open_server
-from runtime import Runtime
+from llamactor.runtime import Runtime
 
 
 async def test_health_503_while_loading_then_200(make_config):

@@ -6,8 +6,8 @@ import anyio
 import msgspec
 import pytest
 
-from runtime.errors import Closed, Overloaded
-from runtime.kernel import Actor, Reply, open_actor_scope
+from llamactor.protocol.errors import Closed, Overloaded
+from llamactor.runtime.kernel.actor import Actor, Reply, open_actor_scope
 
 
 class Add(msgspec.Struct, frozen=True, tag=True):

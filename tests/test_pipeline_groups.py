@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from conftest import greedy_over_http, open_server, wait_until
 from faults import Faults
-from runtime import ConfigError, Runtime, RuntimeConfig
+from llamactor.runtime import ConfigError, Runtime, RuntimeConfig
 
 PROMPTS = [f"prompt number {i}: {'abc ' * i}" for i in range(8)]
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.policies import BUILTIN, resolve_policy
-from actors.trace import TraceViolation, check_phase_exclusion
+from llamactor.actors.policies import BUILTIN, resolve_policy
+from llamactor.actors.trace import TraceViolation, check_phase_exclusion
 from conftest import open_server, wait_until
 from faults import Faults
 from policy_sim import GroupSim
-from protocol.events import Token
-from runtime import Runtime
+from llamactor.protocol.events import Token
+from llamactor.runtime import Runtime
 
 POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free"]
 EXCLUSIVE = ["no-cont-batching", "serial-prefill", "cohort"]  # never mix phases in a batch

@@ -18,9 +18,9 @@ import pytest
 
 from conftest import open_server, wait_until
 from faults import Faults
-from runtime import Runtime
-from runtime.errors import EngineError, LlamactorError
-from runtime.facade import collect
+from llamactor.runtime import Runtime
+from llamactor.protocol.errors import EngineError, LlamactorError
+from llamactor.runtime.service.handles import collect
 
 POISON_N = 7  # requests with this n_predict are the ones a request-scoped fault hits
 ERROR_WITHIN_S = 1.0

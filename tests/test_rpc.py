@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from conftest import free_port, greedy_over_http, open_server
-from runtime import ConfigError, Runtime
+from llamactor.runtime import ConfigError, Runtime
 
 PROMPTS = [f"prompt {i} " + "abc " * i for i in range(8)]
-LLAMACTOR = [sys.executable, "-m", "runtime.cli"]
+LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 WORKER_START_TIMEOUT_S = 20
 N_PREDICT = 16
 

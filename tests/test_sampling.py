@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from conftest import open_server
-from runtime import Runtime
-from runtime.errors import RequestError
+from llamactor.runtime import Runtime
+from llamactor.protocol.errors import RequestError
 
 PROMPT = "hello world"
 N = 16

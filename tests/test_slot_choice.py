@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from runtime import Runtime
+from llamactor.runtime import Runtime
 
 
 async def _complete_all(rt: Runtime, prompts: list) -> list[int]:

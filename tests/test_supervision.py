@@ -10,8 +10,8 @@ import pytest
 
 from conftest import open_server, wait_until
 from faults import Faults
-from runtime import EngineError, Runtime
-from runtime.facade import collect
+from llamactor.runtime import EngineError, Runtime
+from llamactor.runtime.service.handles import collect
 
 
 async def _start_streams(rt: Runtime, n: int):

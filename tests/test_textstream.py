@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.textstream import TextStream
+from llamactor.runtime.engine.textstream import TextStream
 
 
 def test_utf8_held_until_complete():

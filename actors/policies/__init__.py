@@ -1,14 +1,20 @@
-"""Built-in scheduling policies, selectable by name with ``--scheduler``."""
+"""Built-in scheduling policies, selectable by name with ``--scheduler``; custom ones by
+module or file path."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
 
-from actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
-from actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
-from actors.policies.stallfree import StallFreePolicy
-from actors.policy import Policy
-from runtime.errors import ConfigError
+from llamactor.actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
+from llamactor.actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
+from llamactor.actors.policies.stallfree import StallFreePolicy
+from llamactor.actors.policy import Policy
+from llamactor.protocol.errors import ConfigError
 
 BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls
@@ -17,16 +23,50 @@ BUILTIN: dict[str, type[Policy]] = {
 
 
 def resolve_policy(spec: str) -> type[Policy]:
-    """``"continuous"`` or ``"package.module:Class"`` → the policy class (ConfigError if unknown)."""
+    """The policy class named by ``--scheduler`` (ConfigError if it cannot be loaded).
+
+    ``spec`` is a built-in name (``"continuous"``), ``package.module:Class`` (the current
+    directory is searched first, as uvicorn does for its app argument), or
+    ``path/to/file.py:Class`` (a file anywhere, loaded as a module of its own).
+    """
     if spec in BUILTIN:
         return BUILTIN[spec]
     if ":" not in spec:
-        raise ConfigError(f"unknown scheduler {spec!r}; built-in: {', '.join(sorted(BUILTIN))}, or module:Class")
-    module_name, _, attr = spec.partition(":")
+        raise ConfigError(f"unknown scheduler {spec!r}; built-in: {', '.join(sorted(BUILTIN))}, "
+                          f"or module:Class, or path/to/file.py:Class")
+    target, _, attr = spec.rpartition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        module = _load_file(target) if target.endswith(".py") else _load_module(target)
+        cls = getattr(module, attr)
+    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
         raise ConfigError(f"cannot load scheduler {spec!r}: {exc}") from exc
     if not (isinstance(cls, type) and callable(getattr(cls, "plan", None))):
         raise ConfigError(f"scheduler {spec!r} is not a policy class (needs a plan() method)")
     return cls
+
+
+def _load_module(name: str) -> ModuleType:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return importlib.import_module(name)
+
+
+def _load_file(path: str) -> ModuleType:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ImportError(f"no such file: {file}")
+    name = f"llamactor_policy_{file.stem}_{abs(hash(str(file))):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {file} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

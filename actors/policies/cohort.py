@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import enum
 
-from actors.policy import GroupView, Policy, StepPlan, fair_share, generating
-from protocol.messages import Grant, PhaseEvent
+from llamactor.actors.policy import GroupView, Policy, PolicyStatus, StepPlan, fair_share, generating
+from llamactor.protocol.messages import Grant, PhaseEvent
 
 
 class CohortPhase(enum.Enum):
@@ -64,6 +64,11 @@ class CohortPolicy(Policy):
 
     def waiting(self) -> int:
         return len(self.queue)
+
+    def status(self) -> PolicyStatus:
+        bounded = self.max_generate_ms > 0 and self.state is CohortPhase.GENERATE
+        deadline = self.generate_since + self.max_generate_ms / 1e3 if bounded else 0.0
+        return PolicyStatus(self.phase, self.cohort, len(self.released), deadline)
 
     # ---- events (the coordinator calls these) -------------------------------------------
 

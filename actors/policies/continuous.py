@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
-from protocol.messages import Grant
+from llamactor.actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
+from llamactor.protocol.messages import Grant
 
 
 class ContinuousPolicy(Policy):

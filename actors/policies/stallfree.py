@@ -8,8 +8,8 @@ prompt tokens as fit in the target inter-token gap by the group's measured step 
 
 from __future__ import annotations
 
-from actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
-from protocol.messages import Grant
+from llamactor.actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
+from llamactor.protocol.messages import Grant
 
 DEFAULT_PREFILL_BUDGET = 128  # best of 64/128/256 in the BE-2 mixed workload (README)
 MIN_PREFILL_CHUNK = 16  # never starve prompts completely, whatever the measured costs

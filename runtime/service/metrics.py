@@ -13,27 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llamactor.actors.observe import GroupCounters
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from runtime.engine import StepResult
+    from llamactor.runtime.engine.context import StepResult
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
-
-
-@dataclass
-class GroupCounters:
-    prompt_tokens: int = 0
-    tokens_predicted: int = 0
-    prompt_seconds: float = 0.0
-    predicted_seconds: float = 0.0
-    n_decode: int = 0
-    n_busy_slots: int = 0  # summed over decodes: busy slots per decode = this / n_decode
-    requests_processing: int = 0
-    tokens_max: int = 0
-    requests_failed: int = 0  # failed alone (bad settings, a sampling error): the group went on
 
 
 class Metrics:

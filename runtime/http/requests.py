@@ -12,14 +12,14 @@ from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from protocol.sampling import (
+from llamactor.protocol.sampling import (
     DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, DEFAULT_SEED, ParamError, SamplingParams, sampler_names,
 )
-from protocol.wire import (
+from llamactor.protocol.wire import (
     DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS, ChatCompletionRequest, CompletionRequest,
     NativeCompletionRequest, ResponseFormat,
 )
-from runtime.errors import RequestError
+from llamactor.protocol.errors import RequestError
 
 NEG_INF_BIAS = float("-inf")
 _DEFAULTS = SamplingParams()

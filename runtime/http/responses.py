@@ -10,9 +10,9 @@ import time
 import uuid
 from typing import Any
 
-from protocol.events import Done, Token
-from protocol.wire import NativeChunk, NativeResult, Timings
-from runtime.facade import Completion
+from llamactor.protocol.events import Done, Token
+from llamactor.protocol.wire import NativeChunk, NativeResult, Timings
+from llamactor.runtime.service.handles import Completion
 
 STOP_TYPES = {"length": "limit"}
 

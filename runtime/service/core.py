@@ -1,4 +1,4 @@
-"""The ``Runtime`` facade: the embedding API (SPEC section 7) over the actors.
+"""``RuntimeCore``: the embedding API (SPEC section 7) over the actors — its lifecycle.
 
     async with Runtime.open(RuntimeConfig(model=path, parallel=8)) as rt:
         out = await rt.complete("Hello", max_tokens=16)
@@ -7,8 +7,9 @@
         app = rt.asgi_app()
 
 A runtime owns its model, actors, metrics and registry: no global state, so two runtimes can
-live in one event loop. Requests are validated and tokenized here, then handed to the
-supervisor; their tokens come straight back from the serving group on a bounded stream.
+live in one event loop. Requests are validated and tokenized by ``Admission``, then handed to
+the supervisor; their tokens come straight back from the serving group on a bounded stream
+(``RequestHandle``). ``llamactor.runtime.Runtime`` is this class plus ``asgi_app()``.
 """
 
 from __future__ import annotations
@@ -26,31 +27,30 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from actors.coordinator import PhaseCoordinator
-from actors.group import GroupActor
-from actors import policies
-from actors.supervisor import Supervisor
-from protocol.events import Done, Failed, Token
-from protocol.messages import Cancel, SlotRequest, Submit, Task
-from protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
-from runtime.chat import ChatTemplate
-from runtime.config import RuntimeConfig
-from runtime.engine import ContextOptions
-from runtime.errors import (
+from llamactor.actors.coordinator import PhaseCoordinator
+from llamactor.actors.group import GroupActor
+from llamactor.actors import policies
+from llamactor.actors.supervisor import Supervisor
+from llamactor.protocol.events import Done, Failed, Token
+from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
+from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
+from llamactor.runtime.service.chat import ChatTemplate
+from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.engine.context import ContextOptions
+from llamactor.protocol.errors import (
     Closed, EngineError, LlamactorError, NotFound, Overloaded, RequestError, Unavailable,
 )
-from runtime.kernel import open_actor_scope
-from runtime.metrics import Metrics
-from runtime.model import LoadOptions, Model
-from runtime.hooks import GroupHooks
-from runtime.sampling import check_chain
+from llamactor.runtime.kernel.actor import open_actor_scope
+from llamactor.runtime.service.metrics import Metrics
+from llamactor.runtime.engine.model import LoadOptions, Model
+from llamactor.runtime.engine.hooks import GroupHooks
+from llamactor.runtime.service.admission import Admission
+from llamactor.runtime.service.handles import Completion, RequestHandle, collect
 
 log = structlog.get_logger("llamactor.runtime")
 
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
-MAX_N_PREDICT = 1 << 24
 SLOT_ACTION_TIMEOUT_S = 60.0
-EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
 
 
 class RuntimeState(enum.Enum):
@@ -63,89 +63,11 @@ class RuntimeState(enum.Enum):
     CLOSED = "closed"  # everything released
 
 
-@dataclass(frozen=True)
-class Choice:
-    index: int
-    text: str
-    finish_reason: str
-    tokens: tuple[int, ...]
-    logprobs: tuple[Token, ...] = ()
 
 
-@dataclass(frozen=True)
-class Completion:
-    """A finished request: one ``Choice`` per n, plus usage and timings."""
+class RuntimeCore:
+    """Everything of the embedding API but the HTTP app (``llamactor.runtime.Runtime`` adds it)."""
 
-    choices: tuple[Choice, ...]
-    n_prompt: int
-    n_cached: int
-    n_predicted: int
-    prompt_ms: float
-    predicted_ms: float
-    slot: int
-    stopping_word: str = ""
-
-    @property
-    def text(self) -> str:
-        return self.choices[0].text
-
-    @property
-    def finish_reason(self) -> str:
-        return self.choices[0].finish_reason
-
-
-@dataclass
-class RequestHandle:
-    """The receive end of one request: iterate for events; closing it cancels the request."""
-
-    task: Task
-    events: Any  # anyio MemoryObjectReceiveStream[Event]
-    runtime: Runtime
-    _closed: bool = field(default=False, repr=False)
-
-    def __aiter__(self) -> AsyncIterator[Token | Done]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Token | Done]:
-        try:
-            async for event in self.events:
-                if isinstance(event, Failed):
-                    raise _error_of(event)
-                yield event
-        finally:
-            self.close()
-
-    async def first(self) -> Token | Done | None:
-        """Wait for the first event (raises the request's error): lets HTTP pick a status.
-
-        None when the request ends without any event (nothing to generate: max_tokens 0).
-        """
-        try:
-            event = await self.events.receive()
-        except anyio.EndOfStream:
-            self.close()
-            return None
-        if isinstance(event, Failed):
-            self.close()
-            raise _error_of(event)
-        return event
-
-    def close(self) -> None:
-        """Cancel (if still running) and drop the stream; safe to call more than once."""
-        if self._closed:
-            return
-        self._closed = True
-        self.events.close()
-        self.runtime._cancel(self.task.id)
-
-    async def __aenter__(self) -> RequestHandle:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-
-class Runtime:
     def __init__(self, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> None:
         self.config = config
         self.hooks = hooks  # injected into every group (tests, chaos): see runtime.hooks
@@ -156,19 +78,19 @@ class Runtime:
         self.coordinator: PhaseCoordinator | None = None
         self.metrics: Metrics | None = None
         self.started_at = 0.0
-        self._ids = itertools.count(1)
+        self.admission: Admission | None = None
         self._stack: AsyncExitStack | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> AsyncIterator[Runtime]:
+    async def open(cls, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> AsyncIterator[RuntimeCore]:
         rt = cls(config, hooks=hooks)
         async with rt:
             yield rt
 
-    async def __aenter__(self) -> Runtime:
+    async def __aenter__(self) -> RuntimeCore:
         if self.state is not RuntimeState.CREATED:
             raise RuntimeError(f"a Runtime can be opened once; this one is {self.state.value}")
         self.state = RuntimeState.LOADING
@@ -197,6 +119,7 @@ class Runtime:
         model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
         self.model = model
         self._stack.callback(model.close)
+        self.admission = Admission(model, cfg, self.tokenize)
         self.chat_template = ChatTemplate(
             model.chat_template(), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
         )
@@ -311,83 +234,21 @@ class Runtime:
         stream's first event; ``RequestHandle.first`` turns them into exceptions.
         """
         self._require_ready()
-        model, cfg, sup = self.model, self.config, self.supervisor
-        assert model is not None and sup is not None
-        try:
-            if "samplers" in sampling:
-                sampling["samplers"] = sampler_names(sampling["samplers"])
-            for name in ("dry_sequence_breakers", "logit_bias"):
-                if name in sampling:
-                    sampling[name] = _as_tuple(sampling[name])
-            params = params or SamplingParams(**sampling)
-        except ParamError as exc:
-            raise RequestError(str(exc)) from None
-        except TypeError as exc:
-            raise RequestError(str(exc)) from None
-        stop = tuple(stop)
-        try:
-            check_sampling(params, model.n_vocab)
-            check_stop(stop)
-        except ParamError as exc:
-            raise RequestError(str(exc)) from None
-        # Every sampler of the chain is built once here, so that settings llama.cpp refuses
-        # fail this request alone (400), never a group. Grammars and DRY breakers scan the
-        # vocabulary: off the event loop.
-        if params.grammar or params.dry_on:
-            await anyio.to_thread.run_sync(check_chain, model, params, cfg.ctx_per_request)
-        else:
-            check_chain(model, params, cfg.ctx_per_request)
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestError("the prompt is empty")
-            tokens = await self.tokenize(prompt, add_special=add_special)
-        else:
-            tokens = list(prompt)
-            model.check_tokens(tokens)
-        if not tokens:
-            raise RequestError("the prompt is empty")
-        limit = cfg.ctx_per_request
-        if len(tokens) >= limit:
-            raise RequestError(
-                f"the prompt has {len(tokens)} tokens but the slot context is {limit} tokens "
-                f"(prompt + generation must fit)"
-            )
-        if max_tokens < -1:
-            raise RequestError(f"n_predict/max_tokens must be -1 (unlimited) or >= 0, got {max_tokens}")
-        if max_tokens > MAX_N_PREDICT:
-            raise RequestError(f"n_predict/max_tokens must be at most {MAX_N_PREDICT}, got {max_tokens}")
-        room = limit - len(tokens)
-        n_predict = room if max_tokens < 0 else min(max_tokens, room)
-        if cfg.n_predict_max > 0:
-            n_predict = min(n_predict, cfg.n_predict_max)
-        if not 1 <= n <= cfg.slots_per_group:
-            raise RequestError(f"n must be between 1 and the slots of one group ({cfg.slots_per_group}), got {n}")
-        if id_slot >= cfg.parallel or id_slot < -1:
-            raise NotFound(f"slot {id_slot} does not exist (0..{cfg.parallel - 1})")
-        send, recv = anyio.create_memory_object_stream(n * (max(n_predict, 0) + 2) + EVENT_HEADROOM)
-        task = Task(
-            id=next(self._ids),
-            prompt=np.asarray(tokens, dtype=np.int32),
-            params=params,
-            n_predict=n_predict,
-            stop=stop,
-            n=n,
-            id_slot=id_slot,
-            cache_prompt=cache_prompt,
-            ignore_eos=ignore_eos,
-            sink=send,
-            arrived=time.perf_counter(),
+        assert self.admission is not None and self.supervisor is not None
+        task, recv = await self.admission.admit(
+            prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
+            ignore_eos=ignore_eos, add_special=add_special, params=params, sampling=sampling,
         )
-        if n_predict == 0:
-            send.close()  # nothing to generate: the handle ends at once
-            return RequestHandle(task, recv, self)
+        if task.n_predict == 0:
+            task.sink.close()  # nothing to generate: the handle ends at once
+            return RequestHandle(task, recv, self._cancel)
         try:
-            sup.try_tell(Submit(task))
+            self.supervisor.try_tell(Submit(task))
         except LlamactorError:
             recv.close()
-            send.close()
+            task.sink.close()
             raise
-        return RequestHandle(task, recv, self)
+        return RequestHandle(task, recv, self._cancel)
 
     def _cancel(self, task_id: int) -> None:
         if self.supervisor is not None and self.state is RuntimeState.READY:
@@ -433,51 +294,12 @@ class Runtime:
         assert self.metrics is not None
         return self.metrics.render()
 
-    def asgi_app(self) -> Any:
-        """A Starlette app serving this runtime (mount it, or run it with any ASGI server)."""
-        from runtime.http import build_app
-
-        return build_app(self)
-
-
-async def collect(handle: RequestHandle) -> Completion:
-    """Drain a request's events into a ``Completion``."""
-    async with handle:
-        tokens: dict[int, list[int]] = {}
-        logprobs: dict[int, list[Token]] = {}
-        done: dict[int, Done] = {}
-        async for event in handle:
-            if isinstance(event, Token):
-                tokens.setdefault(event.index, []).append(event.token)
-                if event.logprob is not None:
-                    logprobs.setdefault(event.index, []).append(event)
-            else:
-                done[event.index] = event
-    if not done:
-        n_prompt = len(handle.task.prompt)
-        return Completion((Choice(0, "", "length", ()),), n_prompt, 0, 0, 0.0, 0.0, -1)
-    choices = tuple(
-        Choice(i, d.text, d.finish_reason, tuple(tokens.get(i, ())), tuple(logprobs.get(i, ())))
-        for i, d in sorted(done.items())
-    )
-    first = done[min(done)]
-    return Completion(
-        choices,
-        n_prompt=first.n_prompt,
-        n_cached=first.n_cached,
-        n_predicted=sum(d.n_predicted for d in done.values()),
-        prompt_ms=first.prompt_ms,
-        predicted_ms=max(d.predicted_ms for d in done.values()),
-        slot=first.slot,
-        stopping_word=first.stopping_word,
-    )
-
 
 def load_options(cfg: RuntimeConfig) -> LoadOptions:
     """Weights placement from the config: local, or split over ggml-rpc workers (SPEC 5)."""
     devices = None
     if cfg.rpc_servers or cfg.devices:
-        from runtime import rpc
+        from llamactor.runtime.engine import rpc
 
         added = rpc.add_servers(list(cfg.rpc_servers))
         names = list(cfg.devices) or [*added, "CPU"]  # default: workers first, the local CPU last
@@ -503,22 +325,3 @@ SPLIT_MODE_CODES = {
     "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
     "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
 }
-
-
-def _as_tuple(value: Any) -> Any:
-    """Lists (and dicts of logit bias) from keyword arguments as the tuples SamplingParams holds."""
-    if isinstance(value, dict):
-        return tuple((int(k), float(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return tuple(_as_tuple(v) if isinstance(v, list) else v for v in value)
-    return value
-
-
-def _error_of(event: Failed) -> LlamactorError:
-    if event.kind == "overloaded":
-        return Overloaded(event.message)
-    if event.kind == "invalid_request_error":
-        return RequestError(event.message)
-    if event.kind == "unavailable_error":
-        return Unavailable(event.message)
-    return EngineError(event.message)

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from runtime.errors import ConfigError, RequestError
+from llamactor.protocol.errors import ConfigError, RequestError
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from protocol.messages import Task
+    from llamactor.protocol.messages import Task
 
 
 class GroupHooks(Protocol):

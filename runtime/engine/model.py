@@ -15,7 +15,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from runtime.errors import ConfigError, RequestError
+from llamactor.protocol.errors import ConfigError, RequestError
 
 PIECE_BUFFER_BYTES = 256
 _backend_lock = threading.Lock()

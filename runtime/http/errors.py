@@ -11,8 +11,8 @@ import msgspec
 import structlog
 from starlette.responses import Response
 
-from protocol.wire import ErrorBody, ErrorResponse
-from runtime.errors import LlamactorError, Overloaded, RequestError, Unavailable
+from llamactor.protocol.wire import ErrorBody, ErrorResponse
+from llamactor.protocol.errors import LlamactorError, Overloaded, RequestError, Unavailable
 
 log = structlog.get_logger("llamactor.http")
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import llama_cpp
 
-from protocol.sampling import SamplingParams
-from runtime.errors import RequestError
-from runtime.model import Model
+from llamactor.protocol.sampling import SamplingParams
+from llamactor.protocol.errors import RequestError
+from llamactor.runtime.engine.model import Model
 
 MIROSTAT_M = 100  # llama-server's fixed m for mirostat v1
 

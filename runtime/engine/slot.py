@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.messages import Task
-from runtime.textstream import TextStream
+from llamactor.protocol.messages import Task
+from llamactor.runtime.engine.textstream import TextStream
 
 EMPTY_TOKENS = np.zeros(0, dtype=np.int32)
 

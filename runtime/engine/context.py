@@ -23,16 +23,16 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from actors.policy import StepPlan
-from protocol.events import Done, Event, Token, TopProb
-from protocol.messages import Task
-from runtime.errors import EngineError
-from runtime.hooks import GroupHooks
-from runtime.model import Model
-from runtime.profiler import GroupProfile
-from runtime.sampling import build_chain
-from runtime.slot import Phase, Slot
-from runtime.textstream import TextStream
+from llamactor.protocol.plan import StepPlan
+from llamactor.protocol.events import Done, Event, Token, TopProb
+from llamactor.protocol.messages import Task
+from llamactor.protocol.errors import EngineError
+from llamactor.runtime.engine.hooks import GroupHooks
+from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.profiler import GroupProfile
+from llamactor.runtime.engine.sampling import build_chain
+from llamactor.runtime.engine.slot import Phase, Slot
+from llamactor.runtime.engine.textstream import TextStream
 
 
 @dataclass(frozen=True)

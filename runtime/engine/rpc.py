@@ -22,7 +22,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from runtime.errors import ConfigError
+from llamactor.protocol.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 3.0
 DEFAULT_WORKER_PORT = 50052

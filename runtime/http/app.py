@@ -24,20 +24,20 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from protocol import sse
-from protocol.events import Done, Token
-from protocol.wire import (
+from llamactor.protocol import sse
+from llamactor.protocol.events import Done, Token
+from llamactor.protocol.wire import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest,
 )
-from runtime.config import MAX_BODY_BYTES
-from runtime.errors import NotFound, RequestError, Unauthorized, Unavailable
-from runtime.facade import RequestHandle, collect
-from runtime.httperrors import BodyTooLarge, error_response
-from runtime.requests import Submission, chat_messages, from_chat, from_completion, from_native
-from runtime.responses import NativeShaper, OpenAIShaper
+from llamactor.runtime.service.config import MAX_BODY_BYTES
+from llamactor.protocol.errors import NotFound, RequestError, Unauthorized, Unavailable
+from llamactor.runtime.service.handles import RequestHandle, collect
+from llamactor.runtime.http.errors import BodyTooLarge, error_response
+from llamactor.runtime.http.requests import Submission, chat_messages, from_chat, from_completion, from_native
+from llamactor.runtime.http.responses import NativeShaper, OpenAIShaper
 
 if TYPE_CHECKING:
-    from runtime.facade import Runtime
+    from llamactor.runtime.service.core import RuntimeCore as Runtime
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -280,7 +280,7 @@ class Api:
                 if done:
                     yield sse.DONE
             except Exception as exc:  # noqa: BLE001 - mid-stream failures end the stream with an error event
-                from runtime.httperrors import error_body
+                from llamactor.runtime.http.errors import error_body
 
                 yield sse.frame(error_body(exc))
             finally:

@@ -1,0 +1,43 @@
+"""What the actors record, and the recorder they record into (implemented by the service
+layer's ``Metrics``). Actors depend on these protocols, never on the metrics module above them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from llamactor.runtime.engine.context import StepResult
+
+
+@dataclass
+class GroupCounters:
+    """Per-group counters, bumped by the group that decoded (PG-6: nothing counted twice)."""
+
+    prompt_tokens: int = 0
+    tokens_predicted: int = 0
+    prompt_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    n_decode: int = 0
+    n_busy_slots: int = 0  # summed over decodes: busy slots per decode = this / n_decode
+    requests_processing: int = 0
+    tokens_max: int = 0
+    requests_failed: int = 0  # failed alone (bad settings, a sampling error): the group went on
+
+
+class GroupMetrics(Protocol):
+    @property
+    def groups(self) -> Sequence[GroupCounters]: ...
+
+    def step(self, group: int, res: StepResult) -> None: ...
+
+    def request_done(self, group: int, prompt_s: float, predicted_s: float, n_tokens: int) -> None: ...
+
+    def ttft(self, group: int, seconds: float) -> None: ...
+
+    def queue_time(self, group: int, seconds: float) -> None: ...
+
+
+class CoordinatorMetrics(Protocol):
+    def cohort_released(self, group: int, size: int, barrier_wait_s: float) -> None: ...

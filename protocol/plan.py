@@ -1,0 +1,61 @@
+"""The plain data a scheduling policy, a group and the engine share (SPEC section 4).
+
+A group hands its policy a ``GroupView`` (a snapshot of its busy slots) and gets back a
+``StepPlan`` (who prefills how many prompt tokens, who generates); the engine decodes exactly
+that plan. A policy reports its own state to the coordinator as a frozen ``PolicyStatus``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SlotView(NamedTuple):
+    """What a policy may know about one busy slot."""
+
+    local: int  # the slot's id inside its group (sequence id)
+    phase: str  # "prefill" | "ready" | "generate"
+    prompt_left: int  # prompt tokens not yet decoded (0 unless prefilling)
+    order: int  # the request's arrival order in the group (its identity; n > 1 choices share it)
+    parent: int  # local id of the n > 1 parent slot, or -1 for a parent/single slot
+
+
+class GroupView(NamedTuple):
+    group: int
+    n_batch: int  # max tokens in one decode step
+    slots: tuple[SlotView, ...]  # busy slots only, in arrival order
+    now: float = 0.0  # perf_counter seconds at the snapshot
+    ms_per_prompt_token: float = 0.0  # measured cost of one prompt token in a step (EMA)
+    ms_per_step: float = 0.0  # measured fixed cost of one generation step (EMA)
+
+
+class StepPlan(NamedTuple):
+    """One decode step: ``prefill`` is (local slot, n prompt tokens); ``generate`` one token each.
+
+    ``release`` lists READY slots whose kept logits are sampled this step (no decode for them).
+    """
+
+    prefill: tuple[tuple[int, int], ...] = ()
+    generate: tuple[int, ...] = ()
+    release: tuple[int, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.generate or self.release)
+
+
+IDLE_PLAN = StepPlan()
+
+
+class PolicyStatus(NamedTuple):
+    """What a policy says of itself to the coordinator (read after each event, never its fields).
+
+    ``released``: members of the cohort released to generation by the last event;
+    ``generate_deadline``: perf_counter time at which the coordinator must send a "tick"
+    event (a bounded GENERATE phase, ``--cohort-max-generate-ms``), or 0 for none.
+    """
+
+    phase: str
+    cohort: int = 0
+    released: int = 0
+    generate_deadline: float = 0.0
