@@ -18,6 +18,7 @@ run: $(STAMP)
 	$(VENV)/bin/llamactor serve $(ARGS)
 
 test: $(STAMP)
+	bash ops/typecheck.sh
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -41,6 +41,10 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
     def policy(self, group: int) -> Policy:
         return self.policies[group]
 
+    def status(self, group: int) -> PolicyStatus:
+        """The frozen phase report of one group's policy (for /metrics and /slots)."""
+        return self.policies[group].status()
+
     def replace_policy(self, group: int, policy: Policy) -> None:
         """A restarted group gets a fresh policy (the old state named the dead group's slots)."""
         self.policies[group] = policy

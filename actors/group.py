@@ -170,6 +170,7 @@ class GroupActor(Actor[GroupMsg]):
             return
         busy = [s for s in self.slots if s.task is not None and s.parent is None]
         victim = max(busy, key=lambda s: s.n_past)
+        assert victim.task is not None
         members = [victim, *victim.children]
         log.warning("kv_cache_full", group=self.group, task=victim.task.id, cells=victim.n_past)
         self._end_task(victim.task.id, Failed(
@@ -352,11 +353,11 @@ class GroupActor(Actor[GroupMsg]):
         now = time.perf_counter()
         if self.profile is not None:
             self.profile.send += now - ts
-        for task_id, exc in failed.items():
+        for task_id, error in failed.items():
             if task_id in self._tasks:
-                log.warning("request_failed", task=task_id, group=self.group, at="step", error=str(exc))
+                log.warning("request_failed", task=task_id, group=self.group, at="step", error=str(error))
                 self.metrics.groups[self.group].requests_failed += 1
-                self._end_task(task_id, _failure(exc, "the request failed while generating"))
+                self._end_task(task_id, _failure(error, "the request failed while generating"))
         for s in res.ready:
             if s.task is not None and s.task.id in self._tasks:
                 self._tell_coordinator("prefill_done", s)

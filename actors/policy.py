@@ -72,7 +72,7 @@ class Policy:
 
     def status(self) -> PolicyStatus:
         """A frozen report for the coordinator; stateful policies add their cohort and timers."""
-        return PolicyStatus(self.phase)
+        return PolicyStatus(self.phase, waiting=self.waiting())
 
 
 def generating(view: GroupView, allowed: Iterable[int] | None = None) -> tuple[int, ...]:

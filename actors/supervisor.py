@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import numpy as np
@@ -28,7 +29,7 @@ from anyio.abc import TaskStatus
 from llamactor.actors.group import GroupActor
 from llamactor.protocol.events import Failed
 from llamactor.protocol.messages import (
-    Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest, Snapshot,
+    Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest,
     Submit, SupervisorMsg, Task,
 )
 from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
@@ -47,7 +48,6 @@ class SlotEntry:
     local: int
     busy: bool = False
     cached: np.ndarray = field(default_factory=lambda: EMPTY)
-    last_used: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class TableSnapshot:
     busy: tuple[bool, ...]
     healthy: bool
     groups_down: tuple[int, ...]
+    restarts: tuple[int, ...]  # per group
 
 
 class Supervisor(Actor[SupervisorMsg]):
@@ -167,8 +168,6 @@ class Supervisor(Actor[SupervisorMsg]):
                 self._entry(g, local).cached = np.asarray(cached, dtype=np.int32) if cached else EMPTY
             case SlotRequest():
                 self._slot_request(msg)
-            case Snapshot(reply=reply):
-                reply.send(self.snapshot())
 
     def snapshot(self) -> TableSnapshot:
         return TableSnapshot(
@@ -176,7 +175,21 @@ class Supervisor(Actor[SupervisorMsg]):
             busy=tuple(e.busy for e in self.table),
             healthy=self.healthy,
             groups_down=tuple(sorted(self.down)),
+            restarts=tuple(self.restarts),
         )
+
+    def slot_rows(self) -> list[dict[str, Any]]:
+        """/slots rows of every group (each built by its group, as plain dicts); a group that is
+        down past its restart limit shows its slots as "down"."""
+        rows: list[dict[str, Any]] = []
+        per_group = len(self.table) // len(self.groups)
+        for g, group in enumerate(self.groups):
+            if group is not None:
+                rows += group.slot_rows()
+            else:
+                rows += [{"id": g * per_group + i, "group": g, "is_processing": False, "phase": "down"}
+                         for i in range(per_group)]
+        return rows
 
     def _submit(self, task: Task) -> None:
         if task.id_slot >= len(self.table):
@@ -206,12 +219,10 @@ class Supervisor(Actor[SupervisorMsg]):
                 pass  # the group also frees the slots when it finds the stream closed
 
     def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...]) -> None:
-        now = time.monotonic()
         for local, toks in zip(locals_, cached):
             e = self._entry(g, local)
             e.busy = False
             e.cached = np.asarray(toks, dtype=np.int32) if toks else EMPTY
-            e.last_used = now
         self._schedule()
 
     def _reset_group(self, g: int) -> None:

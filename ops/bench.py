@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from llamactor.ops.compare import Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
 from llamactor.ops.loadgen import ClosedLoop
 from llamactor.ops.progress import Progress
 from llamactor.ops.report import describe, notes, render_ratios, render_runs, to_json
@@ -101,7 +101,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"llamactor bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     targets = [Target("A", args.url)] + ([Target("B", args.vs)] if args.vs else [])
-    runs = anyio.run(run_matrix, targets, points, args.pairs, Progress)
+    runs: list[Run] = anyio.run(run_matrix, targets, points, args.pairs, Progress)  # type: ignore[arg-type]
     ratios = pair_ratios(runs) if args.vs else []
     if args.json:
         json.dump(to_json(runs, ratios), sys.stdout, indent=2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from llamactor.ops.progress import Progress
 from llamactor.ops.prompts import run_seed
@@ -46,7 +46,8 @@ def parse_sweep(spec: str, workload: Workload[Any]) -> list[tuple[str, Workload[
     """``"users=8,16,32"`` -> ``[("users=8", workload with users=8), ...]``."""
     name, sep, values = spec.partition("=")
     name = name.strip().replace("-", "_")
-    names = [f.name for f in dataclasses.fields(workload) if isinstance(getattr(workload, f.name), SWEEPABLE_TYPES)]
+    fields = dataclasses.fields(cast(Any, workload))  # every workload is a dataclass
+    names = [f.name for f in fields if isinstance(getattr(workload, f.name), SWEEPABLE_TYPES)]
     if not sep or name not in names:
         raise ValueError(f"--sweep takes NAME=V1,V2,... with NAME one of {', '.join(names)}; got {spec!r}")
     try:
@@ -55,7 +56,7 @@ def parse_sweep(spec: str, workload: Workload[Any]) -> list[tuple[str, Workload[
         raise ValueError(f"--sweep values must be integers, got {values!r}") from None
     if not points:
         raise ValueError(f"--sweep {spec!r} lists no values")
-    return [(f"{name}={v}", dataclasses.replace(workload, **{name: v})) for v in points]
+    return [(f"{name}={v}", dataclasses.replace(cast(Any, workload), **{name: v})) for v in points]
 
 
 async def run_matrix(targets: list[Target], points: list[tuple[str | None, Workload[Any]]], pairs: int,

@@ -34,7 +34,8 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class Workload(Protocol[R_co]):
-    common: Common
+    @property
+    def common(self) -> Common: ...
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         """(warm-up jobs, measured jobs); called once per run, before any request."""

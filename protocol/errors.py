@@ -69,11 +69,3 @@ class EngineError(LlamactorError):
 class Closed(LlamactorError):
     status = 503
     kind = "unavailable_error"
-
-
-ERRORS_BY_KIND: dict[str, type[LlamactorError]] = {
-    "invalid_request_error": RequestError,
-    "not_found_error": NotFound,
-    "unavailable_error": Unavailable,
-    "server_error": EngineError,
-}

@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from llamactor.protocol.sampling import SamplingParams
 
@@ -28,7 +30,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     id: int
-    prompt: tuple[int, ...]
+    prompt: npt.NDArray[np.int32]  # token ids
     params: SamplingParams
     n_predict: int
     stop: tuple[str, ...] = ()
@@ -77,13 +79,7 @@ class SlotRequest(msgspec.Struct, frozen=True, tag=True):
     reply: Any = None
 
 
-class Snapshot(msgspec.Struct, frozen=True, tag=True):
-    """Ask for the queue depth and the table of slots (for /slots and /metrics)."""
-
-    reply: Any = None
-
-
-SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest | Snapshot
+SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest
 
 
 # ---- GroupActor mailbox ---------------------------------------------------------------

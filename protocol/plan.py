@@ -59,3 +59,4 @@ class PolicyStatus(NamedTuple):
     cohort: int = 0
     released: int = 0
     generate_deadline: float = 0.0
+    waiting: int = 0  # requests of the group that wait for a phase grant

@@ -118,12 +118,6 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 # ---- responses -------------------------------------------------------------------------
 
 
-class Usage(msgspec.Struct):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
 class ErrorBody(msgspec.Struct):
     message: str
     type: str

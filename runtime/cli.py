@@ -192,7 +192,8 @@ async def serve(cfg: RuntimeConfig, host: str, port: int) -> int:
     hc.errorlog = None
     hc.graceful_timeout = 3.0
     log.info("listening", host=host, port=port, model=str(cfg.model))
-    await hypercorn_serve(build_app(rt, lifespan=lifespan), hc, shutdown_trigger=shutdown_trigger)
+    app: Any = build_app(rt, lifespan=lifespan)  # an ASGI app; hypercorn's stub names its own scope types
+    await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
     return 1 if failed else 0
 
 

@@ -108,10 +108,13 @@ async def test_slot_save_path_traversal_refused(make_config, tmp_path):
                 assert r.status_code == 400 and "invalid slot file name" in r.json()["error"]["message"]
             await client.post("/completion", json={**GOOD, "id_slot": 0})
             r = await client.post("/slots/0?action=save", json={"filename": "s0.bin"})
-            assert r.status_code == 200 and r.json()["n_saved"] > 0
+            saved = r.json()["n_saved"]
+            assert r.status_code == 200 and saved > 0
             assert (tmp_path / "s0.bin").is_file()
             r = await client.post("/slots/1?action=restore", json={"filename": "s0.bin"})
-            assert r.status_code == 200 and r.json()["n_restored"] == r.json()["n_restored"] > 0
+            assert r.status_code == 200 and r.json()["n_restored"] == saved
+            slot1 = next(s for s in (await client.get("/slots")).json() if s["id"] == 1)
+            assert slot1["n_cached_tokens"] == saved  # the restored KV is what slot 0 saved
             r = await client.post("/slots/1?action=restore", json={"filename": "missing.bin"})
             assert r.status_code == 404
             r = await client.post("/slots/1?action=erase")

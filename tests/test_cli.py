@@ -73,3 +73,31 @@ def test_serve_refuses_bad_configuration(tiny_model: Path):
         assert message in proc.stderr.decode(), proc.stderr.decode()
     proc = subprocess.run([*LLAMACTOR, "serve", "-m", "/nonexistent.gguf"], capture_output=True, timeout=30)
     assert proc.returncode == 2 and "model file not found" in proc.stderr.decode()
+
+
+def _serve_from(cwd: Path, tiny_model: Path, scheduler: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "llamactor"), "serve", "-m", str(tiny_model), "--port", str(port),
+         "-t", "1", "-np", "2", "-c", "2048", "--scheduler", scheduler],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, proc)
+        assert httpx.get(url + "/props").json()["scheduler"] == scheduler
+        r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 5, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_scheduler_by_file_path_from_another_directory(tiny_model: Path, tmp_path: Path):
+    """Issue 10 check 4: the console script, started outside the repository, loads a policy by
+    absolute file path; and by module path from its working directory (as uvicorn does)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "custom_policy.py"
+    _serve_from(tmp_path, tiny_model, f"{example}:ShortestPromptFirst")
+    (tmp_path / "my_policy.py").write_text(example.read_text())
+    _serve_from(tmp_path, tiny_model, "my_policy:ShortestPromptFirst")

@@ -34,3 +34,50 @@ def test_every_llamactor_error_has_a_status_and_kind():
     assert len(classes) >= 10
     for cls in classes:
         assert 400 <= cls.status <= 599 and cls.kind
+
+
+def _foreign_exception_classes() -> list[type[BaseException]]:
+    """Every exception class the HTTP boundary can meet from outside llamactor: the builtins
+    (ValueError, OSError, UnicodeDecodeError, TimeoutError, ...), msgspec's, anyio's (streams),
+    and Starlette's."""
+    import builtins
+
+    import anyio
+    import starlette.exceptions
+
+    found: set[type[BaseException]] = set()
+    for module in (builtins, msgspec, anyio, starlette.exceptions):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Exception):
+                found.add(value)
+    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
+def _instance(cls: type[BaseException]) -> BaseException | None:
+    for args in (("boom secret",), (), ("utf-8", b"\xff", 0, 1, "boom secret"), (1, "boom secret")):
+        try:
+            return cls(*args)
+        except Exception:  # noqa: BLE001 - try the next constructor shape
+            continue
+    return None
+
+
+def test_every_foreign_error_is_mapped():
+    """Not a hand-picked list: every foreign exception class maps to a llamactor error with an
+    HTTP status and an OpenAI-shaped body, and none leaks its message unless it is a 4xx whose
+    message is the client's own input problem."""
+    classes = _foreign_exception_classes()
+    assert len(classes) > 60
+    mapped = 0
+    for cls in classes:
+        exc = _instance(cls)
+        if exc is None:
+            continue
+        err = map_exception(exc)
+        body = error_body(exc)
+        assert isinstance(err, errors.LlamactorError), cls
+        assert 400 <= err.status <= 599 and body.error.code == err.status and body.error.type == err.kind, cls
+        if err.status >= 500:
+            assert "boom secret" not in body.error.message, cls  # no internals leak
+        mapped += 1
+    assert mapped > 60

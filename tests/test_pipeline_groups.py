@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from conftest import greedy_over_http, open_server, wait_until
 from faults import Faults
 from llamactor.runtime import ConfigError, Runtime, RuntimeConfig
+from llamactor.runtime.service.handles import collect
 
 PROMPTS = [f"prompt number {i}: {'abc ' * i}" for i in range(8)]
 
@@ -126,12 +127,36 @@ async def test_n_choices_stay_in_one_group(make_config):
     """PG-10: the parent and its children live in one group; a request waits rather than split."""
     async with Runtime.open(make_config(parallel=4, pipeline_groups=2)) as rt:
         blocker = await rt.submit("occupy group 0", max_tokens=30, temperature=0, id_slot=0)
+        await blocker.first()
         out = await rt.complete("two choices", max_tokens=5, temperature=0, n=2)
         assert 2 <= out.slot <= 3  # group 0 has one free slot only: the request went to group 1
-        out = await rt.complete("two choices", max_tokens=5, temperature=0, n=2)
         async with blocker:
             async for _ in blocker:
                 pass
+
+
+async def test_n_choices_wait_rather_than_split(make_config):
+    """PG-10: with one free slot in each group, a request for n=2 waits in the queue (two free
+    slots exist, but not in one group) and starts only when a group has two."""
+    faults = Faults()
+    faults.hold, faults.hold_groups = threading.Event(), {0, 1}
+    faults.hold.set()
+    async with Runtime.open(make_config(parallel=4, pipeline_groups=2), hooks=faults) as rt:
+        a = await rt.submit("occupy group 0", max_tokens=100, temperature=0, ignore_eos=True, id_slot=0)
+        b = await rt.submit("occupy group 1", max_tokens=40, temperature=0, ignore_eos=True, id_slot=2)
+        await a.first()
+        await b.first()
+        faults.hold.clear()  # both groups stop at their next step: a and b keep their slots
+        pair = await rt.submit("two choices", max_tokens=5, temperature=0, n=2)
+        await wait_until(lambda: rt.supervisor.snapshot().queue_depth == 1)
+        await anyio.sleep(0.05)
+        assert rt.supervisor.snapshot().queue_depth == 1  # waiting, although slots 1 and 3 are free
+        assert rt.supervisor.snapshot().busy == (True, False, True, False)
+        faults.hold.set()
+        out = await collect(pair)
+        assert out.slot in (0, 2) and {c.index for c in out.choices} == {0, 1}
+        assert (await collect(b)).n_predicted == 40
+        assert (await collect(a)).n_predicted == 100
 
 
 async def test_profiler_logs_each_group(make_config):

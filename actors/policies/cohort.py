@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-from llamactor.actors.policy import GroupView, Policy, PolicyStatus, StepPlan, fair_share, generating
+from llamactor.actors.policy import GroupView, Policy, PolicyStatus, SlotView, StepPlan, fair_share, generating
 from llamactor.protocol.messages import Grant, PhaseEvent
 
 
@@ -68,7 +68,7 @@ class CohortPolicy(Policy):
     def status(self) -> PolicyStatus:
         bounded = self.max_generate_ms > 0 and self.state is CohortPhase.GENERATE
         deadline = self.generate_since + self.max_generate_ms / 1e3 if bounded else 0.0
-        return PolicyStatus(self.phase, self.cohort, len(self.released), deadline)
+        return PolicyStatus(self.phase, self.cohort, len(self.released), deadline, len(self.queue))
 
     # ---- events (the coordinator calls these) -------------------------------------------
 
@@ -186,7 +186,7 @@ class CohortPolicy(Policy):
         )
         return StepPlan(generate=generating(view, grant.generate), release=release)
 
-    def share(self, members: list, n_batch: int) -> tuple[tuple[int, int], ...]:
+    def share(self, members: list[SlotView], n_batch: int) -> tuple[tuple[int, int], ...]:
         return fair_share(members, n_batch, self._rotate)
 
 
@@ -195,6 +195,6 @@ class SerialPrefillPolicy(CohortPolicy):
 
     name = "serial-prefill"
 
-    def share(self, members: list, n_batch: int) -> tuple[tuple[int, int], ...]:
+    def share(self, members: list[SlotView], n_batch: int) -> tuple[tuple[int, int], ...]:
         head = min(members, key=lambda s: s.order, default=None)
         return () if head is None else ((head.local, min(head.prompt_left, n_batch)),)

@@ -108,12 +108,12 @@ class Context:
             seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
         self._seq_ptrs = seq_ptrs
         b = llama_cpp.llama_batch()
-        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        b.embd = ctypes.POINTER(ctypes.c_float)()
-        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        b.seq_id = seq_ptrs
-        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.seq_id = seq_ptrs  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
         self._batch = b
 
     def _bind_hooks(self, hooks: GroupHooks, group: int) -> None:
@@ -320,7 +320,7 @@ class Context:
         view["p"] = 0.0
         arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
         llama_cpp.llama_sampler_apply(s.sampler, ctypes.byref(arr))
-        token = data[arr.selected].id
+        token = int(data[arr.selected].id)
         llama_cpp.llama_sampler_accept(s.sampler, token)
         return token
 

@@ -10,6 +10,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class LoadOptions:
     use_mmap: bool = True
     split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER
     tensor_split: tuple[float, ...] = ()
-    devices: object | None = None
+    devices: ctypes.Array[Any] | None = None
 
 
 class Model:

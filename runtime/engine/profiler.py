@@ -38,7 +38,7 @@ class GroupProfile:
     def report(self) -> dict[str, float]:
         """Means in ms (per iteration / per token) over the window, then reset the window."""
         it, tok = max(self.iterations, 1), max(self.tokens, 1)
-        out = {"iterations": self.iterations, "tokens": self.tokens}
+        out: dict[str, float] = {"iterations": self.iterations, "tokens": self.tokens}
         for name in ("wait_engine", "build", "decode", "synchronize", "after_decode", "deliver"):
             out[f"{name}_ms"] = round(getattr(self, name) / it * MS, 4)
         for name in ("sample", "detokenize", "stop_strings", "send"):

@@ -21,6 +21,7 @@ import ctypes
 from collections.abc import Sequence
 
 import llama_cpp
+import numpy as np
 
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.errors import RequestError
@@ -30,7 +31,7 @@ MIROSTAT_M = 100  # llama-server's fixed m for mirostat v1
 
 
 def build_chain(
-    model: Model, p: SamplingParams, *, n_ctx: int, seed_offset: int = 0, prompt: Sequence[int] = (),
+    model: Model, p: SamplingParams, *, n_ctx: int, seed_offset: int = 0, prompt: Sequence[int] | np.ndarray = (),
 ) -> ctypes.c_void_p:
     """Return a new sampler chain; the caller owns it (``llama_sampler_free``).
 
@@ -49,7 +50,7 @@ def build_chain(
 
 
 def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, seed_offset: int,
-          prompt: Sequence[int]) -> None:
+          prompt: Sequence[int] | np.ndarray) -> None:
     def add(sampler: ctypes.c_void_p, *, history: int = 0) -> None:
         if not sampler:
             raise RequestError("llama.cpp could not build a sampler for these settings")
@@ -68,7 +69,7 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
     if p.logit_bias:
         arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
         for i, (tok, bias) in enumerate(p.logit_bias):
-            arr[i].token = tok
+            arr[i].token = tok  # type: ignore[assignment]  # ctypes converts the int
             arr[i].bias = bias
         add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), arr))
     if p.mirostat:

@@ -116,6 +116,7 @@ class RuntimeCore:
     async def _start(self) -> None:
         cfg = self.config = self.config.validated()
         self._stack = AsyncExitStack()
+        assert cfg.model is not None  # validated() refuses a config without a model
         model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
         self.model = model
         self._stack.callback(model.close)
@@ -140,7 +141,7 @@ class RuntimeCore:
             kv_unified=cfg.kv_unified,
             flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
         )
-        metrics = self.metrics = Metrics(n, queue_depth=lambda: len(sup.queue))
+        metrics = self.metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
 
         def make_group(g: int) -> GroupActor:
             policy = policy_cls(g, **policy_options)
@@ -153,10 +154,10 @@ class RuntimeCore:
 
         coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
                                                     lambda g: sup.group(g), metrics)
-        metrics.phase_of = lambda g: coord.policies[g].phase
-        metrics.waiting_of = lambda g: coord.policies[g].waiting()
-        metrics.restarts_of = lambda g: sup.restarts[g]
-        metrics.down_of = lambda g: g in sup.down
+        metrics.phase_of = lambda g: coord.status(g).phase
+        metrics.waiting_of = lambda g: coord.status(g).waiting
+        metrics.restarts_of = lambda g: sup.snapshot().restarts[g]
+        metrics.down_of = lambda g: g in sup.snapshot().groups_down
         sup = self.supervisor = Supervisor(
             n, cfg.slots_per_group, make_group,
             queue_size=cfg.queue_size, max_restarts=cfg.max_restarts, restart_window_s=cfg.restart_window_s,
@@ -189,18 +190,19 @@ class RuntimeCore:
         if self.state is not RuntimeState.READY:
             return "closed"
         assert self.supervisor is not None
-        return "ok" if self.supervisor.healthy else "unhealthy"
+        return "ok" if self.supervisor.snapshot().healthy else "unhealthy"
 
     # ---- requests ----------------------------------------------------------------------
 
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         self._require_ready()
         assert self.model is not None
+        model = self.model
         if len(text) > TOKENIZE_IN_THREAD_CHARS:
             return await anyio.to_thread.run_sync(
-                lambda: self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+                lambda: model.tokenize(text, add_special=add_special, parse_special=parse_special)
             )
-        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+        return model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._require_ready()
@@ -274,16 +276,7 @@ class RuntimeCore:
     def slots(self) -> list[dict[str, Any]]:
         self._require_ready()
         assert self.supervisor is not None
-        rows: list[dict[str, Any]] = []
-        for g, group in enumerate(self.supervisor.groups):
-            if group is not None:
-                rows += group.slot_rows()
-            else:
-                rows += [
-                    {"id": i, "group": g, "is_processing": False, "phase": "down"}
-                    for i in self.config.group_slots(g)
-                ]
-        return rows
+        return self.supervisor.slot_rows()
 
     async def slot_action(self, slot: int, action: str, path: str = "") -> dict[str, Any]:
         self._require_ready()
