@@ -19,7 +19,7 @@ import anyio
 
 from llamactor.actors.observe import CoordinatorMetrics
 from llamactor.actors.policy import Policy, PolicyStatus
-from llamactor.protocol.messages import CoordinatorMsg, Grant, PhaseEvent
+from llamactor.protocol.messages import CoordinatorMsg, Grant, PhaseEvent, PhaseKind
 from llamactor.protocol.errors import Closed, Overloaded
 from llamactor.runtime.kernel.actor import Actor
 
@@ -104,6 +104,6 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
         await anyio.sleep(max(0.0, due - time.perf_counter()))
         self._tick_for[g] = 0
         try:
-            self.try_tell(PhaseEvent(g, "tick", at=time.perf_counter()))
+            self.try_tell(PhaseEvent(g, PhaseKind.TICK, at=time.perf_counter()))
         except Closed:
             pass

@@ -12,21 +12,23 @@ Slot-touching commands (erase/save/restore) run between this group's steps only 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
 
+from llamactor.actors import eviction
+from llamactor.actors.costs import StepCosts
+from llamactor.actors.delivery import failure, hooked_send, send_event, send_final, send_step
 from llamactor.actors.observe import GroupMetrics
 from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
 from llamactor.actors.trace import StepRecord
-from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.events import Failed
 from llamactor.protocol.messages import (
-    Assign, Grant, GroupMsg, PhaseEvent, Released, Revoke, SlotCached, SlotCommand, Task,
+    Assign, Grant, GroupMsg, PhaseEvent, PhaseKind, Released, Revoke, SlotCached, SlotCommand, Task,
 )
 from llamactor.runtime.engine.context import Context, ContextOptions, KvCacheFull, StepResult
-from llamactor.protocol.errors import Closed, EngineError, RequestError, SlotBusy
+from llamactor.protocol.errors import Closed, EngineError, SlotBusy
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.kernel.actor import Actor
 from llamactor.runtime.engine.profiler import REPORT_INTERVAL_S, GroupProfile
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
     from llamactor.runtime.engine.model import Model
 
 log = structlog.get_logger("llamactor.group")
-
-COST_EMA_WEIGHT = 0.1
 
 
 class GroupActor(Actor[GroupMsg]):
@@ -72,13 +72,12 @@ class GroupActor(Actor[GroupMsg]):
         self.grant: Grant | None = None
         self._order = 0
         self._steps = 0
-        self._ms_per_step = 0.0  # EMA of a generation-only step (for cost-aware policies)
-        self._ms_per_prompt_token = 0.0  # EMA of the extra cost of one prompt token
+        self.costs = StepCosts()
         self.trace: list[StepRecord] | None = [] if trace else None
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.hooks = hooks
-        self._send = _send_event if hooks is None else _hooked_send(hooks, group)
+        self._send = send_event if hooks is None else hooked_send(hooks, group)
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
 
@@ -105,9 +104,9 @@ class GroupActor(Actor[GroupMsg]):
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             if isinstance(msg, Assign):  # the request being admitted fails too: none waits
-                _send_final(msg.task.sink, Failed(message, kind))
+                send_final(msg.task.sink, Failed(message, kind))
                 freed += [self.slots[i].id for i in msg.slots]
-            elif isinstance(msg, SlotCommand) and msg.reply is not None:
+            elif isinstance(msg, SlotCommand):
                 msg.reply.fail(EngineError(message))
         return freed
 
@@ -148,7 +147,7 @@ class GroupActor(Actor[GroupMsg]):
                 self._make_room()
                 continue
             t1 = time.perf_counter()
-            self._learn_costs(res, (t1 - t0) * 1e3)
+            self.costs.learn(res, (t1 - t0) * 1e3)
             self._deliver(res)
             if prof is not None:
                 prof.deliver += time.perf_counter() - t1
@@ -158,18 +157,17 @@ class GroupActor(Actor[GroupMsg]):
                     prof.started = t1
 
     def _make_room(self) -> None:
-        """Unified KV overcommitted (every slot may use all C cells). First drop the cached
-        prompts of idle slots; if none, stop the request holding the most cells and drop its
-        cells, so the others go on. The group itself is healthy: no restart."""
+        """Unified KV overcommitted: drop the cached prompts of idle slots; if there are none,
+        stop the request holding the most cells, so the others go on. No restart: the group
+        itself is healthy."""
         assert self.engine is not None
-        idle = [s for s in self.slots if not s.busy and s.cache]
+        idle = eviction.idle_caches(self.slots)
         for s in idle:
             self.engine.erase(s)
             self._report(SlotCached(self.group, s.local, ()))
         if idle:
             return
-        busy = [s for s in self.slots if s.task is not None and s.parent is None]
-        victim = max(busy, key=lambda s: s.n_past)
+        victim = eviction.victim(self.slots)
         assert victim.task is not None
         members = [victim, *victim.children]
         log.warning("kv_cache_full", group=self.group, task=victim.task.id, cells=victim.n_past)
@@ -179,14 +177,6 @@ class GroupActor(Actor[GroupMsg]):
         for s in members:
             self.engine.erase(s)
             self._report(SlotCached(self.group, s.local, ()))
-
-    def _learn_costs(self, res: StepResult, step_ms: float) -> None:
-        """EMAs of step costs, offered to policies in the view (stall-free's ITL target)."""
-        if res.n_prompt:
-            extra = max(step_ms - self._ms_per_step, 0.0) / res.n_prompt
-            self._ms_per_prompt_token += COST_EMA_WEIGHT * (extra - self._ms_per_prompt_token)
-        elif res.n_rows:
-            self._ms_per_step += COST_EMA_WEIGHT * (step_ms - self._ms_per_step)
 
     def _record(self, plan: StepPlan) -> None:
         assert self.trace is not None
@@ -230,8 +220,8 @@ class GroupActor(Actor[GroupMsg]):
             self.engine.n_batch if self.engine else 0,
             tuple(sorted(views, key=_by_order)),
             time.perf_counter(),
-            self._ms_per_prompt_token,
-            self._ms_per_step,
+            self.costs.ms_per_prompt_token,
+            self.costs.ms_per_step,
         )
 
     # ---- assignment and release --------------------------------------------------------
@@ -262,14 +252,14 @@ class GroupActor(Actor[GroupMsg]):
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
-        self._tell_coordinator("arrived", parent)
+        self._tell_coordinator(PhaseKind.ARRIVED, parent)
 
     def _refuse(self, task: Task, members: list[Slot], exc: Exception) -> None:
         """A request failed before it started: error event, slots back to the table."""
         assert self.engine is not None
         log.warning("request_failed", task=task.id, group=self.group, at="assign", error=str(exc))
         self.metrics.groups[self.group].requests_failed += 1
-        _send_final(task.sink, _failure(exc, "the request could not start"))
+        send_final(task.sink, failure(exc, "the request could not start"))
         for s in members:
             self.engine.release(s)
             s.reset()
@@ -283,10 +273,10 @@ class GroupActor(Actor[GroupMsg]):
         sink = members[0].task.sink if members[0].task else None
         cancelled = any(not s.finished for s in members)
         if final is not None and sink is not None:
-            _send_final(sink, final)
+            send_final(sink, final)
         elif sink is not None:
             sink.close()
-        self._tell_coordinator("cancelled" if cancelled else "finished", members[0])
+        self._tell_coordinator(PhaseKind.CANCELLED if cancelled else PhaseKind.FINISHED, members[0])
         for s in members:
             # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds).
             if self.engine is not None:
@@ -331,36 +321,22 @@ class GroupActor(Actor[GroupMsg]):
     # ---- delivery ----------------------------------------------------------------------
 
     def _deliver(self, res: StepResult) -> None:
-        """Send the step's events; a closed stream means the client left: free its slots now.
-
-        A request whose sampling failed in the step, or whose events cannot be sent for any
-        other reason than a closed stream, ends with an error event; the group goes on.
-        """
+        """Send the step's events (``delivery``), then end what ended: requests that failed
+        alone in the step (error event), whose client left, or whose choices all finished."""
         self.metrics.step(self.group, res)
-        failed: dict[int, Exception] = {s.task.id: exc for s, exc in res.failed if s.task is not None}
-        gone: set[int] = set()
         ts = time.perf_counter()
-        send = self._send
-        for task, event in res.events:
-            if task.id in failed:
-                continue
-            try:
-                send(task, event)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
-                gone.add(task.id)
-            except Exception as exc:  # noqa: BLE001 - request-scoped (see the docstring)
-                failed.setdefault(task.id, exc)
+        out = send_step(res, self._send)
         now = time.perf_counter()
         if self.profile is not None:
             self.profile.send += now - ts
-        for task_id, error in failed.items():
+        for task_id, error in out.failed.items():
             if task_id in self._tasks:
                 log.warning("request_failed", task=task_id, group=self.group, at="step", error=str(error))
                 self.metrics.groups[self.group].requests_failed += 1
-                self._end_task(task_id, _failure(error, "the request failed while generating"))
+                self._end_task(task_id, failure(error, "the request failed while generating"))
         for s in res.ready:
             if s.task is not None and s.task.id in self._tasks:
-                self._tell_coordinator("prefill_done", s)
+                self._tell_coordinator(PhaseKind.PREFILL_DONE, s)
         done_tasks: set[int] = set()
         for s in res.finished:
             if s.task is None or s.task.id not in self._tasks:
@@ -373,7 +349,7 @@ class GroupActor(Actor[GroupMsg]):
             if members and all(m.finished for m in members):
                 self._log_end(members, now)
                 self._end_task(task_id, None)
-        for task_id in gone:
+        for task_id in out.gone:
             if task_id in self._tasks:
                 self._end_task(task_id, None)
         if self.hooks is not None:
@@ -401,7 +377,7 @@ class GroupActor(Actor[GroupMsg]):
             total_ms=round((now - s.task.arrived) * 1e3, 2),
         )
 
-    def _tell_coordinator(self, kind: str, s: Slot) -> None:
+    def _tell_coordinator(self, kind: PhaseKind, s: Slot) -> None:
         if self.coordinator is not None:
             try:
                 self.coordinator.try_tell(
@@ -439,32 +415,3 @@ class GroupActor(Actor[GroupMsg]):
 
 def _by_order(v: SlotView) -> int:
     return v.order
-
-
-def _send_event(task: Task, event: Event) -> None:
-    task.sink.send_nowait(event)
-
-
-def _hooked_send(hooks: GroupHooks, group: int) -> Callable[[Task, Event], None]:
-    def send(task: Task, event: Event) -> None:
-        hooks.before_send(group, task)
-        task.sink.send_nowait(event)
-
-    return send
-
-
-def _failure(exc: Exception, context: str) -> Failed:
-    """The error event for a request-scoped failure: 400 for bad input, 500 otherwise."""
-    if isinstance(exc, RequestError):
-        return Failed(str(exc), "invalid_request_error")
-    return Failed(f"{context}: {exc}", "server_error")
-
-
-def _send_final(sink: Any, event: Any) -> None:
-    try:
-        sink.send_nowait(event)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
-        pass
-    sink.close()
-
-

@@ -13,13 +13,36 @@ with a deadline by the caller (``runtime.kernel.Actor.ask``).
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from llamactor.protocol.sampling import SamplingParams
+
+
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class ReplyChannel(Protocol[T_contra]):
+    """The one-shot answer channel an ``ask`` carries inside its message (runtime.kernel.Reply)."""
+
+    def send(self, value: T_contra) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectSendStream
+
+    from llamactor.protocol.events import Event
+
+    EventSink = MemoryObjectSendStream[Event]
+else:
+    EventSink = Any
 
 
 class Task(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,7 +61,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     id_slot: int = -1
     cache_prompt: bool = True
     ignore_eos: bool = False
-    sink: Any = None
+    sink: EventSink  # the send end of the request's bounded result stream
     arrived: float = 0.0  # time.perf_counter() at submit
 
 
@@ -75,8 +98,8 @@ class SlotRequest(msgspec.Struct, frozen=True, tag=True):
 
     action: str  # "erase" | "save" | "restore"
     slot: int
-    path: str = ""
-    reply: Any = None
+    path: str  # "" for erase
+    reply: ReplyChannel[dict[str, Any]]
 
 
 SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest
@@ -103,8 +126,8 @@ class SlotCommand(msgspec.Struct, frozen=True, tag=True):
 
     action: str
     slot: int
-    path: str = ""
-    reply: Any = None
+    path: str  # "" for erase
+    reply: ReplyChannel[dict[str, Any]]
 
 
 class Grant(msgspec.Struct, frozen=True, tag=True):
@@ -130,15 +153,21 @@ GroupMsg = Assign | Revoke | SlotCommand | Grant
 # ---- PhaseCoordinator mailbox ---------------------------------------------------------
 
 
-class PhaseEvent(msgspec.Struct, frozen=True, tag=True):
-    """A request on ``slot`` (its parent slot) of ``group`` changed phase.
+class PhaseKind(enum.StrEnum):
+    """What happened to a request, as the coordinator's policies see it."""
 
-    ``kind``: "arrived", "prefill_done", "finished" (all its choices ended) or "cancelled";
-    "tick" is the coordinator's own timer (``--cohort-max-generate-ms``).
-    """
+    ARRIVED = "arrived"  # assigned to a slot of the group
+    PREFILL_DONE = "prefill_done"  # its prompt is decoded (it waits in READY if the policy holds it)
+    FINISHED = "finished"  # all its choices ended
+    CANCELLED = "cancelled"  # ended before finishing (client left, error)
+    TICK = "tick"  # the coordinator's own timer (``--cohort-max-generate-ms``), no request
+
+
+class PhaseEvent(msgspec.Struct, frozen=True, tag=True):
+    """A request on ``slot`` (its parent slot) of ``group`` changed phase (see ``PhaseKind``)."""
 
     group: int
-    kind: str
+    kind: PhaseKind
     slot: int = -1
     prompt_left: int = 0
     at: float = 0.0  # time.perf_counter() when it happened

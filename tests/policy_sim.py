@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
 from llamactor.actors.trace import StepRecord
-from llamactor.protocol.messages import Grant, PhaseEvent
+from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
 
 
 @dataclass
@@ -47,15 +47,15 @@ class GroupSim:
             return False
         self._order += 1
         self.slots[local] = SimSlot(local, self._order, prompt, generate)
-        self._event("arrived", local, self._order)
+        self._event(PhaseKind.ARRIVED, local, self._order)
         return True
 
     def cancel(self, local: int) -> None:
         s = self.slots.pop(local)
         self.cancelled.append(s.order)
-        self._event("cancelled", local, s.order)
+        self._event(PhaseKind.CANCELLED, local, s.order)
 
-    def _event(self, kind: str, local: int, order: int) -> None:
+    def _event(self, kind: PhaseKind, local: int, order: int) -> None:
         self.pending.append(PhaseEvent(0, kind, local, 0, float(len(self.trace)), order))
 
     def _deliver(self) -> None:
@@ -88,7 +88,7 @@ class GroupSim:
             if s.prompt_left == 0:
                 if self.policy.holds_ready:
                     s.phase = "ready"
-                    self._event("prefill_done", local, s.order)
+                    self._event(PhaseKind.PREFILL_DONE, local, s.order)
                 else:
                     s.phase = "generate"
                     self._token(s)
@@ -108,4 +108,4 @@ class GroupSim:
         if s.generated >= s.to_generate:
             del self.slots[s.local]
             self.finished.append(s.order)
-            self._event("finished", s.local, s.order)
+            self._event(PhaseKind.FINISHED, s.local, s.order)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 
 from llamactor.actors.policy import GroupView, Policy, PolicyStatus, SlotView, StepPlan, fair_share, generating
-from llamactor.protocol.messages import Grant, PhaseEvent
+from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
 
 
 class CohortPhase(enum.Enum):
@@ -75,7 +75,7 @@ class CohortPolicy(Policy):
     def on_event(self, event: PhaseEvent) -> Grant | None:
         s = event.order  # requests, not slots: a slot is reused while old events are in flight
         match event.kind:
-            case "arrived":
+            case PhaseKind.ARRIVED:
                 if self.state is CohortPhase.IDLE:
                     self._open([s])
                 elif self.state is CohortPhase.PREFILL_OPEN:
@@ -84,13 +84,13 @@ class CohortPolicy(Policy):
                     self.queue.append(s)
                     if self._may_hand_over(event.at):
                         self._hand_over()
-            case "prefill_done":
+            case PhaseKind.PREFILL_DONE:
                 if s in self.members:
                     self.ready.add(s)
                     if self.state is CohortPhase.PREFILL_OPEN:
                         self.state = CohortPhase.PREFILL_SEALED
                     self._release_if_complete(event.at)
-            case "finished" | "cancelled":
+            case PhaseKind.FINISHED | PhaseKind.CANCELLED:
                 self._forget(s)
                 if self.state in (CohortPhase.PREFILL_OPEN, CohortPhase.PREFILL_SEALED):
                     self._release_if_complete(event.at)
@@ -98,7 +98,7 @@ class CohortPolicy(Policy):
                     self._next_cohort()
                 elif not self.members and self.paused:
                     self._resume_paused(event.at)
-            case "tick":
+            case PhaseKind.TICK:
                 if self._may_hand_over(event.at):
                     self._hand_over()
         return self.grant()

@@ -10,7 +10,6 @@ Each runtime has its own registry: no global state, two runtimes can coexist.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llamactor.actors.observe import GroupCounters

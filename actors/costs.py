@@ -1,0 +1,27 @@
+"""What a step costs, learned from the steps a group ran (offered to policies in the view).
+
+Two exponential moving averages, updated once per step by the group: the cost of a
+generation-only step, and the extra cost of one prompt token in a step that prefills.
+Stall-free's ``--target-itl-ms`` turns these into a prompt-token budget.
+"""
+
+from __future__ import annotations
+
+from llamactor.runtime.engine.context import StepResult
+
+EMA_WEIGHT = 0.1
+
+
+class StepCosts:
+    __slots__ = ("ms_per_step", "ms_per_prompt_token")
+
+    def __init__(self) -> None:
+        self.ms_per_step = 0.0  # a generation-only step
+        self.ms_per_prompt_token = 0.0  # the extra cost of one prompt token
+
+    def learn(self, res: StepResult, step_ms: float) -> None:
+        if res.n_prompt:
+            extra = max(step_ms - self.ms_per_step, 0.0) / res.n_prompt
+            self.ms_per_prompt_token += EMA_WEIGHT * (extra - self.ms_per_prompt_token)
+        elif res.n_rows:
+            self.ms_per_step += EMA_WEIGHT * (step_ms - self.ms_per_step)
