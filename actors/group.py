@@ -32,6 +32,7 @@ from llamactor.protocol.errors import Closed, EngineError, SlotBusy
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.kernel.actor import Actor
 from llamactor.runtime.engine.profiler import REPORT_INTERVAL_S, GroupProfile
+from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.engine.slot import Phase, Slot
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class GroupActor(Actor[GroupMsg]):
         profile_interval_s: float = REPORT_INTERVAL_S,
         trace: bool = False,
         hooks: GroupHooks | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.mailbox_size = 4 * len(slot_ids) + 64
         super().__init__()
@@ -77,6 +79,7 @@ class GroupActor(Actor[GroupMsg]):
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.hooks = hooks
+        self.prompt_cache = prompt_cache  # shared by every group of the runtime (EN-5)
         self._send = send_event if hooks is None else hooked_send(hooks, group)
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
@@ -248,7 +251,8 @@ class GroupActor(Actor[GroupMsg]):
             self._refuse(task, members, exc)
             return
         parent.children = members[1:]
-        parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt)
+        parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt,
+                                                                   self.prompt_cache)
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
@@ -408,6 +412,7 @@ class GroupActor(Actor[GroupMsg]):
                     n_prompt_tokens=len(s.prompt),
                     n_prompt_tokens_cache=s.n_cached,
                     next_token=[{"n_decoded": s.n_decoded, "n_remain": s.task.n_predict - s.n_decoded}],
+                    age_s=round(time.perf_counter() - s.task.arrived, 3),  # since submit (live view, API-17)
                 )
             rows.append(row)
         return rows

@@ -1,6 +1,6 @@
 """``llamactor bench``: the command line of the benchmark harness (SPEC section 8, BE-1, BE-2).
 
-    llamactor bench --url URL --users K --requests R --npp N --ntg M [--json]
+    llamactor bench --url URL --users K --requests R --npp N --ntg M [--json] [--plot FILE.png]
                     [--api native|openai] [--warmup W] [--sweep users=8,16,32]
                     [--vs URL2 [--pairs 2]] [--workload closed|mixed|cohort]
 
@@ -21,6 +21,7 @@ import anyio
 
 from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
 from llamactor.ops.loadgen import ClosedLoop
+from llamactor.ops.plot import PlotUnavailable, require_matplotlib, save_plot
 from llamactor.ops.progress import Progress
 from llamactor.ops.report import describe, notes, render_ratios, render_runs, to_json
 from llamactor.ops.runner import DEFAULT_TIMEOUT_S, Common, Workload
@@ -66,6 +67,8 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--cohort-npp", type=_ints, default=DEFAULT_COHORT_NPP, metavar="N1,N2",
                    help="cohort: prompt lengths, all arriving together")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="also draw the runs into a PNG (OPS-1; needs matplotlib: pip install 'llamactor[plot]')")
 
 
 def workload_from_args(a: argparse.Namespace) -> Workload[Any]:
@@ -97,7 +100,9 @@ def run_bench(args: argparse.Namespace) -> int:
         points = parse_sweep(args.sweep, workload) if args.sweep else [(None, workload)]
         if args.pairs < 1:
             raise ValueError(f"--pairs must be at least 1, got {args.pairs}")
-    except ValueError as exc:
+        if args.plot:
+            require_matplotlib()  # before any request: a missing extra costs no benchmark
+    except (ValueError, PlotUnavailable) as exc:
         print(f"llamactor bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     targets = [Target("A", args.url)] + ([Target("B", args.vs)] if args.vs else [])
@@ -114,6 +119,8 @@ def run_bench(args: argparse.Namespace) -> int:
             print(render_ratios(ratios))
         for line in notes(runs):
             print(f"note: {line}")
+    if args.plot:
+        print(f"plot written to {save_plot(runs, args.plot)}", file=sys.stderr)
     return EXIT_FAILED_REQUESTS if any(r.result.failed for r in runs) else EXIT_OK
 
 

@@ -3,9 +3,11 @@
     LlamactorError
     ├── ConfigError        invalid configuration or CLI arguments (raised at startup)
     ├── RequestError       bad input from a client: HTTP 400
+    │   ├── ExceedContextSize  the prompt does not fit the slot context: HTTP 400
     │   ├── NotFound       unknown slot, file or route: HTTP 404
     │   └── SlotBusy       the slot is serving a request: HTTP 409
     ├── Unauthorized       missing or wrong API key: HTTP 401
+    ├── NotSupported       a feature this server was not started with (embeddings, rerank): HTTP 501
     ├── Overloaded         a bounded queue or mailbox is full: HTTP 503 with Retry-After
     ├── Unavailable        loading, or a group is down past its restart limit: HTTP 503
     ├── EngineError        llama.cpp failed while serving a request: HTTP 500
@@ -35,6 +37,17 @@ class RequestError(LlamactorError):
     kind = "invalid_request_error"
 
 
+class ExceedContextSize(RequestError):
+    """llama-server's ``exceed_context_size_error``; the body also carries both sizes."""
+
+    kind = "exceed_context_size_error"
+
+    def __init__(self, message: str, *, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
 class NotFound(RequestError):
     status = 404
     kind = "not_found_error"
@@ -48,6 +61,13 @@ class SlotBusy(RequestError):
 class Unauthorized(LlamactorError):
     status = 401
     kind = "authentication_error"
+
+
+class NotSupported(LlamactorError):
+    """llama-server's ``not_supported_error``: the endpoint exists, this server does not offer it."""
+
+    status = 501
+    kind = "not_supported_error"
 
 
 class Overloaded(LlamactorError):

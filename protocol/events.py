@@ -39,6 +39,7 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     prompt_ms: float
     predicted_ms: float
     slot: int
+    truncated: bool = False  # the context was shifted: old tokens were dropped (EN-4)
 
 
 class Failed(msgspec.Struct, frozen=True, tag=True):

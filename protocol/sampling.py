@@ -17,6 +17,8 @@ MAX_STOP_STRING_CHARS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_N_PROBS = 20
 MAX_DRY_BREAKERS = 32
+MAX_GRAMMAR_TRIGGERS = 64
+MAX_GRAMMAR_TRIGGER_CHARS = 128
 MAX_DRY_BREAKER_CHARS = 40  # llama.cpp truncates longer breakers; we refuse them instead
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
@@ -72,6 +74,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = DEFAULT_SEED
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str = ""
+    # Lazy grammar (API-8): the grammar engages only once the generated text ends with one of
+    # these literal words, and is fed from that word on (llama.cpp's lazy grammar sampler);
+    # until then nothing is constrained, so plain answers cost no grammar work.
+    grammar_lazy: bool = False
+    grammar_triggers: tuple[str, ...] = ()
     n_probs: int = 0
 
     @property
@@ -166,8 +173,22 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
             raise ParamError(f"each dry_sequence_breakers entry must be 1 to {MAX_DRY_BREAKER_CHARS} characters "
                              f"without NUL, got {b!r}")
     sampler_names(p.samplers)  # every name known
+    _check_triggers(p)
     if "infill" in p.samplers:
         raise ParamError("samplers: 'infill' is only meaningful for /infill, which this server does not offer yet")
+
+
+def _check_triggers(p: SamplingParams) -> None:
+    if p.grammar_lazy and not (p.grammar and p.grammar_triggers):
+        raise ParamError("grammar_lazy needs a grammar and at least one grammar_triggers word")
+    if p.grammar_triggers and not p.grammar_lazy:
+        raise ParamError("grammar_triggers are only meaningful with grammar_lazy")
+    if len(p.grammar_triggers) > MAX_GRAMMAR_TRIGGERS:
+        raise ParamError(f"grammar_triggers has {len(p.grammar_triggers)} words, at most {MAX_GRAMMAR_TRIGGERS}")
+    for word in p.grammar_triggers:
+        if not word or len(word) > MAX_GRAMMAR_TRIGGER_CHARS or "\x00" in word:
+            raise ParamError(f"each grammar_triggers word must be 1 to {MAX_GRAMMAR_TRIGGER_CHARS} characters "
+                             f"without NUL, got {word!r}")
 
 
 def _range(name: str, value: float, low: float, high: float) -> None:

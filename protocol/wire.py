@@ -13,54 +13,54 @@ from typing import Any
 
 import msgspec
 
-from llamactor.protocol.sampling import SamplingParams
-
 DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS = 16
 
 
-_SAMPLING_DEFAULTS = SamplingParams()
-
-
 class _Generation(msgspec.Struct, kw_only=True):
-    """Fields both APIs share, named as llama-server names them; defaults from SamplingParams."""
+    """Fields both APIs share, named as llama-server names them.
+
+    A field left out (or sent as null, as llama-server reads null) is None: the server's
+    default fills it in (``RuntimeConfig.sampling`` and friends, set by llama-server's flags
+    such as ``--temp``; API-15), in ``Runtime.submit``.
+    """
 
     stream: bool = False
     stop: list[str] | str | None = None
     n: int = 1
-    temperature: float = _SAMPLING_DEFAULTS.temperature
-    top_k: int = _SAMPLING_DEFAULTS.top_k
-    top_p: float = _SAMPLING_DEFAULTS.top_p
-    min_p: float = _SAMPLING_DEFAULTS.min_p
-    repeat_penalty: float = _SAMPLING_DEFAULTS.repeat_penalty
-    repeat_last_n: int = _SAMPLING_DEFAULTS.repeat_last_n
-    presence_penalty: float = _SAMPLING_DEFAULTS.presence_penalty
-    frequency_penalty: float = _SAMPLING_DEFAULTS.frequency_penalty
-    dynatemp_range: float = _SAMPLING_DEFAULTS.dynatemp_range
-    dynatemp_exponent: float = _SAMPLING_DEFAULTS.dynatemp_exponent
-    typical_p: float = _SAMPLING_DEFAULTS.typical_p
-    top_n_sigma: float = _SAMPLING_DEFAULTS.top_n_sigma
-    xtc_probability: float = _SAMPLING_DEFAULTS.xtc_probability
-    xtc_threshold: float = _SAMPLING_DEFAULTS.xtc_threshold
-    dry_multiplier: float = _SAMPLING_DEFAULTS.dry_multiplier
-    dry_base: float = _SAMPLING_DEFAULTS.dry_base
-    dry_allowed_length: int = _SAMPLING_DEFAULTS.dry_allowed_length
-    dry_penalty_last_n: int = _SAMPLING_DEFAULTS.dry_penalty_last_n
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
-    mirostat: int = _SAMPLING_DEFAULTS.mirostat
-    mirostat_tau: float = _SAMPLING_DEFAULTS.mirostat_tau
-    mirostat_eta: float = _SAMPLING_DEFAULTS.mirostat_eta
-    min_keep: int = _SAMPLING_DEFAULTS.min_keep
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    min_keep: int | None = None
     samplers: list[str] | str | None = None
     grammar: str = ""
-    cache_prompt: bool = True
+    cache_prompt: bool | None = None
     id_slot: int = -1
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):
     prompt: str | list[Any]
-    n_predict: int = -1
-    seed: int = -1
+    n_predict: int | None = None
+    seed: int | None = None
     logit_bias: dict[str, float] | list[Any] | None = None
     json_schema: dict[str, Any] | None = None
     n_probs: int = 0
@@ -91,10 +91,13 @@ class CompletionRequest(_OpenAISampling, kw_only=True):
     echo: bool = False
 
 
-class ChatMessage(msgspec.Struct, kw_only=True):
+class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str
     content: str | list[Any] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier calls (API-8)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's earlier reasoning (API-9)
 
 
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
@@ -102,6 +105,13 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # API-8 tool calls, API-9 reasoning (checked in runtime.service.chatturn)
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_format: str | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -118,10 +128,13 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 # ---- responses -------------------------------------------------------------------------
 
 
-class ErrorBody(msgspec.Struct):
+class ErrorBody(msgspec.Struct, omit_defaults=True):
     message: str
     type: str
     code: int
+    # exceed_context_size_error only, as llama-server sends them
+    n_prompt_tokens: int | None = None
+    n_ctx: int | None = None
 
 
 class ErrorResponse(msgspec.Struct):
@@ -129,13 +142,19 @@ class ErrorResponse(msgspec.Struct):
 
 
 class Timings(msgspec.Struct):
+    """llama-server's ``timings``: prompt figures count the tokens evaluated (not the cached
+    ones); per-token and per-second generation figures count decode steps (the first token
+    comes from the prompt's logits)."""
+
+    cache_n: int
     prompt_n: int
     prompt_ms: float
+    prompt_per_token_ms: float
     prompt_per_second: float
     predicted_n: int
     predicted_ms: float
+    predicted_per_token_ms: float
     predicted_per_second: float
-    cache_n: int = 0
 
 
 class NativeChunk(msgspec.Struct, omit_defaults=True):
@@ -158,7 +177,122 @@ class NativeResult(msgspec.Struct):
     tokens_cached: int
     stop_type: str  # "eos" | "word" | "limit"
     stopping_word: str
-    truncated: bool
+    truncated: bool  # the context was shifted (EN-4); a prompt longer than the slot is refused, never cut
     timings: Timings
+    generation_settings: dict[str, Any] = msgspec.field(default_factory=dict)
     tokens: list[int] = msgspec.field(default_factory=list)
     completion_probabilities: list[dict[str, Any]] | None = None
+
+
+# ---- embeddings and rerank (API-10, API-11) ----------------------------------------------
+# ``input``/``content`` stay loose (a string, token ids, or a list of either) and are narrowed
+# in ``runtime.service.embeddings``, which names the bad item.
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """``/v1/embeddings`` (``input``) and the native ``/embedding(s)`` (``content`` or ``input``)."""
+
+    input: str | list[Any] | None = None
+    content: str | list[Any] | None = None
+    model: str | None = None
+    encoding_format: str = "float"  # float | base64 (OpenAI API only)
+    embd_normalize: int | None = None  # llama.cpp's: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm
+    dimensions: int | None = None  # OpenAI's; only the model's own width is accepted
+    user: str | None = None
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """``/rerank`` and aliases: Jina/Cohere shape (``documents``) or TEI shape (``texts``)."""
+
+    query: Any = None
+    documents: list[Any] | None = None
+    texts: list[Any] | None = None
+    top_n: int | None = None
+    return_text: bool = False  # TEI: add "text" to each result
+    return_documents: bool = False  # Jina/Cohere: add "document": {"text"} to each result
+    model: str | None = None
+
+
+class EmbeddingData(msgspec.Struct, omit_defaults=True):
+    embedding: list[float] | str  # floats, or base64 of little-endian float32
+    index: int
+    object: str  # "embedding" (always sent: omit_defaults would drop a default)
+    encoding_format: str | None = None  # "base64" on base64 items, as llama-server marks them
+
+
+class EmbeddingUsage(msgspec.Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(msgspec.Struct):
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    object: str = "list"
+
+
+class NativeEmbedding(msgspec.Struct):
+    """One input of the native ``/embedding(s)``: a list holding the pooled vector, or one
+    vector per token with pooling none."""
+
+    index: int
+    embedding: list[list[float]]
+
+
+class RerankDocument(msgspec.Struct):
+    text: str
+
+
+class RerankResult(msgspec.Struct, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(msgspec.Struct):
+    model: str
+    usage: EmbeddingUsage
+    results: list[RerankResult]
+    object: str = "list"
+
+
+class TeiRerankResult(msgspec.Struct, omit_defaults=True):
+    index: int
+    score: float
+    text: str | None = None
+
+
+# ---- tool calls (API-8) ----------------------------------------------------------------
+
+
+class ToolFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; checked in runtime.service.toolcalls
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True, omit_defaults=True):
+    function: ToolFunction
+    type: str = "function"
+
+
+class ToolChoiceFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
+    function: ToolChoiceFunction
+    type: str = "function"
+
+
+class ToolCallFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; some clients an object
+
+
+class ToolCallItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    function: ToolCallFunction
+    id: str | None = None
+    type: str = "function"

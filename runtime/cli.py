@@ -1,7 +1,7 @@
 """``llamactor`` command line: ``serve`` (the bundled server), ``bench`` and ``worker``.
 
-Flags follow llama-server's names (-m, -c, -np, -b, -ub, -t, -ngl, --host, --port, ...), and
-each can also come from its ``LLAMA_ARG_*`` environment variable, as in llama-server.
+``serve`` takes llama-server's command line: the flag table (what is supported, ignored or
+refused, and why) is ``runtime.cliflags``; this module turns it into a config and serves.
 """
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ import signal
 import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
 
-from llamactor.runtime.service.config import DEFAULT_N_BATCH, DEFAULT_N_CTX, DEFAULT_N_UBATCH, DEFAULT_PARALLEL, DEFAULT_QUEUE_SIZE, RuntimeConfig
 from llamactor.protocol.errors import ConfigError
+from llamactor.protocol.sampling import SamplingParams
+from llamactor.runtime import cliargs, cliflags
+from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.logging import configure_logging
 
 log = structlog.get_logger("llamactor.cli")
@@ -52,44 +57,14 @@ def _opt(p: argparse.ArgumentParser, *flags: str, env: str, flag: bool = False, 
         p.add_argument(*flags, action=_EnvDefault, env=env, **kw)
 
 
-def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the HTTP server (OpenAI-compatible and llama-server native API)")
-    _opt(p, "-m", "--model", env="LLAMA_ARG_MODEL", default=None, help="GGUF path (default: embedded SmolLM2-135M)")
-    _opt(p, "-a", "--alias", env="LLAMA_ARG_ALIAS", default=None, help="model id shown by /v1/models")
-    _opt(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=DEFAULT_N_CTX, help="total context C")
-    _opt(p, "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL", type=int, default=DEFAULT_PARALLEL, help="slots P")
-    _opt(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=DEFAULT_N_BATCH)
-    _opt(p, "-ub", "--ubatch-size", env="LLAMA_ARG_UBATCH", type=int, default=DEFAULT_N_UBATCH)
-    _opt(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0, help="0 = all cores")
-    _opt(p, "-tb", "--threads-batch", env="LLAMA_ARG_THREADS_BATCH", type=int, default=0)
-    _opt(p, "-ngl", "--n-gpu-layers", "--gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS", type=int, default=0)
-    _opt(p, "--no-mmap", env="LLAMA_ARG_NO_MMAP", flag=True)
-    _opt(p, "--host", env="LLAMA_ARG_HOST", default=DEFAULT_HOST)
-    _opt(p, "--port", env="LLAMA_ARG_PORT", type=int, default=DEFAULT_PORT)
-    _opt(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True, help="accepted; /metrics is always on")
-    _opt(p, "--api-key", env="LLAMA_API_KEY", default=None)
-    _opt(p, "--slot-save-path", env="LLAMA_ARG_SLOT_SAVE_PATH", default=None)
-    _opt(p, "--pipeline-groups", env="LLAMA_ARG_PIPELINE_GROUPS", type=int, default=1,
-         help="N contexts over one model's weights (SPEC section 3)")
-    _opt(p, "-kvu", "--kv-unified", env="LLAMA_ARG_KV_UNIFIED", flag=True)
-    _opt(p, "--scheduler", env="LLAMACTOR_SCHEDULER", default="stall-free", help="policy name or module:Class")
-    _opt(p, "--prefill-budget", env="LLAMACTOR_PREFILL_BUDGET", type=int, default=0,
-         help="stall-free: prompt tokens per step while streams generate")
-    _opt(p, "--target-itl-ms", env="LLAMACTOR_TARGET_ITL_MS", type=float, default=0.0,
-         help="stall-free: derive the prompt budget from this inter-token target")
-    _opt(p, "--cohort-max-generate-ms", env="LLAMACTOR_COHORT_MAX_GENERATE_MS", type=float, default=0.0,
-         help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)")
-    _opt(p, "--queue-size", env="LLAMACTOR_QUEUE_SIZE", type=int, default=DEFAULT_QUEUE_SIZE)
-    _opt(p, "-n", "--n-predict", env="LLAMA_ARG_N_PREDICT", type=int, default=-1)
-    _opt(p, "--profile", env="LLAMACTOR_PIPE_PROF", flag=True)
-    _opt(p, "--rpc", env="LLAMA_ARG_RPC", default="", help="comma-separated HOST:PORT of ggml-rpc workers")
-    _opt(p, "-dev", "--device", env="LLAMA_ARG_DEVICE", default="",
-         help="comma-separated devices for the split, e.g. RPC0,CPU (list the local CPU last)")
-    _opt(p, "-ts", "--tensor-split", env="LLAMA_ARG_TENSOR_SPLIT", default="", help="layer shares, e.g. 3,1")
-    _opt(p, "-sm", "--split-mode", env="LLAMA_ARG_SPLIT_MODE", default="layer", help="none | layer | row")
-    _opt(p, "-fa", "--flash-attn", env="LLAMA_ARG_FLASH_ATTN", default="on", choices=["on", "off", "auto"])
-    _opt(p, "--list-devices", env="LLAMACTOR_LIST_DEVICES", flag=True, help="print the devices and exit")
-    _opt(p, "--log-format", env="LLAMACTOR_LOG_FORMAT", default="auto", choices=["auto", "json", "text"])
+def _serve_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", allow_abbrev=False, help="run the HTTP server (OpenAI-compatible and llama-server native API)",
+        description="llama-server's flags (README: Coming from llama-server): supported ones work, ones with no "
+                    "meaning here are logged and ignored, ones for features not built stop with exit code 2.")
+    p.add_argument("--usage", action="help", help=argparse.SUPPRESS)
+    cliargs.add_arguments(p, cliflags.GROUPS)
+    return p
 
 
 def _worker_parser(sub: Any) -> None:
@@ -99,17 +74,6 @@ def _worker_parser(sub: Any) -> None:
     _opt(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0, help="0 = all cores")
     _opt(p, "--device", env="LLAMA_ARG_DEVICE", default="CPU")
     _opt(p, "--cache-dir", env="LLAMACTOR_WORKER_CACHE", default=None, help="local tensor cache directory")
-
-
-def _split_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in _split_list(text))
-    except ValueError:
-        raise ConfigError(f"--tensor-split must be comma-separated numbers, got {text!r}") from None
 
 
 def run_worker(a: argparse.Namespace) -> int:
@@ -129,23 +93,46 @@ def run_worker(a: argparse.Namespace) -> int:
     return 0
 
 
-def config_from_args(a: argparse.Namespace) -> RuntimeConfig:
-    kw: dict[str, Any] = dict(
-        model=a.model, alias=a.alias, n_ctx=a.ctx_size, parallel=a.parallel, n_batch=a.batch_size,
-        n_ubatch=a.ubatch_size, threads_batch=a.threads_batch, n_gpu_layers=a.n_gpu_layers,
-        use_mmap=not a.no_mmap, api_key=a.api_key, slot_save_path=a.slot_save_path,
-        pipeline_groups=a.pipeline_groups, kv_unified=a.kv_unified, scheduler=a.scheduler,
-        queue_size=a.queue_size, prefill_budget=a.prefill_budget, target_itl_ms=a.target_itl_ms,
-        cohort_max_generate_ms=a.cohort_max_generate_ms, rpc_servers=_split_list(a.rpc),
-        devices=_split_list(a.device), tensor_split=_float_list(a.tensor_split), split_mode=a.split_mode,
-        flash_attn=a.flash_attn, n_predict_max=a.n_predict, profile=a.profile,
-    )
-    if a.threads > 0:
-        kw["threads"] = a.threads
-    return RuntimeConfig(**kw)
+@dataclass(frozen=True)
+class ServeOptions:
+    """``llamactor serve``'s command line: the runtime's config and the process's own options."""
+
+    config: RuntimeConfig
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    log_format: str = "auto"
+    list_devices: bool = False
+    version: bool = False
+    ignored: tuple[tuple[str, str], ...] = ()  # (flag as given, why): one log line each
 
 
-async def serve(cfg: RuntimeConfig, host: str, port: int) -> int:
+def serve_options(a: argparse.Namespace) -> ServeOptions:
+    """Raise ConfigError naming every refused flag (API-15); sampling flags become the server's
+    defaults (``RuntimeConfig.sampling``)."""
+    parsed = cliargs.read(a, cliflags.GROUPS)
+    if parsed.refused:
+        raise ConfigError("; ".join(f"{flag} is not supported: {why}" for flag, why in parsed.refused))
+    kw = dict(parsed.config)
+    if parsed.sampling:
+        kw["sampling"] = msgspec.structs.replace(SamplingParams(), **parsed.sampling)
+    process = dict(parsed.process)
+    if ("ssl_cert_file" in process) != ("ssl_key_file" in process):
+        raise ConfigError("--ssl-cert-file and --ssl-key-file must be given together")
+    return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(parsed.ignored), **process)
+
+
+def _gpu_layers_ignored(cfg: RuntimeConfig) -> bool:
+    """-ngl without a GPU or a split: the layers stay on the CPU, as llama-server warns."""
+    if cfg.n_gpu_layers <= 0 or cfg.rpc_servers or cfg.devices:
+        return False
+    from llamactor.runtime.engine import rpc
+
+    return all(name.startswith("CPU") for name, _ in rpc.list_devices())
+
+
+async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] | None = None) -> int:
     """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads (API-1)."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
@@ -191,6 +178,8 @@ async def serve(cfg: RuntimeConfig, host: str, port: int) -> int:
     hc.accesslog = None
     hc.errorlog = None
     hc.graceful_timeout = 3.0
+    if ssl is not None:
+        hc.certfile, hc.keyfile = ssl
     log.info("listening", host=host, port=port, model=str(cfg.model))
     app: Any = build_app(rt, lifespan=lifespan)  # an ASGI app; hypercorn's stub names its own scope types
     await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
@@ -200,7 +189,7 @@ async def serve(cfg: RuntimeConfig, host: str, port: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llamactor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
+    serve_parser = _serve_parser(sub)
     _worker_parser(sub)
     from llamactor.ops.bench import add_bench_parser
 
@@ -213,10 +202,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         configure_logging()
         return run_worker(args)
-    configure_logging(json={"auto": None, "json": True, "text": False}[args.log_format])
+    cliargs.apply_env(serve_parser, args, cliflags.GROUPS)
     try:
-        cfg = config_from_args(args).validated()
-        if args.list_devices:
+        opts = serve_options(args)
+        if opts.version:
+            print(f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})")
+            return 0
+        configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
+        cfg = opts.config.validated()
+        for flag, why in opts.ignored:
+            log.info("flag_ignored", flag=flag, reason=why)
+        if _gpu_layers_ignored(cfg):
+            log.info("flag_ignored", flag="--n-gpu-layers", reason="no GPU on this machine: the layers stay on the CPU")
+        if opts.list_devices:
             from llamactor.runtime.engine import rpc
 
             rpc.add_servers(list(cfg.rpc_servers))
@@ -230,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2
-    return anyio.run(serve, cfg, args.host, args.port)
+    ssl = (opts.ssl_cert_file, opts.ssl_key_file) if opts.ssl_cert_file and opts.ssl_key_file else None
+    return anyio.run(serve, cfg, opts.host, opts.port, ssl)
 
 
 if __name__ == "__main__":

@@ -111,13 +111,34 @@ OPENAI = {**SAMPLING, "max_tokens": usually(st.integers(0, 24), st.sampled_from(
           "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": st.booleans()}))}
 COMPLETIONS = {**OPENAI, "prompt": prompts, "logprobs": st.one_of(st.none(), st.integers(-1, 25)),
                "echo": st.booleans()}
+calls = st.lists(st.fixed_dictionaries({"id": st.sampled_from(["c1", "c2"]), "type": st.just("function"),
+                                        "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g"]),
+                                                                           "arguments": st.sampled_from(
+                                                                               ["{}", '{"a": 1}', "{bad", "[1]"])})}),
+                 max_size=2)
 messages = st.lists(st.fixed_dictionaries({
     "role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]),
     "content": st.one_of(text_prompts, st.none(), st.lists(st.fixed_dictionaries(
         {"type": st.sampled_from(["text", "image_url"]), "text": text_prompts}), max_size=2)),
-}), min_size=0, max_size=3)
+}, optional={"tool_calls": calls, "tool_call_id": st.sampled_from(["c1", "zz"]), "reasoning_content": text_prompts}),
+    min_size=0, max_size=3)
+# API-8 / API-9 fields: tools with schemas (some invalid), tool_choice, reasoning options.
+tool_defs = st.lists(st.fixed_dictionaries({
+    "type": usually(st.just("function"), st.sampled_from(["bogus", ""])),
+    "function": st.fixed_dictionaries(
+        {"name": usually(st.sampled_from(["f", "g", "get_x"]), st.sampled_from(["", "a b"]))},
+        optional={"description": st.text(max_size=8), "parameters": schemas}),
+}), max_size=3)
+tool_choices = st.one_of(st.none(), st.sampled_from(["none", "auto", "required", "bogus"]), st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "nope"])})}))
 CHAT = {**OPENAI, "messages": messages, "max_completion_tokens": st.one_of(st.none(), st.integers(-1, 40)),
-        "logprobs": st.booleans(), "top_logprobs": st.one_of(st.none(), st.integers(-1, 25))}
+        "logprobs": st.booleans(), "top_logprobs": st.one_of(st.none(), st.integers(-1, 25)),
+        "tools": st.one_of(st.none(), tool_defs), "tool_choice": tool_choices,
+        "parallel_tool_calls": st.one_of(st.none(), st.booleans()),
+        "reasoning_format": st.sampled_from(["none", "deepseek", "deepseek-legacy", "auto", "bogus"]),
+        "reasoning_effort": st.sampled_from(["none", "low", "high", "bogus"]),
+        "chat_template_kwargs": st.one_of(st.none(), st.dictionaries(st.sampled_from(
+            ["enable_thinking", "custom", "messages", "not ok"]), st.one_of(st.booleans(), st.integers()), max_size=2))}
 
 
 def body(fields: dict[str, st.SearchStrategy], required: tuple[str, ...], *, junky: bool) -> st.SearchStrategy:

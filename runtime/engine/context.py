@@ -30,6 +30,7 @@ from llamactor.protocol.errors import EngineError
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.profiler import GroupProfile
+from llamactor.runtime.engine.promptcache import SAVE_BELOW_FRACTION, PromptCache, common_prefix
 from llamactor.runtime.engine.sampling import build_chain
 from llamactor.runtime.engine.slot import Phase, Slot
 from llamactor.runtime.engine.textstream import TextStream
@@ -45,6 +46,9 @@ class ContextOptions:
     n_threads_batch: int
     kv_unified: bool = False
     flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    type_k: int = llama_cpp.GGML_TYPE_F16  # KV cache types (EN-3, -ctk/-ctv)
+    type_v: int = llama_cpp.GGML_TYPE_F16
+    context_shift: bool = False  # a generation at the end of its context drops old tokens (EN-4)
 
 
 @dataclass
@@ -81,6 +85,8 @@ class Context:
         params.n_threads_batch = opts.n_threads_batch
         params.kv_unified = opts.kv_unified
         params.flash_attn_type = opts.flash_attn
+        params.type_k = opts.type_k
+        params.type_v = opts.type_v
         params.no_perf = True
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ptr:
@@ -139,11 +145,22 @@ class Context:
 
     # ---- KV of one sequence (called between steps by the owning group only) ------------
 
-    def reuse_prefix(self, slot: Slot, prompt: np.ndarray, cache_prompt: bool) -> int:
+    def reuse_prefix(self, slot: Slot, prompt: np.ndarray, cache_prompt: bool,
+                     prompt_cache: PromptCache | None = None) -> int:
         """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
 
+        With a host-memory prompt cache (EN-5): if the new prompt keeps less than half of what
+        the slot holds (another conversation takes the slot), the slot's state is saved first;
+        then a cached state that serves the prompt better is restored into the slot.
         At least the last prompt token is always decoded again, so its logits exist.
         """
+        if cache_prompt and prompt_cache is not None:
+            held = np.asarray(slot.cache, dtype=np.int32)
+            if len(held) and common_prefix(held, prompt) < SAVE_BELOW_FRACTION * len(held):
+                prompt_cache.save(self.ptr, slot.local, held)
+            restored = prompt_cache.restore(self.ptr, slot.local, prompt, held)
+            if restored is not None:
+                slot.cache[:] = restored.tolist()
         keep = 0
         if cache_prompt and slot.cache:
             cached = np.asarray(slot.cache, dtype=np.int32)
@@ -353,7 +370,7 @@ class Context:
                 prof.stop_strings += time.perf_counter() - tc
             if s.stream.stopped_by:
                 finish = "stop"
-            elif s.n_decoded >= task.n_predict or s.n_past + 1 >= self.n_ctx_seq:
+            elif s.n_decoded >= task.n_predict or (s.n_past + 1 >= self.n_ctx_seq and not self._shift(s)):
                 text += s.stream.flush()
                 finish = "length"
         now = time.perf_counter()
@@ -365,6 +382,33 @@ class Context:
             s.finished = True
             res.finished.append(s)
             res.events.append((task, self._done(s, finish)))
+
+    def _shift(self, s: Slot) -> bool:
+        """Context shift (EN-4, llama-server's): drop ``n_discard`` tokens after the first
+        ``n_keep`` and move the rest down, so the generation goes on. False when it is off, for
+        n > 1 (the choices share the prompt's cells) or when the memory cannot shift (then the
+        choice ends with "length", as without shift)."""
+        task = s.task
+        if not self.opts.context_shift or task is None or task.n > 1:
+            return False
+        if not llama_cpp.llama_memory_can_shift(self.memory):
+            return False
+        n_keep = len(s.prompt) if task.n_keep < 0 else task.n_keep
+        if self.model.add_bos:
+            n_keep += 1
+        n_keep = min(self.n_ctx_seq - 4, n_keep)
+        n_left = s.n_past - n_keep
+        n_discard = task.n_discard or n_left // 2
+        n_discard = min(max(n_discard, 0), max(0, n_left - 1))
+        if n_discard <= 0:
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self.memory, s.local, n_keep, n_keep + n_discard):
+            return False
+        llama_cpp.llama_memory_seq_add(self.memory, s.local, n_keep + n_discard, s.n_past, -n_discard)
+        del s.cache[n_keep : n_keep + n_discard]
+        s.n_past -= n_discard
+        s.truncated = True
+        return True
 
     def _done(self, s: Slot, finish: str) -> Done:
         assert s.task is not None and s.stream is not None
@@ -379,6 +423,7 @@ class Context:
             prompt_ms=(s.t_prompt_done - s.t_start) * 1e3,
             predicted_ms=(s.t_last - s.t_prompt_done) * 1e3,
             slot=s.id,
+            truncated=s.truncated,
         )
 
     def _probs(

@@ -11,6 +11,10 @@ a greedy request (temperature <= 0) ends in ``greedy`` after only the samplers t
 the arg-max (bias, penalties, DRY, XTC): top-k/p, min-p, typical, top-n-sigma and a zero
 temperature all keep the arg-max, so the token is the same and the step is cheaper.
 
+A lazy grammar (``grammar_lazy``, API-8) is llama.cpp's ``llama_sampler_init_grammar_lazy_patterns``
+(argtypes: vocab, grammar, root, char** patterns, n, llama_token* tokens, n): unconstrained
+until the text ends with a trigger word, then the grammar; see ``_grammar`` for the pattern.
+
 Every binding used here was checked against llama-cpp-python 0.3.36's ctypes signatures; a
 test builds every sampler through a real request (tests/test_sampling.py).
 """
@@ -18,7 +22,9 @@ test builds every sampler through a real request (tests/test_sampling.py).
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -62,7 +68,7 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
 
     seed = p.seed if p.seed == llama_cpp.LLAMA_DEFAULT_SEED else (p.seed + seed_offset) & 0xFFFFFFFF
     if p.grammar:
-        g = llama_cpp.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+        g = _grammar(model, p)
         if not g:
             raise RequestError("invalid grammar: llama.cpp could not parse it")
         add(g)
@@ -120,6 +126,49 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         add(llama_cpp.llama_sampler_init_greedy())
     else:
         add(llama_cpp.llama_sampler_init_dist(seed))
+
+
+def _grammar(model: Model, p: SamplingParams) -> ctypes.c_void_p:
+    if not p.grammar_lazy:
+        return llama_cpp.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+    # One pattern for all trigger words, anchored at the end of the text so far: llama.cpp
+    # searches its whole awaiting buffer with every regex after each token, so one regex keeps
+    # that cost down, and the anchor makes it fire only on a token boundary right after the
+    # word; the grammar is then fed exactly the word (never a token's tail past it, which it
+    # could reject: llama.cpp throws then, and an exception cannot cross ctypes).
+    pattern = _trie_regex(p.grammar_triggers) + "$"
+    patterns = (ctypes.c_char_p * 1)(pattern.encode())
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        model.vocab, p.grammar.encode(), b"root", patterns, 1, None, 0,
+    )
+
+
+def _trie_regex(words: Sequence[str]) -> str:
+    """One regex matching exactly ``words``, shaped as their prefix tree, so that at most
+    positions the first character already fails (a flat alternation tries every word there)."""
+    root: dict[str, Any] = {}
+    for word in words:
+        node = root
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [_regex_escape(ch) + emit(child) for ch, child in node.items() if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(root)
+
+
+def _regex_escape(word: str) -> str:
+    """llama.cpp's regex_escape (common.cpp): a literal word as an ECMAScript regex."""
+    return _REGEX_SPECIAL.sub(r"\\\g<0>", word)
+
+
+_REGEX_SPECIAL = re.compile(r"[.^$|()*+?\[\]{}\\]")
 
 
 # Samplers that can change which token has the highest logit; the others keep the arg-max.

@@ -35,7 +35,7 @@ class Slot:
     __slots__ = (
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
-        "t_prompt_done", "t_last", "order", "kept_logits", "finished",
+        "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
@@ -62,6 +62,7 @@ class Slot:
         self.order = 0
         self.kept_logits: np.ndarray | None = None
         self.finished = False
+        self.truncated = False  # its context was shifted (EN-4)
 
     @property
     def prompt_left(self) -> int:

@@ -33,13 +33,21 @@ from llamactor.runtime.service.config import MAX_BODY_BYTES
 from llamactor.protocol.errors import NotFound, RequestError, Unauthorized, Unavailable
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.http.errors import BodyTooLarge, error_response
-from llamactor.runtime.http.requests import Submission, chat_messages, from_chat, from_completion, from_native
-from llamactor.runtime.http.responses import NativeShaper, OpenAIShaper
+from llamactor.runtime.http.requests import Submission, chat_turn, from_chat, from_completion, from_native
+from llamactor.runtime.http import anthropic, responses_api
+from llamactor.runtime.http.chat_api import ChatShaper, named_frame
+from llamactor.runtime.http.responses import (
+    NativeShaper, OpenAIShaper, default_generation_settings, generation_settings,
+)
+from llamactor.runtime.http import embeddings
+from llamactor.protocol.wire import EmbeddingRequest, RerankRequest
+from llamactor.runtime.http.live import LiveFeed
+from llamactor.runtime.http.page import ASSET_PATH, PAGE_PATHS, PUBLIC_PAGE_PATHS, Page
 
 if TYPE_CHECKING:
     from llamactor.runtime.service.core import RuntimeCore as Runtime
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", *PUBLIC_PAGE_PATHS})  # the page asks for the key itself
 SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SLOT_ACTIONS = ("save", "restore", "erase")
 
@@ -53,12 +61,12 @@ def _json(obj: Any, status: int = 200) -> Response:
 class _ApiKey:
     """401 for a missing or wrong key on every path but /health (constant-time compare)."""
 
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
+    def __init__(self, app: ASGIApp, key: str | None, more: tuple[str, ...] = ()) -> None:
         self.app = app
-        self.key = key.encode() if key else None
+        self.keys = tuple(k.encode() for k in ((key,) if key else ()) + more)  # --api-key a,b / --api-key-file
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is None or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if not self.keys or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -67,7 +75,7 @@ class _ApiKey:
             given = given[7:].strip()
         else:
             given = headers.get(b"x-api-key", b"")
-        if not hmac.compare_digest(given, self.key):
+        if not sum(hmac.compare_digest(given, k) for k in self.keys):  # every key compared: no early exit
             response = error_response(Unauthorized("invalid or missing API key"))
             await response(scope, receive, send)
             return
@@ -132,6 +140,7 @@ async def _unless_disconnected(request: Request, handle: RequestHandle, wait: An
 class Api:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.feed = LiveFeed(rt.live_snapshot)  # one ticker shared by every /live client (API-17)
 
     @property
     def model_id(self) -> str:
@@ -167,7 +176,7 @@ class Api:
             "kv_unified": cfg.kv_unified,
             "scheduler": cfg.scheduler,
             "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
-            "default_generation_settings": {"n_ctx": cfg.ctx_per_request},
+            "default_generation_settings": default_generation_settings(cfg),
         })
 
     async def tokenize(self, request: Request) -> Response:
@@ -214,24 +223,44 @@ class Api:
             result["filename"] = Path(path).name
         return _json(result)
 
+    async def live(self, request: Request) -> Response:
+        """The live view's SSE stream (API-17): one shared snapshot per tick, see ``http.live``."""
+        return StreamingResponse(self.feed.frames(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
     async def metrics(self, request: Request) -> Response:
         self.rt._require_ready()
         return Response(self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    # ---- embeddings and rerank (API-10, API-11): shapes in ``http.embeddings`` ---------------
+
+    async def embeddings_oai(self, request: Request) -> Response:
+        req = await _decode(request, EmbeddingRequest)
+        return _json(await embeddings.openai_embeddings(self.rt, req, self.model_id, request))
+
+    async def embeddings_native(self, request: Request) -> Response:
+        req = await _decode(request, EmbeddingRequest)
+        return _json(await embeddings.native_embeddings(self.rt, req, request))
+
+    async def rerank(self, request: Request) -> Response:
+        req = await _decode(request, RerankRequest)
+        return _json(await embeddings.rerank(self.rt, req, self.model_id, request))
 
     # ---- generation --------------------------------------------------------------------
 
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
-        sub = from_native(req)
-        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0)
+        sub = from_native(req, self.rt.config)
         handle = await self._submit(sub)
+        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0,
+                              settings=generation_settings(handle.task, stream=req.stream))
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def completions(self, request: Request) -> Response:
         req = await _decode(request, CompletionRequest)
-        sub = from_completion(req)
+        sub = from_completion(req, self.rt.config)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         shaper = OpenAIShaper(self.model_id, chat=False, want_logprobs=req.logprobs is not None,
                               include_usage=include_usage)
@@ -242,14 +271,52 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
-        prompt = self.rt.apply_chat_template(chat_messages(req))
-        sub = from_chat(req, prompt)
+        turn = chat_turn(self.rt, req)
+        sub = from_chat(req, turn, self.rt.config)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        shaper = OpenAIShaper(self.model_id, chat=True, want_logprobs=req.logprobs, include_usage=include_usage)
+        shaper = ChatShaper(self.model_id, turn=turn, want_logprobs=req.logprobs, include_usage=include_usage)
         handle = await self._submit(sub)
         if req.stream:
             return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk)
         return _json(shaper.body(await self._collect(request, handle)))
+
+    # ---- chat-shaped APIs over the chat path (API-13) -----------------------------------
+
+    async def responses(self, request: Request) -> Response:
+        req = responses_api.to_chat(await _decode(request, dict[str, Any]))
+        return await self._chat_as(request, req, responses_api.ResponsesShaper)
+
+    async def messages(self, request: Request) -> Response:
+        req = anthropic.to_chat(await _decode(request, dict[str, Any]))
+        return await self._chat_as(request, req, anthropic.AnthropicShaper)
+
+    async def _chat_as(self, request: Request, req: ChatCompletionRequest, shaper_cls: Any) -> Response:
+        turn = chat_turn(self.rt, req)
+        shaper = shaper_cls(self.model_id, turn)
+        handle = await self._submit(from_chat(msgspec.structs.replace(req, n=1), turn, self.rt.config))
+        shaper.prompt_tokens = len(handle.task.prompt)
+        if req.stream:
+            return await self._stream(request, handle, shaper.events, done=False, tail=shaper.tail,
+                                      frame=named_frame)
+        return _json(shaper.body(await self._collect(request, handle)))
+
+    async def apply_template(self, request: Request) -> Response:
+        return _json({"prompt": chat_turn(self.rt, await _decode(request, ChatCompletionRequest)).prompt})
+
+    async def chat_input_tokens(self, request: Request) -> Response:
+        req = await _decode(request, ChatCompletionRequest)
+        return _json(responses_api.input_tokens_body(await self._count(req)))
+
+    async def responses_input_tokens(self, request: Request) -> Response:
+        req = responses_api.to_chat(await _decode(request, dict[str, Any]))
+        return _json(responses_api.input_tokens_body(await self._count(req)))
+
+    async def count_tokens(self, request: Request) -> Response:
+        req = anthropic.to_chat(await _decode(request, dict[str, Any]))
+        return _json(anthropic.count_tokens_body(await self._count(req)))
+
+    async def _count(self, req: ChatCompletionRequest) -> int:
+        return len(await self.rt.tokenize(chat_turn(self.rt, req).prompt))
 
     async def _submit(self, sub: Submission) -> RequestHandle:
         return await self.rt.submit(sub.prompt, **sub.kwargs())
@@ -263,7 +330,7 @@ class Api:
         return await _unless_disconnected(request, handle, handle.first)
 
     async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
-                      tail: Any = None) -> Response:
+                      tail: Any = None, frame: Any = sse.frame) -> Response:
         first = await self._first(request, handle)
 
         async def frames() -> AsyncIterator[bytes]:
@@ -272,11 +339,11 @@ class Api:
                 iterator = handle.__aiter__()
                 while event is not None:
                     for chunk in shape(event):
-                        yield sse.frame(chunk)
+                        yield frame(chunk)
                     event = await anext(iterator, None)
                 extra = tail() if tail is not None else None
                 if extra is not None:
-                    yield sse.frame(extra)
+                    yield frame(extra)
                 if done:
                     yield sse.DONE
             except Exception as exc:  # noqa: BLE001 - mid-stream failures end the stream with an error event
@@ -313,12 +380,29 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         route("/v1/completions", api.completions, ["POST"]),
         route("/v1/chat/completions", api.chat, ["POST"]),
         route("/chat/completions", api.chat, ["POST"]),
+        *(route(path, api.responses, ["POST"]) for path in ("/v1/responses", "/responses")),
+        route("/v1/messages", api.messages, ["POST"]),
+        route("/v1/messages/count_tokens", api.count_tokens, ["POST"]),
+        route("/apply-template", api.apply_template, ["POST"]),
+        *(route(path, api.chat_input_tokens, ["POST"])
+          for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens")),
+        *(route(path, api.responses_input_tokens, ["POST"])
+          for path in ("/v1/responses/input_tokens", "/responses/input_tokens")),
         route("/tokenize", api.tokenize, ["POST"]),
         route("/detokenize", api.detokenize, ["POST"]),
         route("/slots", api.slots, ["GET"]),
         route("/slots/{id}", api.slot_action, ["POST"]),
         route("/metrics", api.metrics, ["GET"]),
+        route("/v1/embeddings", api.embeddings_oai, ["POST"]),
+        route("/embeddings", api.embeddings_native, ["POST"]),
+        route("/embedding", api.embeddings_native, ["POST"]),
+        *(route(path, api.rerank, ["POST"]) for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
+        route("/live", api.live, ["GET"]),
     ]
+    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server (API-17)
+        page = Page()
+        routes += [route(path, page.index, ["GET"]) for path in PAGE_PATHS]
+        routes.append(route(ASSET_PATH, page.asset, ["GET"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(NotFound(f"no route for {request.method} {request.url.path}"))
@@ -330,7 +414,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_ApiKey, key=rt.config.api_key)],
+        middleware=[Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys)],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )

@@ -12,7 +12,7 @@ import structlog
 from starlette.responses import Response
 
 from llamactor.protocol.wire import ErrorBody, ErrorResponse
-from llamactor.protocol.errors import LlamactorError, Overloaded, RequestError, Unavailable
+from llamactor.protocol.errors import ExceedContextSize, LlamactorError, Overloaded, RequestError, Unavailable
 
 log = structlog.get_logger("llamactor.http")
 
@@ -42,7 +42,10 @@ def map_exception(exc: BaseException) -> LlamactorError:
 
 def error_body(exc: BaseException) -> ErrorResponse:
     err = map_exception(exc)
-    return ErrorResponse(ErrorBody(message=str(err) or err.kind, type=err.kind, code=err.status))
+    body = ErrorBody(message=str(err) or err.kind, type=err.kind, code=err.status)
+    if isinstance(err, ExceedContextSize):  # llama-server adds both sizes (API-16)
+        body.n_prompt_tokens, body.n_ctx = err.n_prompt_tokens, err.n_ctx
+    return ErrorResponse(body)
 
 
 def error_response(exc: BaseException) -> Response:

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from llamactor.protocol.sampling import (
-    DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, DEFAULT_SEED, ParamError, SamplingParams, sampler_names,
-)
+import msgspec
+
+from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, SamplingParams, sampler_names
 from llamactor.protocol.wire import (
     DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS, ChatCompletionRequest, CompletionRequest,
     NativeCompletionRequest, ResponseFormat,
 )
 from llamactor.protocol.errors import RequestError
+from llamactor.runtime.service.chatturn import ChatTurn
+from llamactor.runtime.service.config import RuntimeConfig
+
+if TYPE_CHECKING:
+    from llamactor.runtime.service.core import RuntimeCore
 
 NEG_INF_BIAS = float("-inf")
-_DEFAULTS = SamplingParams()
+# Request fields named as SamplingParams names them; a field the request leaves out (None)
+# takes the server's default, ``RuntimeConfig.sampling`` (API-15).
+_SAME_NAME = (
+    "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma",
+    "xtc_probability", "xtc_threshold", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty", "dry_multiplier", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
+    "mirostat_tau", "mirostat_eta", "min_keep",
+)
 
 
 @dataclass
@@ -55,10 +67,10 @@ def prompt_of(raw: str | list[Any]) -> str | list[int]:
     raise RequestError("prompt must be a string or a list of token ids (one prompt per request)")
 
 
-def stop_of(raw: list[str] | str | None) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    return (raw,) if isinstance(raw, str) else tuple(raw)
+def stop_of(raw: list[str] | str | None, defaults: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The request's stop strings; none (or only empty ones) means the server's (-r), as in llama-server."""
+    stops = () if raw is None else (raw,) if isinstance(raw, str) else tuple(raw)
+    return stops if any(stops) else defaults
 
 
 def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int, float], ...]:
@@ -77,8 +89,9 @@ def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int, 
     return tuple(out)
 
 
-def seed_of(raw: int | None) -> int:
-    return DEFAULT_SEED if raw is None or raw < 0 else raw
+def seed_of(raw: int) -> int:
+    """A seed of -1 (any negative) asks for a random one, even on a server started with --seed."""
+    return DEFAULT_SEED if raw < 0 else raw
 
 
 def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat | None) -> str:
@@ -105,71 +118,72 @@ def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat 
         raise RequestError(f"unsupported JSON schema: {exc}") from None
 
 
-def sampling_of(req: NativeCompletionRequest | CompletionRequest | ChatCompletionRequest, *,
+def sampling_of(req: NativeCompletionRequest | CompletionRequest | ChatCompletionRequest, defaults: SamplingParams, *,
                 grammar: str, n_probs: int) -> SamplingParams:
-    """The sampling fields every generation body shares (same names in both APIs)."""
+    """The sampling fields every generation body shares (same names in both APIs), over the
+    server's defaults: a field the request leaves out keeps the default."""
+    given: dict[str, Any] = {name: getattr(req, name) for name in _SAME_NAME if getattr(req, name) is not None}
     try:
-        samplers = DEFAULT_SAMPLERS if req.samplers is None else sampler_names(req.samplers)
+        if req.samplers is not None:
+            given["samplers"] = sampler_names(req.samplers)
     except ParamError as exc:
         raise RequestError(str(exc)) from None
-    breakers = DEFAULT_DRY_BREAKERS if req.dry_sequence_breakers is None else tuple(req.dry_sequence_breakers)
-    return SamplingParams(
-        temperature=req.temperature, dynatemp_range=req.dynatemp_range, dynatemp_exponent=req.dynatemp_exponent,
-        top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, typical_p=req.typical_p, top_n_sigma=req.top_n_sigma,
-        xtc_probability=req.xtc_probability, xtc_threshold=req.xtc_threshold,
-        repeat_penalty=req.repeat_penalty, repeat_last_n=req.repeat_last_n,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        # llama-server: a dry_base below 1 is replaced by the default
-        dry_multiplier=req.dry_multiplier, dry_base=req.dry_base if req.dry_base >= 1.0 else _DEFAULTS.dry_base,
-        dry_allowed_length=req.dry_allowed_length, dry_penalty_last_n=req.dry_penalty_last_n,
-        dry_sequence_breakers=breakers,
-        mirostat=req.mirostat, mirostat_tau=req.mirostat_tau, mirostat_eta=req.mirostat_eta,
-        min_keep=req.min_keep, samplers=samplers,
-        seed=seed_of(req.seed), logit_bias=logit_bias_of(req.logit_bias), grammar=grammar, n_probs=n_probs,
-    )
+    if req.dry_sequence_breakers is not None:
+        given["dry_sequence_breakers"] = tuple(req.dry_sequence_breakers)
+    if req.dry_base is not None and req.dry_base >= 1.0:  # llama-server: a dry_base below 1 keeps the default
+        given["dry_base"] = req.dry_base
+    if req.seed is not None:
+        given["seed"] = seed_of(req.seed)
+    if req.logit_bias:
+        given["logit_bias"] = logit_bias_of(req.logit_bias)
+    if grammar:
+        given["grammar"] = grammar
+    return msgspec.structs.replace(defaults, n_probs=n_probs, **given)
 
 
-def from_native(req: NativeCompletionRequest) -> Submission:
-    params = sampling_of(req, grammar=grammar_of(req.grammar, req.json_schema, None), n_probs=req.n_probs)
+def _submission(req: NativeCompletionRequest | CompletionRequest | ChatCompletionRequest, cfg: RuntimeConfig,
+                prompt: str | list[int], max_tokens: int, params: SamplingParams) -> Submission:
     return Submission(
-        prompt_of(req.prompt), req.n_predict, params, stop_of(req.stop), req.n, req.id_slot,
-        req.cache_prompt, req.ignore_eos,
+        prompt, max_tokens, params, stop_of(req.stop, cfg.stop), req.n, req.id_slot,
+        cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
+        cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
     )
 
 
-def _openai_params(req: CompletionRequest | ChatCompletionRequest, n_probs: int) -> SamplingParams:
-    return sampling_of(req, grammar=grammar_of(req.grammar, None, req.response_format), n_probs=n_probs)
+def from_native(req: NativeCompletionRequest, cfg: RuntimeConfig) -> Submission:
+    params = sampling_of(req, cfg.sampling, grammar=grammar_of(req.grammar, req.json_schema, None), n_probs=req.n_probs)
+    return _submission(req, cfg, prompt_of(req.prompt), -1 if req.n_predict is None else req.n_predict, params)
 
 
-def from_completion(req: CompletionRequest) -> Submission:
-    max_tokens = DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS if req.max_tokens is None else req.max_tokens
-    return Submission(
-        prompt_of(req.prompt), max_tokens, _openai_params(req, 0 if req.logprobs is None else max(req.logprobs, 1)), stop_of(req.stop), req.n,
-        req.id_slot, req.cache_prompt, req.ignore_eos,
-    )
+def _openai_params(req: CompletionRequest | ChatCompletionRequest, cfg: RuntimeConfig, n_probs: int) -> SamplingParams:
+    return sampling_of(req, cfg.sampling, grammar=grammar_of(req.grammar, None, req.response_format), n_probs=n_probs)
+
+
+def from_completion(req: CompletionRequest, cfg: RuntimeConfig) -> Submission:
+    """OpenAI's default of 16 tokens, unless the server sets one with -n (as llama-server does)."""
+    default = cfg.n_predict_max if cfg.n_predict_max > 0 else DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS
+    max_tokens = default if req.max_tokens is None else req.max_tokens
+    n_probs = 0 if req.logprobs is None else max(req.logprobs, 1)
+    return _submission(req, cfg, prompt_of(req.prompt), max_tokens, _openai_params(req, cfg, n_probs))
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    if not req.messages:
-        raise RequestError("messages must not be empty")
-    out = []
-    for i, m in enumerate(req.messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise RequestError(f"messages[{i}].content: only text parts are supported")
-                texts.append(part["text"])
-            content = "".join(texts)
-        out.append({"role": m.role, "content": content or ""})
-    return out
+    """The messages as OpenAI-shaped dicts (fields left out dropped), for ``prepare_chat``."""
+    return [msgspec.to_builtins(m) for m in req.messages]
 
 
-def from_chat(req: ChatCompletionRequest, prompt: str) -> Submission:
+def chat_turn(rt: RuntimeCore, req: ChatCompletionRequest, *, add_generation_prompt: bool = True) -> ChatTurn:
+    """Render the request and choose its call grammar (API-8, API-9), in the service layer."""
+    return rt.prepare_chat(
+        chat_messages(req), tools=None if req.tools is None else msgspec.to_builtins(req.tools),
+        tool_choice=msgspec.to_builtins(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
+        reasoning_format=req.reasoning_format, reasoning_effort=req.reasoning_effort,
+        chat_template_kwargs=req.chat_template_kwargs, add_generation_prompt=add_generation_prompt,
+    )
+
+
+def from_chat(req: ChatCompletionRequest, turn: ChatTurn, cfg: RuntimeConfig) -> Submission:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     n_probs = (req.top_logprobs or 1) if req.logprobs else 0
-    return Submission(
-        prompt, -1 if max_tokens is None else max_tokens, _openai_params(req, n_probs), stop_of(req.stop), req.n,
-        req.id_slot, req.cache_prompt, req.ignore_eos,
-    )
+    params = turn.sampling(_openai_params(req, cfg, n_probs))  # adds the tool-call grammar
+    return _submission(req, cfg, turn.prompt, -1 if max_tokens is None else max_tokens, params)

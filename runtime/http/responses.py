@@ -1,33 +1,80 @@
-"""Shape a request's events into llama-server native and OpenAI responses (API-3, API-4).
+"""Shape a request's events into llama-server native and OpenAI responses (API-3, API-4, API-16).
 
 One ``Shaper`` per API turns ``Token`` / ``Done`` events into stream chunks and a final
-body. They only format: no I/O, no waiting.
+body, with the parts llama-server's bodies carry: ``timings``, ``system_fingerprint``,
+``usage.prompt_tokens_details.cached_tokens``, and on the native API ``generation_settings``,
+``tokens_cached``, ``truncated`` and ``stop_type``. They only format: no I/O, no waiting.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from importlib import metadata
 from typing import Any
 
 from llamactor.protocol.events import Done, Token
+from llamactor.protocol.messages import Task
+from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.wire import NativeChunk, NativeResult, Timings
+from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.handles import Completion
 
 STOP_TYPES = {"length": "limit"}
+# llama-server sends its build ("b1-0c1e570"); ours names the server and its version.
+SYSTEM_FINGERPRINT = f"llamactor-{metadata.version('llamactor')}"
 
 
 def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, predicted_ms: float) -> Timings:
+    """llama-server's formulas (server_slot_stats): the first generated token comes from the
+    prompt's logits, so generation rates count ``n_predicted - 1`` decode steps."""
     n_eval = n_prompt - n_cached
+    steps = max(n_predicted - 1, 0)
     return Timings(
+        cache_n=n_cached,
         prompt_n=n_eval,
         prompt_ms=prompt_ms,
+        prompt_per_token_ms=prompt_ms / n_eval if n_eval > 0 else 0.0,
         prompt_per_second=n_eval / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
         predicted_n=n_predicted,
         predicted_ms=predicted_ms,
-        predicted_per_second=n_predicted / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
-        cache_n=n_cached,
+        predicted_per_token_ms=predicted_ms / steps if steps > 0 else 0.0,
+        predicted_per_second=steps / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
     )
+
+
+def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, stream: bool) -> dict[str, Any]:
+    """llama-server's ``task_params::to_json(only_metrics=true)`` for the fields llamactor has."""
+    return {
+        "seed": p.seed, "temperature": p.temperature, "dynatemp_range": p.dynatemp_range,
+        "dynatemp_exponent": p.dynatemp_exponent, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+        "top_n_sigma": p.top_n_sigma, "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold,
+        "typical_p": p.typical_p, "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
+        "dry_penalty_last_n": p.dry_penalty_last_n, "mirostat": p.mirostat, "mirostat_tau": p.mirostat_tau,
+        "mirostat_eta": p.mirostat_eta, "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
+        "ignore_eos": ignore_eos, "stream": stream, "n_probs": p.n_probs, "min_keep": p.min_keep,
+        "samplers": list(p.samplers),
+    }
+
+
+def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
+    """A native response's ``generation_settings``: the request's effective settings."""
+    p = task.params
+    out = sampling_settings(p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream)
+    out.update(
+        dry_sequence_breakers=list(p.dry_sequence_breakers), stop=list(task.stop),
+        logit_bias=[[token, bias] for token, bias in p.logit_bias], grammar=p.grammar,
+    )
+    return out
+
+
+def default_generation_settings(cfg: RuntimeConfig) -> dict[str, Any]:
+    """``/props``' ``default_generation_settings``: the server's defaults, set by its flags (API-15)."""
+    params = sampling_settings(cfg.sampling, n_predict=cfg.n_predict_max, ignore_eos=cfg.ignore_eos, stream=False)
+    params["reasoning_format"] = cfg.reasoning_format
+    return {"params": params, "n_ctx": cfg.ctx_per_request}
 
 
 def _stop_type(finish: str, word: str) -> str:
@@ -50,9 +97,10 @@ def _native_probs(ev: Token) -> list[dict[str, Any]]:
 class NativeShaper:
     """llama-server's /completion."""
 
-    def __init__(self, model: str, want_probs: bool) -> None:
+    def __init__(self, model: str, want_probs: bool, settings: dict[str, Any] | None = None) -> None:
         self.model = model
         self.want_probs = want_probs
+        self.settings = settings or {}  # generation_settings (see ``generation_settings``)
 
     def chunk(self, ev: Token | Done) -> Any:
         if isinstance(ev, Token):
@@ -65,10 +113,11 @@ class NativeShaper:
     def _result(self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None) -> NativeResult:
         return NativeResult(
             content=content, stop=True, index=d.index, id_slot=d.slot, model=self.model,
-            tokens_predicted=d.n_predicted, tokens_evaluated=d.n_prompt, tokens_cached=d.n_cached,
+            tokens_predicted=d.n_predicted, tokens_evaluated=d.n_prompt,
+            tokens_cached=d.n_prompt + max(d.n_predicted - 1, 0),  # in the slot's KV now (the last token is not decoded)
             stop_type=_stop_type(d.finish_reason, d.stopping_word), stopping_word=d.stopping_word,
-            truncated=False, timings=_timings(d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms),
-            tokens=tokens, completion_probabilities=probs,
+            truncated=d.truncated, timings=_timings(d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms),
+            generation_settings=self.settings, tokens=tokens, completion_probabilities=probs,
         )
 
     def body(self, c: Completion) -> Any:
@@ -94,10 +143,13 @@ class OpenAIShaper:
         self.object = "chat.completion" if chat else "text_completion"
         self._started: set[int] = set()
         self.n_prompt = 0
+        self.n_cached = 0
         self.n_completion = 0
+        self._timings: Timings | None = None
 
     def _envelope(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
 
     def _logprobs(self, events: tuple[Token, ...] | list[Token]) -> Any:
         if not self.want_logprobs:
@@ -142,26 +194,37 @@ class OpenAIShaper:
                 choice["text"] = ev.text
             out.append(self._envelope([choice], obj))
             return out
-        self.n_prompt = ev.n_prompt
+        self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
         self.n_completion += ev.n_predicted
+        self._timings = _timings(ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms)
         choice = {"index": ev.index, "logprobs": None, "finish_reason": ev.finish_reason}
         if self.chat:
             choice["delta"] = {}
         else:
             choice["text"] = ""
-        out.append(self._envelope([choice], obj))
+        env = self._envelope([choice], obj)
+        # As llama-server: /v1/completions' last chunk has usage and timings; a chat stream has
+        # timings on its last chunk, or on the usage chunk when one was asked for.
+        if not self.chat:
+            env["usage"] = self._usage(ev.n_prompt, ev.n_cached, ev.n_predicted)
+        if not (self.chat and self.include_usage):
+            env["timings"] = self._timings
+        out.append(env)
         return out
 
     def usage_chunk(self) -> dict[str, Any] | None:
         if not self.include_usage:
             return None
         env = self._envelope([], self.object + ".chunk" if self.chat else self.object)
-        env["usage"] = self._usage(self.n_prompt, self.n_completion)
+        env["usage"] = self._usage(self.n_prompt, self.n_cached, self.n_completion)
+        if self.chat and self._timings is not None:
+            env["timings"] = self._timings
         return env
 
     @staticmethod
-    def _usage(n_prompt: int, n_completion: int) -> dict[str, int]:
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+    def _usage(n_prompt: int, n_cached: int, n_completion: int) -> dict[str, Any]:
+        return {"completion_tokens": n_completion, "prompt_tokens": n_prompt, "total_tokens": n_prompt + n_completion,
+                "prompt_tokens_details": {"cached_tokens": n_cached}}
 
     def body(self, c: Completion) -> dict[str, Any]:
         choices = []
@@ -174,6 +237,6 @@ class OpenAIShaper:
                 entry["text"] = ch.text
             choices.append(entry)
         env = self._envelope(choices, self.object)
-        env["usage"] = self._usage(c.n_prompt, c.n_predicted)
+        env["usage"] = self._usage(c.n_prompt, c.n_cached, c.n_predicted)
         env["timings"] = _timings(c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms)
         return env

@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from llamactor.protocol.errors import NotFound, RequestError
+from llamactor.protocol.errors import ConfigError, ExceedContextSize, NotFound, RequestError
 from llamactor.protocol.events import Event
 from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
@@ -44,18 +45,24 @@ class Admission:
         *,
         max_tokens: int,
         n: int,
-        stop: Sequence[str],
+        stop: Sequence[str] | None,
         id_slot: int,
-        cache_prompt: bool,
-        ignore_eos: bool,
+        cache_prompt: bool | None,
+        ignore_eos: bool | None,
         add_special: bool,
         params: SamplingParams | None,
         sampling: dict[str, Any],
     ) -> tuple[Task, MemoryObjectReceiveStream[Event]]:
-        """The task and the receive end of its result stream (the task holds the send end)."""
+        """The task and the receive end of its result stream (the task holds the send end).
+
+        What the caller leaves out (None, or sampling fields not given) is the server's
+        default: ``RuntimeConfig.sampling``, ``stop``, ``cache_prompt``, ``ignore_eos`` (API-15).
+        """
         cfg = self.config
-        params = params or sampling_params(sampling)
-        stops = tuple(stop)
+        params = params or sampling_params(sampling, cfg.sampling)
+        stops = tuple(stop) if stop else cfg.stop
+        cache_prompt = cfg.cache_prompt if cache_prompt is None else cache_prompt
+        ignore_eos = cfg.ignore_eos if ignore_eos is None else ignore_eos
         await self.check_sampling(params, stops)
         tokens = await self.prompt_tokens(prompt, add_special)
         n_predict = self.token_budget(len(tokens), max_tokens)
@@ -70,6 +77,13 @@ class Admission:
             arrived=time.perf_counter(),
         )
         return task, recv
+
+    async def check_defaults(self) -> None:
+        """The server's defaults against the loaded model (logit-bias ids, grammar): once at startup."""
+        try:
+            await self.check_sampling(self.config.sampling, self.config.stop)
+        except RequestError as exc:
+            raise ConfigError(f"server sampling defaults: {exc}") from None
 
     async def check_sampling(self, params: SamplingParams, stop: tuple[str, ...]) -> None:
         try:
@@ -95,9 +109,9 @@ class Admission:
             raise RequestError("the prompt is empty")
         limit = self.config.ctx_per_request
         if len(tokens) >= limit:
-            raise RequestError(
+            raise ExceedContextSize(
                 f"the prompt has {len(tokens)} tokens but the slot context is {limit} tokens "
-                f"(prompt + generation must fit)"
+                f"(prompt + generation must fit)", n_prompt_tokens=len(tokens), n_ctx=limit,
             )
         return tokens
 
@@ -108,14 +122,19 @@ class Admission:
         if max_tokens > MAX_N_PREDICT:
             raise RequestError(f"n_predict/max_tokens must be at most {MAX_N_PREDICT}, got {max_tokens}")
         room = self.config.ctx_per_request - n_prompt
+        if self.config.context_shift:
+            # The context shifts instead of filling up (EN-4): the slot does not bound the
+            # generation; "unlimited" is bounded by EOS and the server's --n-predict cap only.
+            room = MAX_N_PREDICT
         n_predict = room if max_tokens < 0 else min(max_tokens, room)
         if self.config.n_predict_max > 0:
             n_predict = min(n_predict, self.config.n_predict_max)
         return n_predict
 
 
-def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
-    """``SamplingParams`` from keyword arguments (lists and dicts accepted where tuples are held)."""
+def sampling_params(sampling: dict[str, Any], defaults: SamplingParams | None = None) -> SamplingParams:
+    """``SamplingParams`` from keyword arguments over ``defaults`` (the server's,
+    ``RuntimeConfig.sampling``); lists and dicts are accepted where tuples are held."""
     sampling = dict(sampling)
     try:
         if "samplers" in sampling:
@@ -123,7 +142,7 @@ def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
         for name in ("dry_sequence_breakers", "logit_bias"):
             if name in sampling:
                 sampling[name] = _as_tuple(sampling[name])
-        return SamplingParams(**sampling)
+        return msgspec.structs.replace(defaults or SamplingParams(), **sampling)
     except (ParamError, TypeError) as exc:
         raise RequestError(str(exc)) from None
 

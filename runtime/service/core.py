@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,20 +35,29 @@ from llamactor.protocol.events import Done, Failed, Token
 from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
 from llamactor.runtime.service.chat import ChatTemplate
-from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
 from llamactor.runtime.engine.context import ContextOptions
 from llamactor.protocol.errors import (
-    Closed, EngineError, LlamactorError, NotFound, Overloaded, RequestError, Unavailable,
+    Closed, ConfigError, EngineError, LlamactorError, NotFound, Overloaded, RequestError, Unavailable,
 )
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service.metrics import Metrics
 from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.engine.hooks import GroupHooks
+from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.service.admission import Admission
 from llamactor.runtime.service.handles import Completion, RequestHandle, collect
+from llamactor.runtime.service.admission import sampling_params
+from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion, prepare_chat
+from llamactor.runtime.service import live
+from llamactor.protocol.live import LiveSnapshot
+from llamactor.actors.embedder import EmbeddingActor
+from llamactor.runtime.engine.embedding import EmbeddingOptions
+from llamactor.runtime.service.embeddings import EmbeddingService, Embeddings, Input, Ranked
 
 log = structlog.get_logger("llamactor.runtime")
 
+_SUBMIT_ARGS = frozenset({"max_tokens", "n", "stop", "id_slot", "cache_prompt", "ignore_eos", "add_special"})
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 SLOT_ACTION_TIMEOUT_S = 60.0
 
@@ -71,6 +80,7 @@ class RuntimeCore:
     def __init__(self, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> None:
         self.config = config
         self.hooks = hooks  # injected into every group (tests, chaos): see runtime.hooks
+        self.prompt_cache: PromptCache | None = None  # host-memory prompt cache (EN-5), shared by the groups
         self.state = RuntimeState.CREATED
         self.model: Model | None = None
         self.chat_template: ChatTemplate | None = None
@@ -79,6 +89,7 @@ class RuntimeCore:
         self.metrics: Metrics | None = None
         self.started_at = 0.0
         self.admission: Admission | None = None
+        self.embeddings: EmbeddingService | None = None  # embed/rerank admission (API-10, API-11)
         self._stack: AsyncExitStack | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -121,8 +132,9 @@ class RuntimeCore:
         self.model = model
         self._stack.callback(model.close)
         self.admission = Admission(model, cfg, self.tokenize)
+        await self.admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
         self.chat_template = ChatTemplate(
-            model.chat_template(), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
+            chat_template_source(cfg, model), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
         )
         policy_cls = policies.resolve_policy(cfg.scheduler)
         n = cfg.pipeline_groups
@@ -140,8 +152,13 @@ class RuntimeCore:
             n_threads_batch=cfg.threads_batch,
             kv_unified=cfg.kv_unified,
             flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
+            type_k=CACHE_TYPES[cfg.cache_type_k],
+            type_v=CACHE_TYPES[cfg.cache_type_v],
+            context_shift=cfg.context_shift,
         )
         metrics = self.metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
+
+        prompt_cache = self.prompt_cache = PromptCache(cfg.cache_ram_mib) if cfg.cache_ram_mib else None
 
         def make_group(g: int) -> GroupActor:
             policy = policy_cls(g, **policy_options)
@@ -150,10 +167,12 @@ class RuntimeCore:
                 g, model, ctx_opts, cfg.group_slots(g), policy,
                 supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
                 profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps, hooks=self.hooks,
+                prompt_cache=prompt_cache,
             )
 
         coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
                                                     lambda g: sup.group(g), metrics)
+        metrics.prompt_cache = prompt_cache.statistics if prompt_cache is not None else None
         metrics.phase_of = lambda g: coord.status(g).phase
         metrics.waiting_of = lambda g: coord.status(g).waiting
         metrics.restarts_of = lambda g: sup.snapshot().restarts[g]
@@ -165,6 +184,13 @@ class RuntimeCore:
         scope = await self._stack.enter_async_context(open_actor_scope())
         await scope.start(coord)
         await scope.start(sup)
+        embedder = None
+        if cfg.embedding:  # its own context over the same weights, beside the groups (API-10)
+            embedder = EmbeddingActor(model, EmbeddingOptions(
+                n_batch=cfg.n_ubatch, n_seq_max=cfg.embedding_parallel, n_threads=cfg.threads_batch,
+                pooling=cfg.pooling, flash_attn=FLASH_ATTN_CODES[cfg.flash_attn]))
+            await scope.start(embedder)
+        self.embeddings = EmbeddingService(model, embedder, normalize=cfg.embd_normalize)
         self.started_at = time.time()
         log.info(
             "runtime_ready",
@@ -213,7 +239,52 @@ class RuntimeCore:
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         self._require_ready()
         assert self.chat_template is not None
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt,
+                                         **self.config.chat_template_kwargs)  # --chat-template-kwargs
+
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, reasoning_format: str | None = None,
+                     **options: Any) -> ChatTurn:
+        """Render a chat request and choose its call grammar (API-8, API-9); see ``chatturn``.
+
+        ``options``: tools, tool_choice, parallel_tool_calls, reasoning_effort,
+        chat_template_kwargs, add_generation_prompt. Raises RequestError naming the field.
+        """
+        self._require_ready()
+        assert self.chat_template is not None
+        if reasoning_format is None:
+            reasoning_format = self.config.reasoning_format
+        if self.config.chat_template_kwargs:  # the server's (--chat-template-kwargs) under the request's
+            options["chat_template_kwargs"] = {**self.config.chat_template_kwargs,
+                                               **(options.get("chat_template_kwargs") or {})}
+        return prepare_chat(self.chat_template, messages, reasoning_format=reasoning_format, **options)
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        reasoning_format: str | None = None,
+        reasoning_effort: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """One chat turn run to the end: OpenAI-shaped ``messages`` (and ``tools``) in, the parsed
+        assistant message of each choice out (``result.message.content``, ``.reasoning_content``,
+        ``.tool_calls``; ``result.finish_reason`` is "tool_calls" when it called one).
+
+        ``kwargs`` are ``submit``'s (max_tokens, n, stop, params or sampling fields, ...).
+        """
+        turn = self.prepare_chat(
+            messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+            reasoning_format=reasoning_format, reasoning_effort=reasoning_effort,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        submit_args = {k: kwargs.pop(k) for k in list(kwargs) if k in _SUBMIT_ARGS}
+        params = kwargs.pop("params", None) or sampling_params(kwargs, self.config.sampling)
+        handle = await self.submit(turn.prompt, params=turn.sampling(params), **submit_args)
+        return parse_completion(turn, await collect(handle))
 
     async def submit(
         self,
@@ -221,10 +292,10 @@ class RuntimeCore:
         *,
         max_tokens: int = -1,
         n: int = 1,
-        stop: Sequence[str] = (),
+        stop: Sequence[str] | None = None,
         id_slot: int = -1,
-        cache_prompt: bool = True,
-        ignore_eos: bool = False,
+        cache_prompt: bool | None = None,
+        ignore_eos: bool | None = None,
         add_special: bool = True,
         params: SamplingParams | None = None,
         **sampling: Any,
@@ -283,9 +354,52 @@ class RuntimeCore:
         assert self.supervisor is not None
         return await self.supervisor.ask(lambda r: SlotRequest(action, slot, path, r), SLOT_ACTION_TIMEOUT_S)
 
+    # ---- embeddings and rerank (API-10, API-11) -------------------------------------------
+
+    async def embed(self, inputs: Input | Sequence[Input], *, normalize: int | None = None) -> Embeddings:
+        """Embed one input or a list of them (strings or token-id lists); vectors in input order.
+
+        Needs a runtime opened with ``embedding=True``; ``normalize`` defaults to the config's
+        ``embd_normalize`` (2: unit euclidean norm). Raises RequestError naming the bad input.
+        """
+        self._require_ready()
+        assert self.embeddings is not None
+        return await self.embeddings.embed(inputs, normalize=normalize)
+
+    async def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[Ranked]:
+        """Score ``documents`` against ``query`` (rank pooling only); best first, at most ``top_n``."""
+        self._require_ready()
+        assert self.embeddings is not None
+        return await self.embeddings.rerank(query, documents, top_n=top_n)
+
     def metrics_text(self) -> bytes:
         assert self.metrics is not None
         return self.metrics.render()
+
+    def live_snapshot(self) -> LiveSnapshot:
+        """Groups, slots, phases, queue and counters as one frozen snapshot (API-17).
+
+        Never raises: a runtime that is loading or stopping reports its state and no groups.
+        Cheap (reads frozen reports only); ``/live`` calls it once per tick for all its clients.
+        """
+        sup, coord, metrics = self.supervisor, self.coordinator, self.metrics
+        if self.state is not RuntimeState.READY or sup is None or coord is None or metrics is None:
+            return live.idle_snapshot(self.config, self.state.value)
+        return live.build_snapshot(self.config, self.state.value, self.started_at, sup, coord, metrics)
+
+
+def chat_template_source(cfg: RuntimeConfig, model: Model) -> str | None:
+    """--chat-template (Jinja source, or "chatml" as llama-server names it), else
+    --chat-template-file, else the GGUF's own; None means ChatML."""
+    if cfg.chat_template is not None:
+        return None if cfg.chat_template == "chatml" else cfg.chat_template
+    if cfg.chat_template_file is not None:
+        try:
+            with open(cfg.chat_template_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --chat-template-file {cfg.chat_template_file}: {exc.strerror}") from None
+    return model.chat_template()
 
 
 def load_options(cfg: RuntimeConfig) -> LoadOptions:

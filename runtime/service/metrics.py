@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
     from llamactor.runtime.engine.context import StepResult
+    from llamactor.runtime.engine.promptcache import PromptCacheStats
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
@@ -32,6 +33,7 @@ class Metrics:
         self.waiting_of: Callable[[int], int] = lambda g: 0
         self.restarts_of: Callable[[int], int] = lambda g: 0
         self.down_of: Callable[[int], bool] = lambda g: False
+        self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # EN-5 statistics, when on
         self._ttft = Histogram(
             "llamactor:time_to_first_token_seconds", "Time from arrival to the first token",
             ["group"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
@@ -158,3 +160,16 @@ class _CounterCollector:
         yield restarts
         yield down
         yield failed
+        if self.m.prompt_cache is not None:
+            stats = self.m.prompt_cache()
+            for name, doc, value, kind in (
+                ("prompt_cache_hits", "Prompts restored from the host-memory prompt cache", stats.hits, "counter"),
+                ("prompt_cache_tokens_reused", "Prompt tokens restored instead of prefilled", stats.tokens_reused,
+                 "counter"),
+                ("prompt_cache_saves", "Slot states saved to the host-memory prompt cache", stats.saves, "counter"),
+                ("prompt_cache_bytes", "Bytes held by the host-memory prompt cache", stats.bytes_held, "gauge"),
+                ("prompt_cache_entries", "Prompts held by the host-memory prompt cache", stats.entries, "gauge"),
+            ):
+                fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(f"llamactor:{name}", doc)
+                fam.add_metric([], value)
+                yield fam

@@ -1,0 +1,62 @@
+"""The live view's data (API-17): one frozen snapshot of a runtime's groups, slots and counters.
+
+``RuntimeCore.live_snapshot()`` builds one from the actors' own frozen reports (the
+supervisor's table snapshot and slot rows, each policy's ``PolicyStatus``, the per-group
+counters); the HTTP layer's ``/live`` stream takes one per tick, shared by every client, and
+adds the rates and histories that need more than one snapshot. Counters are cumulative since
+the runtime started, so a reader derives rates from two snapshots and their ``at`` times.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SLOT_STATES = ("idle", "prefill", "ready", "generate", "down")  # "ready": waiting at the cohort barrier
+
+
+class LiveSlot(msgspec.Struct, frozen=True, kw_only=True):
+    id: int  # global slot id, as in /slots
+    group: int
+    state: str  # one of SLOT_STATES
+    cohort: int = 0  # the policy's cohort id of the request (0: none)
+    task: int = -1  # request id, -1 when idle
+    n_prompt: int = 0  # prompt tokens of the request
+    n_decoded: int = 0  # tokens generated so far
+    n_remain: int = 0  # tokens still allowed (n_predict - n_decoded)
+    age_s: float = 0.0  # seconds since the request arrived
+
+
+class LiveGroup(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    up: bool  # False: down past its restart limit
+    restarts: int
+    phase: str  # the policy's phase ("none" for a policy without phases)
+    cohort: int  # the policy's current cohort id
+    waiting: int  # requests holding a slot that wait for a phase grant
+    tokens_predicted: int  # cumulative
+    prompt_tokens: int  # cumulative
+    n_decode: int  # cumulative llama_decode calls
+    requests_failed: int  # cumulative, failed alone
+    slots: tuple[LiveSlot, ...]
+
+
+class LiveHistogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-bucket counts (not cumulative) summed over groups; the last bucket is ``> bounds_s[-1]``."""
+
+    bounds_s: tuple[float, ...]
+    counts: tuple[int, ...]  # len(bounds_s) + 1
+    sum_s: float
+
+
+class LiveSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    at: float  # time.time() of the snapshot
+    state: str  # the runtime's lifecycle state: loading, ready, stopping, closed
+    healthy: bool
+    model: str
+    scheduler: str
+    uptime_s: float
+    queue_depth: int
+    queue_size: int
+    groups: tuple[LiveGroup, ...] = ()
+    ttft: LiveHistogram | None = None  # time to first token
+    inter_token: LiveHistogram | None = None  # gap between consecutive tokens of one stream

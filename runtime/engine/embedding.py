@@ -1,0 +1,261 @@
+"""An embedding context over the loaded model: batch fill, pooled vectors, normalization (API-10, API-11).
+
+``EmbeddingContext`` is a second kind of llama_context made from the one ``Model`` whose weights
+the generation groups already use: embeddings on, pooling set, its own KV cells. One call of
+``decode`` packs several whole sequences into one llama_batch (sequence ids 0..k-1, positions
+from 0) and returns one result per sequence:
+
+- pooled (mean, cls, last): the pooled vector, shape (n_embd,);
+- none: one vector per token, shape (n_tokens, n_embd);
+- rank: the classifier's scores, shape (n_cls_out,) (the relevance score is element 0).
+
+Why every sequence must fit in one physical batch: llama.cpp pools per ubatch, so a sequence
+split over two ubatches would be pooled from half of its tokens. The context is therefore made
+with ``n_ubatch == n_batch`` and a unified KV (one stream: ``split_simple`` keeps the batch
+whole; per-sequence streams would cut it into equal-length pieces), and ``decode`` is never given
+more than ``n_batch`` tokens. Sequences are stateless: the KV is cleared before every batch.
+
+Cost: with embeddings on llama.cpp outputs every token, so besides the KV cells the context holds
+logits for n_batch tokens (n_vocab × n_batch × 4 bytes) and computes the output layer for them
+(SmolLM2-135M at n_batch 512: 11 MiB KV, 100 MiB compute buffer, 96 MiB logits once used).
+
+Numerics: an input packed with others and the same input alone agree to llama.cpp's kernel
+choice for the batch size (measured: 1e-3 on the tiny test model with flash attention's f16 path,
+2e-3 relative on SmolLM2 Q4_1 with or without it); equal inputs in one batch come out equal.
+
+Called from one worker thread at a time (the owning ``EmbeddingActor``); never from the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from llamactor.protocol.errors import ConfigError, EngineError
+from llamactor.runtime.engine.model import Model
+
+POOLING_CODES = {
+    "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
+    "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+    "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
+    "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+    "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK,
+}
+POOLING_NAMES = {code: name for name, code in POOLING_CODES.items()}
+INT16_RANGE = 32760.0  # normalize=0 scales into an int16 range, as llama.cpp's common_embd_normalize
+CLASSIFIER_TENSORS = ("cls.weight", "cls.output.weight")  # llama.cpp's rank pooling head (build_pooling)
+
+
+@dataclass(frozen=True)
+class EmbeddingOptions:
+    n_batch: int  # tokens per decode (also the physical batch): the longest input accepted
+    n_seq_max: int  # sequences packed into one decode
+    n_threads: int
+    pooling: str = ""  # "" = the model's own (llama.cpp: none for generative models)
+    flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
+class EmbeddingContext:
+    """A llama_context with embeddings on; ``decode`` turns whole sequences into vectors."""
+
+    def __init__(self, model: Model, opts: EmbeddingOptions) -> None:
+        if opts.pooling and opts.pooling not in POOLING_CODES:
+            raise ConfigError(f"--pooling must be one of {', '.join(POOLING_CODES)}, got {opts.pooling!r}")
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = opts.n_batch  # stateless sequences: one batch worth of cells is all it needs
+        params.n_batch = opts.n_batch
+        params.n_ubatch = opts.n_batch
+        params.n_seq_max = opts.n_seq_max
+        params.n_threads = opts.n_threads
+        params.n_threads_batch = opts.n_threads
+        params.kv_unified = True
+        params.embeddings = True
+        params.pooling_type = POOLING_CODES[opts.pooling] if opts.pooling else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+        params.flash_attn_type = opts.flash_attn
+        params.no_perf = True
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create the embedding context (out of memory or bad sizes)")
+        self.memory = llama_cpp.llama_get_memory(self.ptr)  # NULL for encoder-only models (BERT)
+        self.pooling = POOLING_NAMES[llama_cpp.llama_pooling_type(self.ptr)]
+        if self.pooling == "rank" and not has_classifier_head(model.path):
+            # llama.cpp would score with the first hidden unit of the wrong rows: refuse instead.
+            self.close()
+            raise ConfigError(f"--pooling rank needs a reranker model with a classifier head (a cls.output "
+                              f"tensor); {model.name} has none")
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ptr))
+        self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.ptr))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model.ptr))
+        self.n_cls_out = int(llama_cpp.llama_model_n_cls_out(model.ptr))
+        self._alloc_batch(self.n_batch)
+
+    def _alloc_batch(self, n: int) -> None:
+        # We own every buffer (numpy), so llama_batch_free must never be called on this batch.
+        self._tok = np.zeros(n, dtype=np.int32)
+        self._pos = np.zeros(n, dtype=np.int32)
+        self._nseq = np.ones(n, dtype=np.int32)
+        self._seq = np.zeros(n, dtype=np.int32)
+        self._out = np.ones(n, dtype=np.int8)  # an embedding context outputs every token
+        self._ramp = np.arange(n, dtype=np.int32)
+        seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n)()
+        base = self._seq.ctypes.data
+        for i in range(n):
+            seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
+        self._seq_ptrs = seq_ptrs
+        b = llama_cpp.llama_batch()
+        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.seq_id = seq_ptrs  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
+        self._batch = b
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    def fits(self, n_tokens: int, n_seqs: int) -> bool:
+        """Whether ``n_seqs`` sequences of ``n_tokens`` tokens in all fit one ``decode``."""
+        return n_tokens <= self.n_batch and n_seqs <= self.n_seq_max
+
+    def decode(self, seqs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Decode whole sequences in one batch; return each one's vector(s) or scores (copies).
+
+        The caller packs at most ``n_seq_max`` non-empty sequences of at most ``n_batch`` tokens in all.
+        """
+        n = 0
+        for seq, tokens in enumerate(seqs):
+            k = len(tokens)
+            self._tok[n : n + k] = tokens
+            self._pos[n : n + k] = self._ramp[:k]
+            self._seq[n : n + k] = seq
+            n += k
+        assert 0 < n <= self.n_batch and len(seqs) <= self.n_seq_max
+        if self.memory:
+            llama_cpp.llama_memory_clear(self.memory, False)
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.ptr, self._batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with status {rc} in the embedding context")
+        if self.pooling == "none":
+            ptr = llama_cpp.llama_get_embeddings(self.ptr)
+            if not ptr:
+                raise EngineError("llama.cpp returned no token embeddings")
+            rows = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
+            out, start = [], 0
+            for tokens in seqs:
+                out.append(rows[start : start + len(tokens)].copy())
+                start += len(tokens)
+            return out
+        width = self.n_cls_out if self.pooling == "rank" else self.n_embd
+        pooled = []
+        for seq in range(len(seqs)):
+            ptr = llama_cpp.llama_get_embeddings_seq(self.ptr, seq)
+            if not ptr:
+                raise EngineError(f"llama.cpp returned no pooled embedding for sequence {seq}")
+            pooled.append(np.ctypeslib.as_array(ptr, shape=(width,)).copy())
+        return pooled
+
+
+def normalize(vec: np.ndarray, norm: int) -> np.ndarray:
+    """llama.cpp's ``common_embd_normalize``: -1 none, 0 max-abs into int16 range, 1 taxicab,
+    2 euclidean, p > 2 p-norm. A zero vector stays zero. Returns float32."""
+    v = vec.astype(np.float64)
+    if norm == -1:
+        return vec.astype(np.float32)
+    if norm == 0:
+        total = float(np.abs(v).max(initial=0.0)) / INT16_RANGE
+    elif norm == 2:
+        total = float(np.sqrt(np.dot(v, v)))
+    else:
+        total = float(np.power(np.power(np.abs(v), norm).sum(), 1.0 / norm))
+    scale = 1.0 / total if total > 0.0 else 0.0
+    return (v * scale).astype(np.float32)
+
+
+def rerank_tokens(model: Model, query: str, document: str) -> list[int]:
+    """The tokens llama-server scores for one (query, document) pair (``format_prompt_rerank``).
+
+    With a ``rerank`` chat template in the GGUF, its ``{query}``/``{document}`` are filled in;
+    otherwise [BOS] query [EOS] [SEP] document [EOS], each special token as the vocabulary asks.
+    """
+    template = llama_cpp.llama_model_chat_template(model.ptr, b"rerank")
+    if template:
+        text = template.decode("utf-8", "replace").replace("{query}", query).replace("{document}", document)
+        return model.tokenize(text, add_special=False, parse_special=True)
+    vocab = model.vocab
+    eos = llama_cpp.llama_vocab_eos(vocab)
+    if eos == llama_cpp.LLAMA_TOKEN_NULL:
+        eos = llama_cpp.llama_vocab_sep(vocab)
+    add_eos = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
+    out: list[int] = [model.bos] if model.add_bos else []
+    out += model.tokenize(query, add_special=False, parse_special=False)
+    if add_eos:
+        out.append(eos)
+    if llama_cpp.llama_vocab_get_add_sep(vocab):
+        out.append(llama_cpp.llama_vocab_sep(vocab))
+    out += model.tokenize(document, add_special=False, parse_special=False)
+    if add_eos:
+        out.append(eos)
+    return out
+
+
+# ---- GGUF header (which tensors the file holds: llama.cpp offers no API for it) -----------
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_tensor_names(path: str | Path) -> list[str]:
+    """The tensor names in a GGUF file's header (v2/v3, little-endian), skipping the metadata."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ConfigError(f"{path} is not a GGUF file")
+        n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+        off = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", "replace"), at + 8 + n
+
+        def skip(kind: int, at: int) -> int:
+            if kind in _GGUF_SCALAR:
+                return at + _GGUF_SCALAR[kind]
+            if kind == _GGUF_STRING:
+                return at + 8 + struct.unpack_from("<Q", buf, at)[0]
+            if kind == _GGUF_ARRAY:
+                inner, count = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if inner in _GGUF_SCALAR:
+                    return at + count * _GGUF_SCALAR[inner]
+                for _ in range(count):
+                    at = skip(inner, at)
+                return at
+            raise ConfigError(f"{path}: unknown GGUF metadata type {kind}")
+
+        for _ in range(n_kv):
+            _, off = string(off)
+            (kind,) = struct.unpack_from("<I", buf, off)
+            off = skip(kind, off + 4)
+        names = []
+        for _ in range(n_tensors):
+            name, off = string(off)
+            (n_dims,) = struct.unpack_from("<I", buf, off)
+            off += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
+            names.append(name)
+        return names
+
+
+def has_classifier_head(path: str | Path) -> bool:
+    names = set(gguf_tensor_names(path))
+    return any(t in names for t in CLASSIFIER_TENSORS)

@@ -1,0 +1,122 @@
+"""A prompt cache in host memory, beyond the slots (EN-5, llama-server's ``--cache-ram``).
+
+When a slot is taken by another conversation, the KV state of what it held is copied out of
+the context (``llama_state_seq_get_data``) into this cache; a later prompt that extends a
+cached one restores that state into whichever slot it gets, in any group
+(``llama_state_seq_set_data``), instead of prefilling it again. The restored state is the
+evicted one, byte for byte, so the continuation is exactly what it would have been had the
+conversation kept its slot.
+
+The rules are llama-server's (server_prompt_cache): a prompt already contained in an entry is
+not stored again; storing a prompt drops entries it contains; the oldest entries go first when
+the byte limit is reached; a cached prompt is only restored when it keeps at least a quarter
+of itself and shares more of the new prompt than the slot does.
+
+Used by the groups on the event loop, between their steps (never during a decode), so it needs
+no lock. One instance per runtime, shared by all groups.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+MIB = 1024 * 1024
+MIN_KEEP_FRACTION = 0.25  # a cached prompt is restored only if the new prompt keeps this much of it
+SAVE_BELOW_FRACTION = 0.5  # a slot's KV is saved when the new prompt keeps less than this of it
+
+
+@dataclass
+class Entry:
+    tokens: np.ndarray  # int32 token ids whose KV ``state`` holds
+    state: bytes  # llama_state_seq_get_data of one sequence
+
+
+@dataclass(frozen=True)
+class PromptCacheStats:
+    entries: int
+    tokens: int
+    bytes_held: int
+    limit_bytes: int
+    saves: int
+    hits: int  # restores
+    tokens_reused: int  # prompt tokens not prefilled thanks to restores
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class PromptCache:
+    def __init__(self, limit_mib: int) -> None:
+        """``limit_mib``: the byte budget in MiB (llama-server's -cram); -1 means no limit."""
+        self.limit_bytes = 0 if limit_mib < 0 else limit_mib * MIB
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self._next = 0
+        self._bytes = 0
+        self.saves = self.hits = self.tokens_reused = 0
+
+    def statistics(self) -> PromptCacheStats:
+        return PromptCacheStats(len(self._entries), sum(len(e.tokens) for e in self._entries.values()),
+                                self._bytes, self.limit_bytes, self.saves, self.hits, self.tokens_reused)
+
+    # ---- the two operations a group calls around a slot's reuse -------------------------
+
+    def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray) -> bool:
+        """Copy sequence ``seq``'s KV (holding ``tokens``) into the cache; False if not stored."""
+        if len(tokens) == 0 or any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._entries.values()):
+            return False  # nothing, or already contained in an entry
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+        if size == 0 or (self.limit_bytes and size > self.limit_bytes):
+            return False
+        for key in [k for k, e in self._entries.items() if common_prefix(e.tokens, tokens) == len(e.tokens)]:
+            self._drop(key)  # entries the new one contains
+        while self._entries and self.limit_bytes and self._bytes + size > self.limit_bytes:
+            self._drop(next(iter(self._entries)))
+        buf = (ctypes.c_ubyte * size)()
+        if llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq) != size:
+            return False
+        self._entries[self._next] = Entry(np.array(tokens, dtype=np.int32), bytes(buf))
+        self._next += 1
+        self._bytes += size
+        self.saves += 1
+        return True
+
+    def restore(self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray) -> np.ndarray | None:
+        """Restore into ``seq`` the entry that serves ``prompt`` better than what the slot holds
+        (``slot_tokens``); return what the slot holds now (the entry's tokens; empty if the
+        restore failed), or None when no entry is better (the slot is unchanged)."""
+        lcp_best = common_prefix(slot_tokens, prompt)
+        keep_best = lcp_best / len(slot_tokens) if len(slot_tokens) else -1.0
+        sim_best = lcp_best / max(len(prompt), 1)
+        best: int | None = None
+        for key, e in self._entries.items():
+            lcp = common_prefix(e.tokens, prompt)
+            keep, sim = lcp / len(e.tokens), lcp / max(len(prompt), 1)
+            if keep >= MIN_KEEP_FRACTION and keep > keep_best and sim > sim_best:
+                best, keep_best, sim_best = key, keep, sim
+        if best is None:
+            return None
+        entry = self._entries[best]
+        data = (ctypes.c_ubyte * len(entry.state)).from_buffer_copy(entry.state)
+        memory = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+        if llama_cpp.llama_state_seq_set_data(ctx, data, len(entry.state), seq) != len(entry.state):
+            llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+            return np.zeros(0, dtype=np.int32)  # the slot holds nothing now
+        self._entries.move_to_end(best)  # recently used
+        self.hits += 1
+        self.tokens_reused += min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
+        return entry.tokens
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= len(entry.state)

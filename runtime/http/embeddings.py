@@ -1,0 +1,134 @@
+"""Embeddings and rerank over HTTP, in llama-server's shapes (API-10, API-11).
+
+- ``POST /v1/embeddings``: OpenAI's shape; ``encoding_format`` float or base64 (little-endian
+  float32, as OpenAI and llama-server send it). Pooling ``none`` is refused, as llama-server does.
+  A body with ``content`` and no ``input`` gets the native shape, as llama-server answers it.
+- ``POST /embedding``, ``/embeddings``: llama-server's native shape ``[{index, embedding: [[...]]}]``;
+  with pooling ``none`` one unnormalized vector per token. ``embd_normalize`` on both.
+- ``POST /rerank`` (and ``/reranking``, ``/v1/rerank``, ``/v1/reranking``): Jina/Cohere shape
+  (``documents``: ``results`` of ``{index, relevance_score, document?}``) or TEI shape (``texts``:
+  a bare list of ``{index, score, text?}``), best first, at most ``top_n``.
+
+A client that disconnects cancels its request: its inputs not yet decoded are dropped (API-6).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import numpy as np
+from starlette.requests import Request
+
+from llamactor.protocol.errors import RequestError
+from llamactor.protocol.wire import (
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingUsage,
+    NativeEmbedding,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    TeiRerankResult,
+)
+from llamactor.runtime.service.embeddings import check_top_n
+
+if TYPE_CHECKING:
+    from llamactor.runtime.service.core import RuntimeCore as Runtime
+
+T = TypeVar("T")
+ENCODING_FORMATS = ("float", "base64")
+
+
+async def openai_embeddings(rt: Runtime, req: EmbeddingRequest, model_id: str, request: Request) -> Any:
+    rt._require_ready()
+    service = rt.embeddings
+    assert service is not None
+    service.require()  # 501 before any field is checked, as llama-server answers
+    if req.input is None:
+        if req.content is None:
+            raise RequestError("\"input\" or \"content\" must be provided")
+        return await native_embeddings(rt, req, request)  # llama-server: "content" is not OAI
+    if req.encoding_format not in ENCODING_FORMATS:
+        raise RequestError(f"encoding_format must be float or base64, got {req.encoding_format!r}")
+    if req.dimensions is not None and service.actor is not None and req.dimensions != service.actor.n_embd:
+        raise RequestError(f"dimensions: this model's embeddings have {service.actor.n_embd} dimensions, "
+                           f"got {req.dimensions}")
+    raw = req.input
+    out = await until_disconnect(request, lambda: service.embed(raw, normalize=req.embd_normalize,
+                                                                 field="input", oai=True))
+    b64 = req.encoding_format == "base64"
+    data = [EmbeddingData(_b64(v), i, "embedding", "base64") if b64 else EmbeddingData(v.tolist(), i, "embedding")
+            for i, v in enumerate(out.vectors)]
+    usage = EmbeddingUsage(out.prompt_tokens, out.prompt_tokens)
+    return EmbeddingResponse(data, req.model or model_id, usage)
+
+
+async def native_embeddings(rt: Runtime, req: EmbeddingRequest, request: Request) -> list[NativeEmbedding]:
+    rt._require_ready()
+    service = rt.embeddings
+    assert service is not None
+    service.require()
+    field = "input" if req.input is not None else "content"
+    raw = req.input if req.input is not None else req.content
+    if raw is None:
+        raise RequestError("\"input\" or \"content\" must be provided")
+    if req.encoding_format != "float":
+        raise RequestError(f"encoding_format {req.encoding_format!r} is only available on /v1/embeddings; the native "
+                           f"/embedding(s) endpoints answer floats")
+    out = await until_disconnect(request, lambda: service.embed(raw, normalize=req.embd_normalize, field=field))
+    return [NativeEmbedding(i, v.tolist() if v.ndim == 2 else [v.tolist()]) for i, v in enumerate(out.vectors)]
+
+
+async def rerank(rt: Runtime, req: RerankRequest, model_id: str, request: Request) -> Any:
+    rt._require_ready()
+    service = rt.embeddings
+    assert service is not None
+    service.require_rerank()  # 501 before any field is checked, as llama-server answers
+    if req.query is None:
+        raise RequestError("\"query\" must be provided")
+    tei = req.texts is not None and req.documents is None
+    docs = req.texts if tei else req.documents
+    if docs is None:
+        raise RequestError("\"documents\" must be a non-empty string array")
+    check_top_n(req.top_n)
+    query = req.query
+    ranked_all = await until_disconnect(request, lambda: service.rerank_all(query, docs))
+    n = sum(r.n_tokens for r in ranked_all)  # usage counts every document, as llama-server's
+    ranked = ranked_all[: req.top_n] if req.top_n is not None else ranked_all
+    if tei:
+        return [TeiRerankResult(r.index, r.score, docs[r.index] if req.return_text else None) for r in ranked]
+    with_docs = req.return_documents or req.return_text
+    results = [RerankResult(r.index, r.score, RerankDocument(docs[r.index]) if with_docs else None) for r in ranked]
+    return RerankResponse(req.model or model_id, EmbeddingUsage(n, n), results)
+
+
+def _b64(vec: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(vec, dtype="<f4").tobytes()).decode("ascii")
+
+
+async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """Await ``work()`` while watching the client; if it leaves, cancel the work (API-6)."""
+    outcome: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            outcome.append(await work())
+        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+            outcome.append(exc)
+        tg.cancel_scope.cancel()
+    if not outcome:
+        raise RequestError("client disconnected")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]

@@ -1,0 +1,349 @@
+"""OpenAI Responses API: ``POST /v1/responses`` and ``/v1/responses/input_tokens`` (API-13).
+
+A Responses request is converted into a chat completions request as llama-server's
+``server_chat_convert_responses_to_chatcmpl`` does: ``instructions`` become a system message,
+``input`` (a string, or message / function_call / function_call_output / reasoning items)
+becomes the messages, function ``tools`` stay (other tool types are skipped, as there),
+``max_output_tokens`` is ``max_tokens`` and ``reasoning.effort`` is ``reasoning_effort``;
+``previous_response_id`` is refused (nothing is stored). Beyond llama-server,
+``text.format`` (json_schema / json_object) becomes ``response_format`` and a named
+``tool_choice`` forces that function.
+
+``ResponsesShaper`` writes the answer as a ``response`` object whose ``output`` holds a
+reasoning item, a message item and one function_call item per call; or as the Responses
+stream: ``response.created``, ``response.in_progress``, then for each item
+``response.output_item.added``, its deltas (``response.output_text.delta`` after
+``response.content_part.added``, ``response.reasoning_text.delta``,
+``response.function_call_arguments.delta``) and its ``.done`` events, and
+``response.completed`` with the whole response. Every event carries ``sequence_number`` and
+the ``output_index``/``content_index`` the openai client's stream accumulator needs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from llamactor.protocol.errors import RequestError
+from llamactor.protocol.events import Done, Token
+from llamactor.protocol.wire import ChatCompletionRequest
+from llamactor.runtime.http.chat_api import ChoiceParsers
+from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage, ToolCall
+from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
+from llamactor.runtime.service.handles import Completion
+
+ROLES_IN = ("user", "system", "developer")
+# Responses fields with no chat meaning (dropped rather than passed on as chat fields).
+DROPPED = frozenset({"input", "instructions", "tools", "tool_choice", "max_output_tokens", "reasoning", "text",
+                     "previous_response_id", "store", "include", "truncation", "metadata", "background",
+                     "prompt", "prompt_cache_key", "safety_identifier", "service_tier", "conversation",
+                     "max_tool_calls", "stream_options"})
+
+
+def _uid(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+# ---- request -------------------------------------------------------------------------------
+
+
+def to_chat(body: Any) -> ChatCompletionRequest:
+    """The chat completions request a Responses body stands for. Raises RequestError naming the field."""
+    if not isinstance(body, Mapping):
+        raise RequestError("the request body must be a JSON object")
+    if "input" not in body:
+        raise RequestError("input is required")
+    if body.get("previous_response_id"):
+        raise RequestError("previous_response_id is not supported: this server stores no responses; "
+                           "send the whole conversation in input")
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in DROPPED}
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions") is not None:
+        if not isinstance(body["instructions"], str):
+            raise RequestError("instructions must be a string")
+        messages.append({"role": "system", "content": body["instructions"]})
+    raw = body["input"]
+    if isinstance(raw, str):
+        messages.append({"role": "user", "content": raw})
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            _item(item, f"input[{i}]", messages)
+    else:
+        raise RequestError("input must be a string or an array of items")
+    chat["messages"] = messages
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
+    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object"):
+        chat["response_format"] = ({"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+                                   if fmt["type"] == "json_schema" else {"type": "json_object"})
+    return msgspec.convert(chat, ChatCompletionRequest)
+
+
+def _text_parts(content: Any, where: str, allowed: tuple[str, ...]) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"{where} must be a string or an array of content parts")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind not in allowed or not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}[{j}]: only {' and '.join(allowed)} parts are supported, got {kind!r}")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
+    """Append one input item to ``messages`` (assistant pieces merge into one message)."""
+    if not isinstance(item, Mapping):
+        raise RequestError(f"{where} must be an object")
+    kind, role = item.get("type"), item.get("role")
+    last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+    if role in ROLES_IN and kind in (None, "message"):
+        text = _text_parts(item.get("content"), f"{where}.content", ("input_text", "text"))
+        messages.append({"role": role, "content": text})
+    elif role == "assistant" and kind in (None, "message"):
+        text = _text_parts(item.get("content"), f"{where}.content", ("output_text", "input_text", "text"))
+        if last is not None and not last.get("tool_calls"):
+            last["content"] += text
+        else:
+            messages.append({"role": "assistant", "content": text})
+    elif kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise RequestError(f"{where}.{key} must be a string")
+        call = {"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        if last is not None:
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise RequestError(f"{where}.call_id must be a string")
+        output = _text_parts(item.get("output"), f"{where}.output", ("input_text", "output_text", "text"))
+        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+    elif kind == "reasoning":
+        texts = [c.get("text", "") for c in item.get("content") or [] if isinstance(c, Mapping)]
+        if last is not None:
+            last["reasoning_content"] = "".join(texts)
+        else:
+            messages.append({"role": "assistant", "content": "", "reasoning_content": "".join(texts)})
+    else:
+        raise RequestError(f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); "
+                           f"messages, function_call, function_call_output and reasoning items are supported")
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise RequestError("tools must be an array of objects")
+    out = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, Mapping):
+            raise RequestError(f"tools[{i}] must be an object")
+        if tool.get("type") != "function":
+            continue  # built-in tools (web_search, ...) have no chat equivalent: skipped, as llama-server does
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(raw: Any) -> Any:
+    if isinstance(raw, Mapping) and raw.get("type") == "function":
+        return {"type": "function", "function": {"name": raw.get("name")}}
+    return raw
+
+
+# ---- response --------------------------------------------------------------------------------
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "encrypted_content": "",
+            "status": status}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [_text_part(text)] if status == "completed" else []
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def _call_item(call: ToolCall, status: str) -> dict[str, Any]:
+    return {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": "call_" + call.id,
+            "name": call.name, "arguments": call.arguments if status == "completed" else ""}
+
+
+class ResponsesShaper:
+    """One Responses answer (choice 0), as a response object or as the Responses stream."""
+
+    def __init__(self, model: str, turn: ChatTurn) -> None:
+        self.model = model
+        self.turn = turn
+        self.id = _uid("resp_")
+        self.created_at = int(time.time())
+        self.parsers = ChoiceParsers(turn)
+        self.prompt_tokens = 0
+        self._seq = 0
+        self._started = False
+        self._finished = False
+        self._output: list[dict[str, Any]] = []  # completed items, in output order
+        self._open: dict[str, Any] | None = None  # the item being streamed (reasoning or message)
+        self._open_text = ""
+
+    def _response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                  incomplete: bool = False) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            "model": self.model, "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "metadata": {},
+            **({"completed_at": int(time.time())} if status != "in_progress" else {}),
+        }
+
+    @staticmethod
+    def _usage(n_prompt: int, n_cached: int, n_predicted: int) -> dict[str, Any]:
+        return {"input_tokens": n_prompt, "output_tokens": n_predicted, "total_tokens": n_prompt + n_predicted,
+                "input_tokens_details": {"cached_tokens": n_cached},
+                "output_tokens_details": {"reasoning_tokens": 0}}
+
+    def body(self, c: Completion) -> dict[str, Any]:
+        message = parse_completion(self.turn, c).message
+        output = self._items(message)
+        return self._response("incomplete" if c.finish_reason == "length" else "completed", output,
+                              self._usage(c.n_prompt, c.n_cached, c.n_predicted), c.finish_reason == "length")
+
+    def _items(self, message: ParsedMessage) -> list[dict[str, Any]]:
+        output = []
+        if message.reasoning_content:
+            output.append(_reasoning_item(_uid("rs_"), message.reasoning_content, "completed"))
+        if message.content:
+            output.append(_message_item(_uid("msg_"), message.content, "completed"))
+        output.extend(_call_item(call, "completed") for call in message.tool_calls)
+        return output
+
+    # ---- stream ------------------------------------------------------------------------------
+
+    def _event(self, name: str, **data: Any) -> tuple[str, Any]:
+        self._seq += 1
+        return name, {"type": name, "sequence_number": self._seq - 1, **data}
+
+    def events(self, ev: Token | Done) -> list[tuple[str, Any]]:
+        if ev.index != 0:
+            return []
+        out = self._start()
+        out += self._delta(self.parsers.feed(ev))
+        if isinstance(ev, Done):
+            out += self._close()
+            incomplete = ev.finish_reason == "length"
+            response = self._response("incomplete" if incomplete else "completed", self._output,
+                                      self._usage(ev.n_prompt, ev.n_cached, ev.n_predicted), incomplete)
+            # Always "response.completed", as llama-server sends (the openai client's stream helper
+            # waits for it); a cut-off answer says so in the response's status and incomplete_details.
+            out.append(self._event("response.completed", response=response))
+            self._finished = True
+        return out
+
+    def tail(self) -> list[tuple[str, Any]] | None:
+        if self._finished:
+            return None
+        return [*self._start(), self._event("response.completed", response=self._response(
+            "completed", [], self._usage(self.prompt_tokens, 0, 0)))]
+
+    def _start(self) -> list[tuple[str, Any]]:
+        if self._started:
+            return []
+        self._started = True
+        response = self._response("in_progress", [], None)
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]
+
+    def _delta(self, delta: MessageDelta) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        if delta.reasoning:
+            out += self._open_item("reasoning")
+            self._open_text += delta.reasoning
+            out.append(self._event("response.reasoning_text.delta", item_id=self._open_id, output_index=self._index,
+                                   content_index=0, delta=delta.reasoning))
+        if delta.content:
+            out += self._open_item("message")
+            self._open_text += delta.content
+            out.append(self._event("response.output_text.delta", item_id=self._open_id, output_index=self._index,
+                                   content_index=0, delta=delta.content, logprobs=[]))
+        for _, call in delta.calls:
+            out += self._close()
+            index, item_id = len(self._output), "fc_" + call.id
+            added = _call_item(call, "in_progress")
+            out.append(self._event("response.output_item.added", output_index=index, item=added))
+            out.append(self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                                   delta=call.arguments))
+            out.append(self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                                   arguments=call.arguments))
+            done = _call_item(call, "completed")
+            out.append(self._event("response.output_item.done", output_index=index, item=done))
+            self._output.append(done)
+        return out
+
+    @property
+    def _index(self) -> int:
+        return len(self._output)  # the open item is the next one of the output
+
+    @property
+    def _open_id(self) -> str:
+        assert self._open is not None
+        return str(self._open["id"])
+
+    def _open_item(self, kind: str) -> list[tuple[str, Any]]:
+        if self._open is not None and self._open["type"] == kind:
+            return []
+        out = self._close()
+        if kind == "reasoning":
+            self._open = _reasoning_item(_uid("rs_"), "", "in_progress")
+            out.append(self._event("response.output_item.added", output_index=self._index, item=self._open))
+        else:
+            self._open = _message_item(_uid("msg_"), "", "in_progress")
+            out.append(self._event("response.output_item.added", output_index=self._index, item=self._open))
+            out.append(self._event("response.content_part.added", item_id=self._open_id, output_index=self._index,
+                                   content_index=0, part=_text_part("")))
+        self._open_text = ""
+        return out
+
+    def _close(self) -> list[tuple[str, Any]]:
+        if self._open is None:
+            return []
+        out = []
+        item_id, index, text = self._open_id, self._index, self._open_text
+        if self._open["type"] == "reasoning":
+            out.append(self._event("response.reasoning_text.done", item_id=item_id, output_index=index,
+                                   content_index=0, text=text))
+            done = _reasoning_item(item_id, text, "completed")
+        else:
+            out.append(self._event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
+                                   text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", item_id=item_id, output_index=index,
+                                   content_index=0, part=_text_part(text)))
+            done = _message_item(item_id, text, "completed")
+        out.append(self._event("response.output_item.done", output_index=index, item=done))
+        self._output.append(done)
+        self._open, self._open_text = None, ""
+        return out
+
+
+def input_tokens_body(n_tokens: int) -> dict[str, Any]:
+    """llama-server's answer to the input_tokens endpoints of the OpenAI APIs."""
+    return {"object": "response.input_tokens", "input_tokens": n_tokens}

@@ -1,0 +1,301 @@
+"""One chat request made ready to run: messages checked, prompt rendered, call grammar chosen.
+
+``prepare_chat`` is the one path from OpenAI-shaped messages and options to a ``ChatTurn``,
+used by ``RuntimeCore.chat`` and by every chat-shaped HTTP endpoint (chat completions,
+Responses, Anthropic Messages, /apply-template, the token counters), so they render and parse
+alike (API-8, API-9, API-13). It is called once per request, on the event loop: it renders a
+Jinja template and builds a grammar string, both cheap next to a decode step.
+
+The turn carries the sampling additions (a call grammar, lazy or not, and its trigger words)
+and makes the ``MessageParser`` of each choice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+
+from llamactor.protocol.errors import RequestError
+from llamactor.protocol.sampling import SamplingParams
+from llamactor.runtime.service.chat import ChatTemplate
+from llamactor.runtime.service.chatparse import (
+    REASONING_FORMATS, THINK_CLOSE, THINK_OPEN, MessageParser, ParsedMessage, ToolCall,
+)
+from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.toolcalls import (
+    SYNTAX, CallSyntax, ToolChoice, ToolFormat, ToolSpec, call_grammar, detect_format, generic_tool_prompt,
+    parse_tool_choice, parse_tools, render_call, render_tool_result, trigger_words,
+)
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# Variables the server sets itself; chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+ROLES_AS_SYSTEM = frozenset({"developer"})  # llama.cpp maps OpenAI's developer role to system
+# Whitespace a model may write right after </think> before a forced call (trigger words).
+_AFTER_THINK = ("", "\n", "\n\n", " ")
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """A rendered chat request. ``syntax`` is None when no call is to be parsed."""
+
+    prompt: str
+    tools: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = ToolChoice("none")
+    syntax: CallSyntax | None = None
+    grammar: str = ""
+    grammar_lazy: bool = False
+    grammar_triggers: tuple[str, ...] = ()
+    reasoning_format: str = "none"
+    thinking_open: bool = False  # the prompt ends inside <think>: the answer starts as reasoning
+
+    def parser(self) -> MessageParser:
+        return MessageParser(self.syntax, reasoning_format=self.reasoning_format, thinking_open=self.thinking_open)
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the call grammar added; a request grammar cannot be combined with it."""
+        if not self.grammar:
+            return params
+        if params.grammar:
+            raise RequestError("grammar / response_format / json_schema cannot be combined with tools "
+                               "unless tool_choice is 'none'")
+        return msgspec.structs.replace(params, grammar=self.grammar, grammar_lazy=self.grammar_lazy,
+                                       grammar_triggers=self.grammar_triggers)
+
+
+@dataclass(frozen=True)
+class ChatChoice:
+    index: int
+    message: ParsedMessage
+    finish_reason: str  # "stop", "length" or "tool_calls"
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """What ``RuntimeCore.chat`` returns: the parsed message of each choice, and the raw run."""
+
+    choices: tuple[ChatChoice, ...]
+    completion: Completion
+
+    @property
+    def message(self) -> ParsedMessage:
+        return self.choices[0].message
+
+    @property
+    def finish_reason(self) -> str:
+        return self.choices[0].finish_reason
+
+
+def finish_reason(message: ParsedMessage, finish: str) -> str:
+    """OpenAI's finish_reason: "tool_calls" when a finished answer called tools (llama-server)."""
+    return "tool_calls" if message.tool_calls and finish == "stop" else finish
+
+
+def parse_completion(turn: ChatTurn, completion: Completion) -> ChatResult:
+    choices = []
+    for ch in completion.choices:
+        parser = turn.parser()
+        parser.feed(ch.text)
+        parser.finish()
+        choices.append(ChatChoice(ch.index, parser.message, finish_reason(parser.message, ch.finish_reason)))
+    return ChatResult(tuple(choices), completion)
+
+
+def prepare_chat(
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Any] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    reasoning_format: str = "auto",
+    reasoning_effort: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> ChatTurn:
+    """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field."""
+    if reasoning_format not in REASONING_FORMATS:
+        raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                           f"got {reasoning_format!r}")
+    specs = parse_tools(tools)
+    choice = parse_tool_choice(tool_choice, specs)
+    parallel = bool(parallel_tool_calls)
+    fmt = detect_format(template.source)
+    syntax = SYNTAX[fmt]
+    extra = template_vars(reasoning_effort, chat_template_kwargs)
+    rows = template_messages(messages, syntax)
+    if specs and syntax.native:
+        extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
+    elif specs and choice.mode != "none":
+        rows = _with_system(rows, generic_tool_prompt(specs, choice, parallel))
+    prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra)
+    thinking_open = reasoning_format != "none" and prompt.rstrip().endswith(THINK_OPEN)
+    turn = ChatTurn(prompt, specs, choice, reasoning_format=reasoning_format, thinking_open=thinking_open)
+    if not specs or choice.mode == "none":
+        return turn
+    grammar = call_grammar(syntax, specs, choice, parallel)
+    triggers: tuple[str, ...] = ()
+    lazy = not choice.forced
+    if lazy:
+        triggers = trigger_words(syntax)
+    elif thinking_open:
+        # A forced call still lets the model think first: the grammar engages at </think>.
+        lazy = True
+        triggers = tuple(THINK_CLOSE + ws for ws in _AFTER_THINK)
+        grammar = grammar.replace("root ::=", "calls ::=", 1) + f'\nroot ::= "{THINK_CLOSE}" [ \\n]{{0,3}} calls'
+    return replace(turn, syntax=syntax, grammar=grammar, grammar_lazy=lazy, grammar_triggers=triggers)
+
+
+def template_vars(reasoning_effort: str | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The extra template variables: ``chat_template_kwargs``, ``enable_thinking`` (default on,
+    as in llama-server) and ``reasoning_effort`` ("none" turns thinking off)."""
+    out: dict[str, Any] = {"enable_thinking": True}
+    if kwargs is not None:
+        if not isinstance(kwargs, Mapping):
+            raise RequestError("chat_template_kwargs must be an object")
+        for key, value in kwargs.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise RequestError(f"chat_template_kwargs: {key!r} is not a template variable name")
+            if key in RESERVED_TEMPLATE_VARS:
+                raise RequestError(f"chat_template_kwargs.{key}: set by the server, cannot be passed")
+            out[key] = value
+        if not isinstance(out["enable_thinking"], bool):
+            raise RequestError("chat_template_kwargs.enable_thinking must be a boolean")
+    if reasoning_effort is not None:
+        if reasoning_effort not in REASONING_EFFORTS:
+            raise RequestError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                               f"got {reasoning_effort!r}")
+        if reasoning_effort == "none":
+            out["enable_thinking"] = False
+            out.pop("reasoning_effort", None)
+        else:
+            out["reasoning_effort"] = reasoning_effort
+    return out
+
+
+# ---- messages ------------------------------------------------------------------------------
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]], syntax: CallSyntax) -> list[dict[str, Any]]:
+    """OpenAI-shaped messages as the template sees them.
+
+    Checked here: content is text, an assistant's ``tool_calls`` are well-formed with JSON-object
+    arguments, and every ``role: "tool"`` message answers an earlier call by ``tool_call_id``.
+    Templates of a tool family get ``tool_calls`` (arguments as objects, as llama.cpp passes
+    them) and ``tool`` messages; other templates get the calls written into the assistant's
+    text and the results as user messages, so any template can render a tool conversation.
+    """
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+        raise RequestError("messages must be an array")
+    if not messages:
+        raise RequestError("messages must not be empty")
+    rows: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise RequestError(f"{where} must be an object")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise RequestError(f"{where}.role must be a string")
+        role = "system" if role in ROLES_AS_SYSTEM else role
+        row: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"{where}.content")}
+        if isinstance(m.get("name"), str):
+            row["name"] = m["name"]
+        if isinstance(m.get("reasoning_content"), str):
+            row["reasoning_content"] = m["reasoning_content"]
+        calls = m.get("tool_calls")
+        if calls:
+            if role != "assistant":
+                raise RequestError(f"{where}.tool_calls: only assistant messages carry tool calls")
+            parsed = _calls(calls, f"{where}.tool_calls")
+            for call_id, name, _ in parsed:
+                if call_id:
+                    call_names[call_id] = name
+            if syntax.native:
+                row["tool_calls"] = [
+                    {"id": cid, "type": "function", "function": {"name": name, "arguments": json.loads(args)}}
+                    for cid, name, args in parsed
+                ]
+            else:
+                written = "\n".join(render_call(syntax, name, args) for _, name, args in parsed)
+                row["content"] = (row["content"] + "\n" if row["content"] else "") + written
+        if role == "tool":
+            answered = m.get("tool_call_id")
+            if not isinstance(answered, str) or not answered:
+                raise RequestError(f"{where}.tool_call_id is required for a tool message")
+            if answered not in call_names:
+                raise RequestError(f"{where}.tool_call_id: no earlier assistant tool call has id {answered!r}")
+            if syntax.native:
+                row["tool_call_id"] = answered
+                row.setdefault("name", call_names[answered])
+            else:
+                result = render_tool_result(row["content"])
+                if rows and rows[-1].get("_results"):  # consecutive results: one user turn
+                    rows[-1]["content"] += "\n" + result
+                    continue
+                row = {"role": "user", "content": result, "_results": True}
+        rows.append(row)
+    for row in rows:
+        row.pop("_results", None)
+    return rows
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise RequestError(f"{where}: only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where} must be a string, an array of text parts or null")
+
+
+def _calls(raw: Any, where: str) -> list[tuple[str, str, str]]:
+    """(id, name, arguments as JSON text) of each call of an assistant message."""
+    if not isinstance(raw, list):
+        raise RequestError(f"{where} must be an array")
+    out = []
+    for j, call in enumerate(raw):
+        at = f"{where}[{j}]"
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{at}.function.name is required")
+        if call.get("type", "function") not in ("function", None):
+            raise RequestError(f"{at}.type: only 'function' calls are supported")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RequestError(f"{at}.function.arguments is not valid JSON") from None
+        if not isinstance(args, dict):
+            raise RequestError(f"{at}.function.arguments must be a JSON object")
+        call_id = call.get("id") or ""
+        if not isinstance(call_id, str):
+            raise RequestError(f"{at}.id must be a string")
+        out.append((call_id, fn["name"], json.dumps(args, ensure_ascii=False)))
+    return out
+
+
+def _with_system(rows: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if rows and rows[0]["role"] == "system":
+        first = dict(rows[0])
+        first["content"] = (first["content"] + "\n\n" if first["content"] else "") + text
+        return [first, *rows[1:]]
+    return [{"role": "system", "content": text}, *rows]
+
+
+__all__ = [
+    "ChatChoice", "ChatResult", "ChatTurn", "ParsedMessage", "ToolCall", "ToolFormat", "finish_reason",
+    "parse_completion", "prepare_chat", "template_messages", "template_vars",
+]
