@@ -55,6 +55,8 @@ class _Generation(msgspec.Struct, kw_only=True):
     cache_prompt: bool | None = None
     id_slot: int = -1
     ignore_eos: bool | None = None
+    n_keep: int | None = None  # context shift (EN-4): prompt tokens kept; -1 all; None: the server's --keep
+    n_discard: int | None = None  # tokens dropped per shift; 0/None: half of what is not kept
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):

@@ -45,7 +45,7 @@ class Sets:
 
 @dataclass(frozen=True)
 class Opt:
-    names: tuple[str, ...]  # every spelling llama-server accepts (llamactor's own last)
+    names: tuple[str, ...]  # every spelling llama-server accepts, in its order
     field: str = ""  # CONFIG/SAMPLING/PROCESS: the field it sets
     value: str | None = "N"  # metavar; None: a switch (True, or False when spelled as ``neg``)
     neg: tuple[str, ...] = ()  # the --no-… spellings of a switch
@@ -66,7 +66,7 @@ class Opt:
 class Group:
     title: str
     use: Use
-    why: str  # IGNORE/REFUSE: shown in the log line or the error
+    why: str  # IGNORE/REFUSE: shown in the log line or the error; others: the README table's note
     opts: tuple[Opt, ...]
 
 

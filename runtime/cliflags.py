@@ -194,6 +194,9 @@ GROUPS: tuple[Group, ...] = (
         opt("-ctk", "--cache-type-k", field="cache_type_k", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_K"),
         opt("-ctv", "--cache-type-v", field="cache_type_v", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_V"),
         switch("--context-shift", neg=("--no-context-shift",), field="context_shift", env="LLAMA_ARG_CONTEXT_SHIFT"),
+        opt("--keep", field="n_keep", parse=int, help="prompt tokens a context shift keeps (-1 all)"),
+        opt("-cram", "--cache-ram", field="cache_ram_mib", env="LLAMA_ARG_CACHE_RAM", parse=int,
+            help="host-memory prompt cache in MiB (0 off, -1 no limit)"),
         switch("--cache-prompt", neg=("--no-cache-prompt",), field="cache_prompt", env="LLAMA_ARG_CACHE_PROMPT",
                help="default of the request field cache_prompt"),
         opt("-r", "--reverse-prompt", field="stop", value="PROMPT", many=True,
@@ -331,11 +334,9 @@ GROUPS: tuple[Group, ...] = (
         switch("--warmup", neg=("--no-warmup",), ok=_off, help="llamactor runs no warmup decode"),
     )),
     Group("Prompt cache", Use.IGNORE,
-          "the prompt cache is each slot's own KV (no context shift, no host-RAM cache, no checkpoints)", (
-        opt("--keep", parse=int, ok=_is(0)),
+          "the prompt cache is each slot's KV plus the host-memory cache (--cache-ram); no SWA checkpoints", (
         opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS"),
         opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
-        opt("-cram", "--cache-ram", env="LLAMA_ARG_CACHE_RAM"),
         switch("--cache-idle-slots", neg=("--no-cache-idle-slots",), env="LLAMA_ARG_CACHE_IDLE_SLOTS"),
         opt("-sps", "--slot-prompt-similarity", value="SIMILARITY",
             help="slots are chosen by the longest cached prefix"),

@@ -111,3 +111,24 @@ def test_prompt_cache_limits():
 
     assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4])) == 2
     assert PromptCache(-1).limit_bytes == 0 and PromptCache(2).limit_bytes == 2 * 1024 * 1024
+
+
+async def test_context_shift_over_http_with_n_keep(make_config):
+    """EN-4 through a real request: n_keep and n_discard are request fields (the server's
+    default from --keep); the native response says truncated; bad values are a 400."""
+    import httpx
+
+    from conftest import open_server
+
+    async with open_server(make_config(parallel=1, n_ctx=128, context_shift=True, n_keep=4)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": 300, "temperature": 0,
+                                                       "ignore_eos": True, "n_keep": -1, "n_discard": 16})
+            assert r.status_code == 200 and r.json()["tokens_predicted"] == 300 and r.json()["truncated"]
+            r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0,
+                                                           "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
+            r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "n_keep": -3})
+            assert r.status_code == 400 and "n_keep" in r.json()["error"]["message"]
+        out = await rt.complete(PROMPT, max_tokens=250, temperature=0, ignore_eos=True, n_keep=2, n_discard=8)
+        assert out.truncated and out.n_predicted == 250

@@ -101,6 +101,7 @@ SAMPLING = {
     "logit_bias": logit_biases, "grammar": usually(st.just(""), grammars), "stop": stops, "stream": st.booleans(),
     "n": usually(st.integers(1, 2), st.integers(-1, 6)), "cache_prompt": st.booleans(), "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
     "ignore_eos": st.booleans(),
+    "n_keep": usually(st.integers(-1, 64), small_ints), "n_discard": usually(st.integers(0, 64), small_ints),
 }
 NATIVE = {**SAMPLING, "prompt": prompts, "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
           "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)), "json_schema": schemas}

@@ -161,13 +161,15 @@ def test_variables_and_command_line_precedence():
 
 def test_llama_server_value_forms():
     """API-15: llama-server's special values: -np/-t -1 (auto), -ngl all/auto, a bare -fa (older
-    llama-server), --load-mode, -a with several aliases, -dev none, --rerank."""
+    llama-server), --load-mode, -a with several aliases, -dev none, --rerank; KV types and cache."""
     default = cli.RuntimeConfig()
     cfg = _parse(shlex.split("-np -1 -t -1 -ngl all -fa -lm none -a first,second -dev none --context-shift")).config
     assert (cfg.parallel, cfg.threads) == (default.parallel, default.threads)
     assert cfg.n_gpu_layers == 999 and cfg.flash_attn == "on" and cfg.use_mmap is False
     assert cfg.alias == "first" and cfg.devices == () and cfg.context_shift is True
     assert _parse(["-ngl", "auto", "--no-mmap"]).config.n_gpu_layers == 0
+    kv = _parse(["-ctk", "q8_0", "-ctv", "q4_0", "--cache-ram", "0"]).config
+    assert (kv.cache_type_k, kv.cache_type_v, kv.cache_ram_mib) == ("q8_0", "q4_0", 0)
     assert not _parse(["--no-mmap"]).config.use_mmap
     rerank = _parse(["--reranking"]).config
     assert rerank.embedding and rerank.pooling == "rank"

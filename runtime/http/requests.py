@@ -47,12 +47,15 @@ class Submission:
     id_slot: int = -1
     cache_prompt: bool = True
     ignore_eos: bool = False
+    n_keep: int | None = None  # context shift (EN-4); None: the server's --keep
+    n_discard: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def kwargs(self) -> dict[str, Any]:
         return dict(
             max_tokens=self.max_tokens, params=self.params, stop=self.stop, n=self.n,
             id_slot=self.id_slot, cache_prompt=self.cache_prompt, ignore_eos=self.ignore_eos,
+            n_keep=self.n_keep, n_discard=self.n_discard,
         )
 
 
@@ -147,6 +150,7 @@ def _submission(req: NativeCompletionRequest | CompletionRequest | ChatCompletio
         prompt, max_tokens, params, stop_of(req.stop, cfg.stop), req.n, req.id_slot,
         cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
         cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
+        req.n_keep, req.n_discard or 0,
     )
 
 

@@ -124,7 +124,7 @@ class NativeShaper:
         results = []
         for ch in c.choices:
             d = Done(ch.index, ch.finish_reason, ch.text, c.stopping_word, c.n_prompt, c.n_cached,
-                     len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot)
+                     len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot, truncated=c.truncated)
             probs = [p for ev in ch.logprobs for p in _native_probs(ev)] if self.want_probs else None
             results.append(self._result(d, ch.text, list(ch.tokens), probs))
         return results[0] if len(results) == 1 else results

@@ -52,6 +52,8 @@ class Admission:
         add_special: bool,
         params: SamplingParams | None,
         sampling: dict[str, Any],
+        n_keep: int | None = None,
+        n_discard: int = 0,
     ) -> tuple[Task, MemoryObjectReceiveStream[Event]]:
         """The task and the receive end of its result stream (the task holds the send end).
 
@@ -68,12 +70,15 @@ class Admission:
         n_predict = self.token_budget(len(tokens), max_tokens)
         if not 1 <= n <= cfg.slots_per_group:
             raise RequestError(f"n must be between 1 and the slots of one group ({cfg.slots_per_group}), got {n}")
+        if (n_keep is not None and n_keep < -1) or n_discard < 0:
+            raise RequestError(f"n_keep must be >= -1 and n_discard >= 0, got n_keep={n_keep}, n_discard={n_discard}")
         if id_slot >= cfg.parallel or id_slot < -1:
             raise NotFound(f"slot {id_slot} does not exist (0..{cfg.parallel - 1})")
         send, recv = anyio.create_memory_object_stream[Event](n * (max(n_predict, 0) + 2) + EVENT_HEADROOM)
         task = Task(
             id=next(self._ids), prompt=np.asarray(tokens, dtype=np.int32), params=params, n_predict=n_predict,
-            stop=stops, n=n, id_slot=id_slot, cache_prompt=cache_prompt, ignore_eos=ignore_eos, sink=send,
+            stop=stops, n=n, id_slot=id_slot, cache_prompt=cache_prompt, ignore_eos=ignore_eos,
+            n_keep=cfg.n_keep if n_keep is None else n_keep, n_discard=n_discard, sink=send,
             arrived=time.perf_counter(),
         )
         return task, recv

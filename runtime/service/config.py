@@ -94,6 +94,7 @@ class RuntimeConfig:
     cache_type_k: str = "f16"  # -ctk (EN-3): KV cache type of K, one of CACHE_TYPES
     cache_type_v: str = "f16"  # -ctv: of V; a quantized V needs flash attention (llama.cpp refuses it otherwise)
     context_shift: bool = False  # --context-shift (EN-4): off by default, as in llama-server
+    n_keep: int = 0  # --keep: default of the request field n_keep (context shift keeps these prompt tokens)
     cache_ram_mib: int = 8192  # --cache-ram (EN-5): host-memory prompt cache in MiB; 0 off, -1 no limit
     # embeddings and rerank (API-10, API-11): an extra context over the same weights, off by
     # default (README "Embeddings": it costs n_vocab x n_ubatch floats of logits plus its KV)

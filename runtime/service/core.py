@@ -298,6 +298,8 @@ class RuntimeCore:
         ignore_eos: bool | None = None,
         add_special: bool = True,
         params: SamplingParams | None = None,
+        n_keep: int | None = None,
+        n_discard: int = 0,
         **sampling: Any,
     ) -> RequestHandle:
         """Validate, tokenize and queue one request; return its event stream.
@@ -311,6 +313,7 @@ class RuntimeCore:
         task, recv = await self.admission.admit(
             prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
             ignore_eos=ignore_eos, add_special=add_special, params=params, sampling=sampling,
+            n_keep=n_keep, n_discard=n_discard,
         )
         if task.n_predict == 0:
             task.sink.close()  # nothing to generate: the handle ends at once

@@ -38,6 +38,7 @@ class Completion:
     predicted_ms: float
     slot: int
     stopping_word: str = ""
+    truncated: bool = False  # a context shift dropped tokens (EN-4)
 
     @property
     def text(self) -> str:
@@ -129,6 +130,7 @@ async def collect(handle: RequestHandle) -> Completion:
         predicted_ms=max(d.predicted_ms for d in done.values()),
         slot=first.slot,
         stopping_word=first.stopping_word,
+        truncated=any(d.truncated for d in done.values()),
     )
 
 
