@@ -15,14 +15,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "ChatResult",
     "Choice",
     "Closed",
     "Completion",
     "ConfigError",
+    "EmbeddingResult",
     "EngineError",
+    "ExceedContextSize",
     "LlamactorError",
     "NotFound",
+    "NotSupported",
     "Overloaded",
+    "Ranked",
     "RequestError",
     "RequestHandle",
     "Runtime",
@@ -37,22 +42,27 @@ _ERRORS = "llamactor.protocol.errors"
 _WHERE = {
     "Runtime": "llamactor.runtime.api",
     "RuntimeConfig": "llamactor.runtime.service.config",
+    "ChatResult": "llamactor.runtime.service.chatturn",
+    "Ranked": "llamactor.runtime.service.embeddings",
     "RuntimeState": "llamactor.runtime.service.core",
     "Choice": "llamactor.runtime.service.handles",
     "Completion": "llamactor.runtime.service.handles",
     "RequestHandle": "llamactor.runtime.service.handles",
     **{name: _ERRORS for name in (
-        "Closed", "ConfigError", "EngineError", "LlamactorError", "NotFound", "Overloaded", "RequestError",
-        "SlotBusy", "Unauthorized", "Unavailable",
+        "Closed", "ConfigError", "EngineError", "ExceedContextSize", "LlamactorError", "NotFound", "NotSupported",
+        "Overloaded", "RequestError", "SlotBusy", "Unauthorized", "Unavailable",
     )},
 }
 
 
+_RENAMED = {"EmbeddingResult": ("llamactor.runtime.service.embeddings", "Embeddings")}
+
+
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module, attr = _RENAMED.get(name, (_WHERE.get(name), name))
     if module is None:
         raise AttributeError(f"module 'llamactor.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 
@@ -63,10 +73,13 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from llamactor.protocol.errors import (
-        Closed, ConfigError, EngineError, LlamactorError, NotFound, Overloaded, RequestError, SlotBusy,
-        Unauthorized, Unavailable,
+        Closed, ConfigError, EngineError, ExceedContextSize, LlamactorError, NotFound, NotSupported, Overloaded,
+        RequestError, SlotBusy, Unauthorized, Unavailable,
     )
     from llamactor.runtime.api import Runtime
     from llamactor.runtime.service.config import RuntimeConfig
     from llamactor.runtime.service.core import RuntimeState
+    from llamactor.runtime.service.chatturn import ChatResult
+    from llamactor.runtime.service.embeddings import Embeddings as EmbeddingResult
+    from llamactor.runtime.service.embeddings import Ranked
     from llamactor.runtime.service.handles import Choice, Completion, RequestHandle

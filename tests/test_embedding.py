@@ -40,9 +40,9 @@ async def test_embed_example_app(make_config):
 def test_public_surface_is_exact():
     """STYLE: the public surface of ``runtime`` is explicit and asserted."""
     assert sorted(runtime.__all__) == [
-        "Choice", "Closed", "Completion", "ConfigError", "EngineError", "LlamactorError", "NotFound",
-        "Overloaded", "RequestError", "RequestHandle", "Runtime", "RuntimeConfig", "RuntimeState", "SlotBusy",
-        "Unauthorized", "Unavailable",
+        "ChatResult", "Choice", "Closed", "Completion", "ConfigError", "EmbeddingResult", "EngineError",
+        "ExceedContextSize", "LlamactorError", "NotFound", "NotSupported", "Overloaded", "Ranked", "RequestError",
+        "RequestHandle", "Runtime", "RuntimeConfig", "RuntimeState", "SlotBusy", "Unauthorized", "Unavailable",
     ]
     for name in runtime.__all__:
         assert hasattr(runtime, name)
