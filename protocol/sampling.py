@@ -80,6 +80,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     grammar_lazy: bool = False
     grammar_triggers: tuple[str, ...] = ()
     n_probs: int = 0
+    # API-14: n_probs read after the sampler chain (llama-server's post_sampling_probs), and a
+    # time limit on the prediction phase that stops at a newline once exceeded (0: none).
+    post_sampling_probs: bool = False
+    t_max_predict_ms: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -152,6 +156,8 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
         _range(name, value, low, _INT32_MAX)
     if p.seed < 0 or p.seed > DEFAULT_SEED:
         raise ParamError(f"seed must be in [0, {DEFAULT_SEED}], got {p.seed}")
+    if p.t_max_predict_ms < -1:
+        raise ParamError(f"t_max_predict_ms must be >= -1, got {p.t_max_predict_ms}")
     if p.n_probs < 0 or p.n_probs > MAX_N_PROBS:
         raise ParamError(f"n_probs must be in [0, {MAX_N_PROBS}], got {p.n_probs}")
     if len(p.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:

@@ -9,6 +9,7 @@ import msgspec
 _encode = msgspec.json.Encoder().encode
 
 DONE = b"data: [DONE]\n\n"
+PING = b":\n\n"  # a comment: llama-server's keep-alive while a stream is silent (API-14)
 
 
 def frame(obj: Any) -> bytes:

@@ -57,6 +57,10 @@ class _Generation(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     n_keep: int | None = None  # context shift (EN-4): prompt tokens kept; -1 all; None: the server's --keep
     n_discard: int | None = None  # tokens dropped per shift; 0/None: half of what is not kept
+    # API-14 streaming knobs, as llama-server has them
+    sse_ping_interval: int | None = None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval
+    t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
+    post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):
@@ -298,3 +302,22 @@ class ToolCallItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     function: ToolCallFunction
     id: str | None = None
     type: str = "function"
+
+
+# ---- /infill (API-12) ------------------------------------------------------------------------
+
+
+class InfillChunk(msgspec.Struct, kw_only=True):
+    """One file of ``input_extra``: the repo-level FIM context before the prefix."""
+
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(NativeCompletionRequest, kw_only=True):
+    """llama-server's /infill body: the native completion fields plus the FIM inputs."""
+
+    prompt: str = ""  # text after FIM_MID (the start of the middle), a string only here
+    input_prefix: str | list[Any] | None = None  # required: None is answered as llama-server does
+    input_suffix: str | list[Any] | None = None
+    input_extra: list[InfillChunk] = []

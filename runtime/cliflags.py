@@ -162,7 +162,6 @@ def _is(*values: Any) -> Callable[[Any], bool]:
 
 
 _off = _is(False)
-_never = _is()
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
 _DRAFT = "speculative decoding is not built, so its tuning has no effect"
 _MTMD = "no multimodal projector is loaded (--mmproj is refused), so this has no effect"
@@ -246,6 +245,21 @@ GROUPS: tuple[Group, ...] = (
         switch("--rerank", "--reranking", field="pooling", env="LLAMA_ARG_RERANKING",
                convert=lambda on: Sets({"embedding": True, "pooling": "rank"}) if on else None,
                help="embeddings with rank pooling: /rerank"),
+    )),
+    Group("CORS, POST /props", Use.CONFIG, "llama-server's defaults: every response allows origin * (the Origin "
+          "echoed with credentials), OPTIONS is answered on every path without a key", (
+        opt("--cors-origins", field="cors_origins", value="ORIGINS", env="LLAMA_ARG_CORS_ORIGINS",
+            help="comma-separated, or localhost"),
+        opt("--cors-methods", field="cors_methods", value="METHODS", env="LLAMA_ARG_CORS_METHODS"),
+        opt("--cors-headers", field="cors_headers", value="HEADERS", env="LLAMA_ARG_CORS_HEADERS"),
+        switch("--cors-credentials", neg=("--no-cors-credentials",), field="cors_credentials",
+               env="LLAMA_ARG_CORS_CREDENTIALS"),
+        switch("--props", field="endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS",
+               help="allow POST /props (it changes nothing, as in llama-server)"),
+    )),
+    Group("Streaming", Use.CONFIG, "as in llama-server: a stream silent that long gets an SSE comment ping", (
+        opt("--sse-ping-interval", field="sse_ping_interval", value="N", env="LLAMA_ARG_SSE_PING_INTERVAL", parse=int,
+            help="seconds; -1 (or 0) sends none; the request field sse_ping_interval overrides it"),
     )),
     Group("Sampling defaults", Use.SAMPLING, "a request that leaves the field out gets this value (native and "
           "OpenAI APIs, Runtime.complete); /props shows them", (
@@ -344,8 +358,6 @@ GROUPS: tuple[Group, ...] = (
     Group("HTTP server", Use.IGNORE, "hypercorn on asyncio serves HTTP; these knobs have no counterpart", (
         opt("-to", "--timeout", env="LLAMA_ARG_TIMEOUT"), opt("--threads-http", env="LLAMA_ARG_THREADS_HTTP"),
         switch("--reuse-port", env="LLAMA_ARG_REUSE_PORT"),
-        opt("--sse-ping-interval", env="LLAMA_ARG_SSE_PING_INTERVAL", parse=int, ok=_is(-1),
-            help="SSE keep-alive pings are not sent"),
         opt("--tags", value="STRING", env="LLAMA_ARG_TAGS", help="informational in llama-server"),
     )),
     Group("Web UI settings", Use.IGNORE, "llamactor's page at GET / has no settings", (
@@ -469,16 +481,11 @@ GROUPS: tuple[Group, ...] = (
     )),
     Group("Server features", Use.REFUSE, "not built in llamactor", (
         opt("--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", parse=int, ok=_is(0)),
-        switch("--props", env="LLAMA_ARG_ENDPOINT_PROPS", ok=_off, help="POST /props"),
         opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
         switch("-sp", "--special", help="special tokens render empty in generated text"),
         opt("--sleep-idle-seconds", value="SECONDS", parse=int, ok=_is(-1)),
         opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
         opt("--api-prefix", value="PREFIX", env="LLAMA_ARG_API_PREFIX", ok=_is("")),
-        opt("--cors-origins", value="ORIGINS", env="LLAMA_ARG_CORS_ORIGINS", ok=_never),
-        opt("--cors-methods", value="METHODS", env="LLAMA_ARG_CORS_METHODS", ok=_never),
-        opt("--cors-headers", value="HEADERS", env="LLAMA_ARG_CORS_HEADERS", ok=_never),
-        switch("--cors-credentials", neg=("--no-cors-credentials",), env="LLAMA_ARG_CORS_CREDENTIALS"),
         opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
         opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
         opt("--mcp-servers-config", value="PATH", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),

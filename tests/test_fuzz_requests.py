@@ -102,6 +102,9 @@ SAMPLING = {
     "n": usually(st.integers(1, 2), st.integers(-1, 6)), "cache_prompt": st.booleans(), "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
     "ignore_eos": st.booleans(),
     "n_keep": usually(st.integers(-1, 64), small_ints), "n_discard": usually(st.integers(0, 64), small_ints),
+    # API-14 streaming knobs (pings only past 30 s: fuzzed streams are short)
+    "sse_ping_interval": st.one_of(st.none(), st.sampled_from([-1, 0, 30]), st.just("x")),
+    "t_max_predict_ms": usually(st.integers(-1, 50), small_ints), "post_sampling_probs": st.booleans(),
 }
 NATIVE = {**SAMPLING, "prompt": prompts, "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
           "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)), "json_schema": schemas}

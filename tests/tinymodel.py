@@ -58,6 +58,10 @@ EOS_TOKEN = "<|eos|>"
 IM_START_TOKEN = "<|im_start|>"
 IM_END_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+# write_tiny_model(fim=True) only (API-12): Qwen2.5-Coder's fill-in-the-middle tokens, appended
+# after the specials above, with the tokenizer.ggml.fim_*_token_id keys llama.cpp reads.
+FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
+              "pad": "<|fim_pad|>", "rep": "<|repo_name|>", "sep": "<|file_sep|>"}
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -122,18 +126,18 @@ def _learn_merges(corpus: str, byte_chars: list[str], n_merges: int) -> list[tup
     return merges
 
 
-def _build_vocab() -> tuple[list[str], list[int], list[str]]:
+def _build_vocab(specials: tuple[str, ...] = SPECIAL_TOKENS) -> tuple[list[str], list[int], list[str]]:
     """Token strings, token types and "left right" merge strings."""
     byte_chars = _bytes_to_unicode()
     merges = _learn_merges(MERGE_CORPUS, byte_chars, N_MERGES)
-    tokens = [*byte_chars, *(left + right for left, right in merges), *SPECIAL_TOKENS]
+    tokens = [*byte_chars, *(left + right for left, right in merges), *specials]
     assert len(set(tokens)) == len(tokens), "duplicate token in vocabulary"
-    n_normal = len(tokens) - len(SPECIAL_TOKENS)
-    types = [gguf.TokenType.NORMAL] * n_normal + [gguf.TokenType.CONTROL] * len(SPECIAL_TOKENS)
+    n_normal = len(tokens) - len(specials)
+    types = [gguf.TokenType.NORMAL] * n_normal + [gguf.TokenType.CONTROL] * len(specials)
     return tokens, types, [f"{left} {right}" for left, right in merges]
 
 
-def _weights(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
+def _weights(rng: np.random.Generator, n_vocab: int, n_special: int = len(SPECIAL_TOKENS)) -> dict[str, np.ndarray]:
     """All tensors by GGUF name; matrices are (out_features, in_features)."""
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * WEIGHT_STD).astype(np.float16)
@@ -142,7 +146,7 @@ def _weights(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
         return np.ones(N_EMBD, dtype=np.float32)
 
     output = matrix(n_vocab, N_EMBD)  # special tokens are the last rows
-    output[-len(SPECIAL_TOKENS):] *= np.float16(SPECIAL_TOKEN_OUTPUT_SCALE)
+    output[-n_special:] *= np.float16(SPECIAL_TOKEN_OUTPUT_SCALE)
     tensors = {"token_embd.weight": matrix(n_vocab, N_EMBD)}
     for layer in range(N_LAYER):
         prefix = f"blk.{layer}."
@@ -191,14 +195,22 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int],
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_tiny_model(path: str | os.PathLike, *, seed: int = 0) -> pathlib.Path:
-    """Write the tiny GGUF model to `path` and return it as a Path."""
+def write_tiny_model(path: str | os.PathLike, *, seed: int = 0, fim: bool = False) -> pathlib.Path:
+    """Write the tiny GGUF model to `path` and return it as a Path.
+
+    ``fim=True`` adds the FIM_TOKENS and their metadata keys (for /infill, API-12); the
+    default model's bytes do not change.
+    """
     path = pathlib.Path(path)
-    tokens, types, merges = _build_vocab()
+    specials = SPECIAL_TOKENS + (tuple(FIM_TOKENS.values()) if fim else ())
+    tokens, types, merges = _build_vocab(specials)
     writer = gguf.GGUFWriter(path, ARCHITECTURE)
     _add_hparams(writer, len(tokens))
     _add_tokenizer(writer, tokens, types, merges)
-    for name, tensor in _weights(np.random.default_rng(seed), len(tokens)).items():
+    if fim:
+        for kind, text in FIM_TOKENS.items():
+            writer.add_uint32(f"tokenizer.ggml.fim_{kind}_token_id", tokens.index(text))
+    for name, tensor in _weights(np.random.default_rng(seed), len(tokens), len(specials)).items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -66,6 +66,9 @@ class StepResult:
 DECODE_NO_KV_SLOT = 1  # llama_decode: no KV cells for the batch (unified KV can be overcommitted)
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
 class KvCacheFull(EngineError):
     """Recoverable: the group stops one request to make room and goes on (see GroupActor)."""
 
@@ -206,7 +209,7 @@ class Context:
         assert task is not None
         slot.sampler = build_chain(
             self.model, task.params, n_ctx=self.n_ctx_seq, seed_offset=slot.index,
-            prompt=task.prompt if task.params.penalized else (),
+            prompt=task.prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
         )
         slot.stream = TextStream(task.stop)
 
@@ -329,9 +332,14 @@ class Context:
     def _sample(self, s: Slot, i: int, logits: np.ndarray | None) -> int:
         if logits is None:
             return llama_cpp.llama_sampler_sample(s.sampler, self.ptr, i)
+        return self._apply_chain(s, logits)[0]
+
+    def _apply_chain(self, s: Slot, logits: np.ndarray) -> tuple[int, np.ndarray, int]:
+        """Sample as ``llama_sampler_sample`` does, over an array we own: (token, the
+        candidates after the chain as a numpy view (id, logit, p), their count)."""
         n_vocab = self.model.n_vocab
         data = (llama_cpp.llama_token_data * n_vocab)()
-        view = np.ctypeslib.as_array(data).view(np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+        view = np.ctypeslib.as_array(data).view(_TOKEN_DATA)
         view["id"] = np.arange(n_vocab, dtype=np.int32)
         view["logit"] = logits
         view["p"] = 0.0
@@ -339,7 +347,31 @@ class Context:
         llama_cpp.llama_sampler_apply(s.sampler, ctypes.byref(arr))
         token = int(data[arr.selected].id)
         llama_cpp.llama_sampler_accept(s.sampler, token)
-        return token
+        return token, view[: arr.size], int(arr.size)
+
+    def _sample_post(self, s: Slot, i: int, logits: np.ndarray | None, n_probs: int,
+                     ) -> tuple[int, float, tuple[TopProb, ...]]:
+        """API-14 ``post_sampling_probs``: sample, then read the ``n_probs`` most likely
+        candidates after the whole chain (llama-server's ``populate_token_probs``: sorted by
+        probability, zero ones left out; the sampled token's probability, 1 if it has none).
+        Returned as log-probabilities, like ``_probs``. Only requests that ask pay for this."""
+        if logits is None:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
+        token, cand, size = self._apply_chain(s, logits)
+        assert s.task is not None
+        if s.task.params.greedy:  # our greedy chain ends in `greedy` (no probabilities): llama-server's
+            return token, 0.0, (TopProb(token, self.model.piece(token).decode("utf-8", "replace"), 0.0),)
+        order = np.argsort(-cand["p"], kind="stable")
+        hit = np.flatnonzero(cand["id"] == token)
+        prob = float(cand["p"][hit[0]]) if len(hit) and cand["p"][hit[0]] > 0 else 1.0
+        top = []
+        for j in order[: min(n_probs, size)]:
+            p = float(cand["p"][j])
+            if p == 0.0:
+                break
+            t = int(cand["id"][j])
+            top.append(TopProb(t, self.model.piece(t).decode("utf-8", "replace"), math.log(p)))
+        return token, math.log(prob), tuple(top)
 
     def _emit(self, s: Slot, i: int, res: StepResult, logits: np.ndarray | None, prof: GroupProfile | None) -> None:
         """Sample one token for ``s`` and turn it into events (the per-token hot path)."""
@@ -347,11 +379,16 @@ class Context:
         assert task is not None and s.stream is not None
         if prof is not None:
             ta = time.perf_counter()
-        token = self._sample(s, i, logits)
+        params = task.params
+        logprob: float | None
+        if params.n_probs and params.post_sampling_probs:
+            token, logprob, top = self._sample_post(s, i, logits, params.n_probs)
+        else:
+            token = self._sample(s, i, logits)
+            logprob, top = self._probs(i, logits, token, params.n_probs) if params.n_probs else (None, ())
         s.n_decoded += 1
         s.next_token = token
         res.n_generated += 1
-        logprob, top = self._probs(i, logits, token, task.params.n_probs) if task.params.n_probs else (None, ())
         if prof is not None:
             tb = time.perf_counter()
             prof.sample += tb - ta
@@ -374,6 +411,11 @@ class Context:
                 text += s.stream.flush()
                 finish = "length"
         now = time.perf_counter()
+        if params.t_max_predict_ms > 0 and not finish and "\n" in text and (
+                now - s.t_prompt_done) * 1e3 > params.t_max_predict_ms:
+            # API-14, llama-server's rule: past the time limit, stop once this token's text has a newline
+            text += s.stream.flush()
+            finish = "length"
         if s.n_decoded > 1:
             res.gaps.append(now - s.t_last)
         s.t_last = now

@@ -56,6 +56,18 @@ class LoadOptions:
     devices: ctypes.Array[Any] | None = None
 
 
+@dataclass(frozen=True)
+class FimTokens:
+    """Fill-in-the-middle token ids from the vocabulary (API-12); -1 means the model has none."""
+
+    pre: int
+    suf: int
+    mid: int
+    pad: int
+    rep: int
+    sep: int
+
+
 class Model:
     """One loaded GGUF model and its vocabulary."""
 
@@ -103,6 +115,15 @@ class Model:
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", "replace") if raw else None
+
+    def fim_tokens(self) -> FimTokens:
+        """The GGUF's fill-in-the-middle tokens (API-12); -1 (LLAMA_TOKEN_NULL) where it has none."""
+        v = self.vocab
+        return FimTokens(
+            pre=llama_cpp.llama_vocab_fim_pre(v), suf=llama_cpp.llama_vocab_fim_suf(v),
+            mid=llama_cpp.llama_vocab_fim_mid(v), pad=llama_cpp.llama_vocab_fim_pad(v),
+            rep=llama_cpp.llama_vocab_fim_rep(v), sep=llama_cpp.llama_vocab_fim_sep(v),
+        )
 
     def token_text(self, token: int) -> str:
         return (llama_cpp.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")

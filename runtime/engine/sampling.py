@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,17 +39,21 @@ MIROSTAT_M = 100  # llama-server's fixed m for mirostat v1
 
 def build_chain(
     model: Model, p: SamplingParams, *, n_ctx: int, seed_offset: int = 0, prompt: Sequence[int] | np.ndarray = (),
+    ignore_eos: bool = False,
 ) -> ctypes.c_void_p:
     """Return a new sampler chain; the caller owns it (``llama_sampler_free``).
 
     ``seed_offset`` gives each of the n choices of one request its own random stream;
     ``n_ctx`` is the slot's context (what -1 means for ``repeat_last_n``/``dry_penalty_last_n``);
     ``prompt`` is shown to the penalty and DRY samplers (llama-server's ``init_sampler``).
+    ``ignore_eos`` bans every end-of-generation token with a -inf logit bias, as llama-server
+    does (its ``logit_bias_eog``; API-16): without it a sampled EOS would be skipped rather than
+    never drawn, and the random draw over the remaining tokens would differ from llama-server's.
     Raises RequestError when llama.cpp refuses the grammar; the chain is freed then.
     """
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     try:
-        _fill(chain, model, p, n_ctx, seed_offset, prompt)
+        _fill(chain, model, p, n_ctx, seed_offset, prompt, ignore_eos)
     except BaseException:
         llama_cpp.llama_sampler_free(chain)
         raise
@@ -56,7 +61,7 @@ def build_chain(
 
 
 def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, seed_offset: int,
-          prompt: Sequence[int] | np.ndarray) -> None:
+          prompt: Sequence[int] | np.ndarray, ignore_eos: bool = False) -> None:
     def add(sampler: ctypes.c_void_p, *, history: int = 0) -> None:
         if not sampler:
             raise RequestError("llama.cpp could not build a sampler for these settings")
@@ -72,12 +77,13 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         if not g:
             raise RequestError("invalid grammar: llama.cpp could not parse it")
         add(g)
-    if p.logit_bias:
-        arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
-        for i, (tok, bias) in enumerate(p.logit_bias):
+    biases = p.logit_bias + (_eog_bias(model) if ignore_eos else ())
+    if biases:
+        arr = (llama_cpp.llama_logit_bias * len(biases))()
+        for i, (tok, bias) in enumerate(biases):
             arr[i].token = tok  # type: ignore[assignment]  # ctypes converts the int
             arr[i].bias = bias
-        add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), arr))
+        add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(biases), arr))
     if p.mirostat:
         add(llama_cpp.llama_sampler_init_temp(p.temperature))
         if p.mirostat == 1:
@@ -126,6 +132,17 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         add(llama_cpp.llama_sampler_init_greedy())
     else:
         add(llama_cpp.llama_sampler_init_dist(seed))
+
+
+_EOG_BIAS: weakref.WeakKeyDictionary[Model, tuple[tuple[int, float], ...]] = weakref.WeakKeyDictionary()
+
+
+def _eog_bias(model: Model) -> tuple[tuple[int, float], ...]:
+    """(token, -inf) for every end-of-generation token of ``model``, computed once per model."""
+    bias = _EOG_BIAS.get(model)
+    if bias is None:
+        bias = _EOG_BIAS[model] = tuple((t, float("-inf")) for t in range(model.n_vocab) if model.is_eog(t))
+    return bias
 
 
 def _grammar(model: Model, p: SamplingParams) -> ctypes.c_void_p:

@@ -9,6 +9,8 @@ disconnects cancels its request at once (API-6), streaming or not.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hmac
 import re
 from collections.abc import AsyncIterator
@@ -41,6 +43,10 @@ from llamactor.runtime.http.responses import (
 )
 from llamactor.runtime.http import embeddings
 from llamactor.protocol.wire import EmbeddingRequest, RerankRequest
+from llamactor.protocol.wire import InfillRequest
+from llamactor.protocol.errors import NotSupported
+from llamactor.runtime.http.cors import Cors
+from llamactor.runtime.service.infill import check_fim
 from llamactor.runtime.http.live import LiveFeed
 from llamactor.runtime.http.page import ASSET_PATH, PAGE_PATHS, PUBLIC_PAGE_PATHS, Page
 
@@ -177,7 +183,30 @@ class Api:
             "scheduler": cfg.scheduler,
             "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
             "default_generation_settings": default_generation_settings(cfg),
+            **self._server_props(),
         })
+
+    def _server_props(self) -> dict[str, Any]:
+        """The rest of llama-server's GET /props fields (its ``get_res_props``), API-16."""
+        cfg, model = self.rt.config, self.rt.model
+        assert model is not None
+        return {
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": True, "endpoint_props": cfg.endpoint_props, "endpoint_metrics": True,
+            "ui": cfg.webui, "ui_settings": {},
+            "bos_token": model.token_text(model.bos) if model.bos >= 0 else "",
+            "eos_token": model.token_text(model.eos) if model.eos >= 0 else "",
+            "build_info": "llamactor", "is_sleeping": False, "cors_proxy_enabled": False,
+            "infill": model.fim_tokens().mid >= 0,  # llamactor's: /infill serves this model
+        }
+
+    async def set_props(self, request: Request) -> Response:
+        """POST /props: llama-server's 501 unless started with --props, then a no-op success."""
+        self.rt._require_ready()
+        if not self.rt.config.endpoint_props:
+            raise NotSupported("This server does not support changing global properties. Start it with `--props`")
+        await _body(request)
+        return _json({"success": True})
 
     async def tokenize(self, request: Request) -> Response:
         req = await _decode(request, TokenizeRequest)
@@ -253,6 +282,27 @@ class Api:
         sub = from_native(req, self.rt.config)
         handle = await self._submit(sub)
         shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0,
+                              settings=generation_settings(handle.task, stream=req.stream),
+                              post_sampling_probs=req.post_sampling_probs)
+        if req.stream:
+            return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False,
+                                      ping=req.sse_ping_interval)
+        return _json(shaper.body(await self._collect(request, handle)))
+
+    async def infill(self, request: Request) -> Response:
+        """POST /infill (API-12): llama-server's FIM prompt, answered in the /completion shape."""
+        self.rt._require_ready()
+        assert self.rt.model is not None
+        check_fim(self.rt.model)  # 501 before the body is read, as llama-server checks first
+        req = await _decode(request, InfillRequest)
+        for field in ("input_prefix", "input_suffix"):
+            if getattr(req, field) is None:
+                raise RequestError(f'"{field}" is required')
+        assert req.input_prefix is not None and req.input_suffix is not None
+        tokens = self.rt.infill_prompt(req.input_prefix, req.input_suffix, req.input_extra, req.prompt)
+        sub = dataclasses.replace(from_native(req, self.rt.config), prompt=tokens)
+        handle = await self._submit(sub)
+        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0,
                               settings=generation_settings(handle.task, stream=req.stream))
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
@@ -266,7 +316,8 @@ class Api:
                               include_usage=include_usage)
         handle = await self._submit(sub)
         if req.stream:
-            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk)
+            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
+                                      ping=req.sse_ping_interval)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def chat(self, request: Request) -> Response:
@@ -277,7 +328,8 @@ class Api:
         shaper = ChatShaper(self.model_id, turn=turn, want_logprobs=req.logprobs, include_usage=include_usage)
         handle = await self._submit(sub)
         if req.stream:
-            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk)
+            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
+                                      ping=req.sse_ping_interval)
         return _json(shaper.body(await self._collect(request, handle)))
 
     # ---- chat-shaped APIs over the chat path (API-13) -----------------------------------
@@ -330,17 +382,29 @@ class Api:
         return await _unless_disconnected(request, handle, handle.first)
 
     async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
-                      tail: Any = None, frame: Any = sse.frame) -> Response:
+                      tail: Any = None, frame: Any = sse.frame, ping: int | None = None) -> Response:
+        """SSE of one request. ``ping`` (API-14, llama-server's ``sse_ping_interval``; None: the
+        server's --sse-ping-interval): after that many seconds without an event, a comment
+        frame ``:`` keeps the connection open; <= 0 sends none (and costs nothing)."""
         first = await self._first(request, handle)
+        interval = self.rt.config.sse_ping_interval if ping is None else ping
 
         async def frames() -> AsyncIterator[bytes]:
+            pending: asyncio.Future[Token | Done | None] | None = None
             try:
                 event: Token | Done | None = first
                 iterator = handle.__aiter__()
                 while event is not None:
                     for chunk in shape(event):
                         yield frame(chunk)
-                    event = await anext(iterator, None)
+                    if interval <= 0:
+                        event = await anext(iterator, None)
+                        continue
+                    # The pending read is never cancelled by a ping (that would end the iterator).
+                    pending = asyncio.ensure_future(anext(iterator, None))
+                    while not (await asyncio.wait((pending,), timeout=interval))[0]:
+                        yield sse.PING
+                    event, pending = pending.result(), None
                 extra = tail() if tail is not None else None
                 if extra is not None:
                     yield frame(extra)
@@ -351,6 +415,8 @@ class Api:
 
                 yield sse.frame(error_body(exc))
             finally:
+                if pending is not None:
+                    pending.cancel()
                 handle.close()
 
         return StreamingResponse(frames(), media_type="text/event-stream",
@@ -375,6 +441,8 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         route("/v1/models", api.models, ["GET"]),
         route("/models", api.models, ["GET"]),
         route("/props", api.props, ["GET"]),
+        route("/props", api.set_props, ["POST"]),
+        route("/infill", api.infill, ["POST"]),
         route("/completion", api.completion, ["POST"]),
         route("/completions", api.completion, ["POST"]),
         route("/v1/completions", api.completions, ["POST"]),
@@ -414,7 +482,11 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys)],
+        middleware=[  # CORS first: a preflight needs no key, and a 401 still carries Allow-Origin
+            Middleware(Cors, origins=rt.config.cors_origins, methods=rt.config.cors_methods,
+                       headers=rt.config.cors_headers, credentials=rt.config.cors_credentials),
+            Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys),
+        ],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )

@@ -141,6 +141,10 @@ def sampling_of(req: NativeCompletionRequest | CompletionRequest | ChatCompletio
         given["logit_bias"] = logit_bias_of(req.logit_bias)
     if grammar:
         given["grammar"] = grammar
+    if req.t_max_predict_ms is not None:
+        given["t_max_predict_ms"] = req.t_max_predict_ms
+    if req.post_sampling_probs:
+        given["post_sampling_probs"] = True
     return msgspec.structs.replace(defaults, n_probs=n_probs, **given)
 
 

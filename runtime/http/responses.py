@@ -8,6 +8,8 @@ body, with the parts llama-server's bodies carry: ``timings``, ``system_fingerpr
 
 from __future__ import annotations
 
+import math
+
 import time
 import uuid
 from importlib import metadata
@@ -83,7 +85,18 @@ def _stop_type(finish: str, word: str) -> str:
     return "word" if word else "eos"
 
 
-def _native_probs(ev: Token) -> list[dict[str, Any]]:
+def _native_probs(ev: Token, post: bool = False) -> list[dict[str, Any]]:
+    """One token's ``completion_probabilities`` entry; ``post`` (API-14 ``post_sampling_probs``)
+    gives probabilities after the sampler chain as llama-server names them: ``prob``/``top_probs``."""
+    if post:
+        return [
+            {
+                "id": ev.token,
+                "token": ev.text,
+                "prob": 1.0 if ev.logprob is None else math.exp(ev.logprob),
+                "top_probs": [{"id": t.token, "token": t.piece, "prob": math.exp(t.logprob)} for t in ev.top],
+            }
+        ]
     return [
         {
             "id": ev.token,
@@ -97,16 +110,18 @@ def _native_probs(ev: Token) -> list[dict[str, Any]]:
 class NativeShaper:
     """llama-server's /completion."""
 
-    def __init__(self, model: str, want_probs: bool, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: str, want_probs: bool, settings: dict[str, Any] | None = None,
+                 post_sampling_probs: bool = False) -> None:
         self.model = model
         self.want_probs = want_probs
+        self.post = post_sampling_probs
         self.settings = settings or {}  # generation_settings (see ``generation_settings``)
 
     def chunk(self, ev: Token | Done) -> Any:
         if isinstance(ev, Token):
             return NativeChunk(
                 content=ev.text, stop=False, index=ev.index, tokens=[ev.token],
-                completion_probabilities=_native_probs(ev) if self.want_probs else None,
+                completion_probabilities=_native_probs(ev, self.post) if self.want_probs else None,
             )
         return self._result(ev, "", [])
 
@@ -125,7 +140,7 @@ class NativeShaper:
         for ch in c.choices:
             d = Done(ch.index, ch.finish_reason, ch.text, c.stopping_word, c.n_prompt, c.n_cached,
                      len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot, truncated=c.truncated)
-            probs = [p for ev in ch.logprobs for p in _native_probs(ev)] if self.want_probs else None
+            probs = [p for ev in ch.logprobs for p in _native_probs(ev, self.post)] if self.want_probs else None
             results.append(self._result(d, ch.text, list(ch.tokens), probs))
         return results[0] if len(results) == 1 else results
 

@@ -81,7 +81,14 @@ class RuntimeConfig:
     api_key: str | None = None
     api_keys: tuple[str, ...] = ()  # further accepted keys (--api-key a,b and --api-key-file)
     webui: bool = True  # serve the built-in page at GET / (API-17); --no-webui turns it off
+    # CORS and POST /props as llama-server (API-14, API-16): its defaults, its --cors-* flags
+    cors_origins: str = "*"  # comma-separated, or "localhost" (reflect only localhost origins)
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True  # with origins "*": the request's Origin is echoed back
+    endpoint_props: bool = False  # --props: POST /props is allowed
     alias: str | None = None  # model id shown by /v1/models
+    sse_ping_interval: int = 30  # API-14: seconds of stream silence before an SSE ping (<= 0: none), llama-server's
     # layer split over ggml-rpc (SPEC section 5)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of each worker, registered as RPC0, RPC1, …
     devices: tuple[str, ...] = ()  # device order for the split; put the local CPU last (logits stay local)

@@ -54,6 +54,7 @@ from llamactor.protocol.live import LiveSnapshot
 from llamactor.actors.embedder import EmbeddingActor
 from llamactor.runtime.engine.embedding import EmbeddingOptions
 from llamactor.runtime.service.embeddings import EmbeddingService, Embeddings, Input, Ranked
+from llamactor.runtime.service.infill import infill_tokens
 
 log = structlog.get_logger("llamactor.runtime")
 
@@ -344,6 +345,26 @@ class RuntimeCore:
         """Run one request to the end and return every choice."""
         handle = await self.submit(prompt, **kwargs)
         return await collect(handle)
+
+    def infill_prompt(self, input_prefix: str | Sequence[Any], input_suffix: str | Sequence[Any],
+                      input_extra: Sequence[Any] = (), prompt: str = "") -> list[int]:
+        """The fill-in-the-middle prompt tokens (API-12), as llama-server's /infill builds them.
+
+        Raises NotSupported (501) for a model without FIM tokens, RequestError naming the field.
+        """
+        self._require_ready()
+        assert self.model is not None
+        cfg = self.config
+        return infill_tokens(self.model, input_prefix, input_suffix, input_extra, prompt,
+                             n_batch=cfg.n_batch, n_predict=cfg.n_predict_max, n_ctx=cfg.ctx_per_request)
+
+    async def infill(self, input_prefix: str | Sequence[Any], input_suffix: str | Sequence[Any], *,
+                     input_extra: Sequence[Any] = (), prompt: str = "", **kwargs: Any) -> Completion:
+        """Fill in the middle between ``input_prefix`` and ``input_suffix`` (API-12) and run it to
+        the end; ``input_extra`` is a list of {"filename", "text"} chunks of other files, and
+        ``kwargs`` are ``submit``'s (max_tokens, stop, sampling fields, ...)."""
+        tokens = self.infill_prompt(input_prefix, input_suffix, input_extra, prompt)
+        return await collect(await self.submit(tokens, **kwargs))
 
     # ---- slots, metrics, app -------------------------------------------------------------
 

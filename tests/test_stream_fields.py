@@ -1,0 +1,149 @@
+"""API-14 streaming knobs as llama-server has them: SSE keep-alive pings (``sse_ping_interval``
+and ``--sse-ping-interval``), ``t_max_predict_ms`` and ``post_sampling_probs`` with ``n_probs``;
+each through HTTP and through the embedding API ``Runtime``."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from conftest import open_server
+from llamactor.protocol.errors import RequestError
+from llamactor.runtime import Runtime
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+class SlowTokens:
+    """GroupHooks: sleep ``delay`` seconds before sampling the token number ``at`` (0: every token)."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.at = 0
+        self._n = 0
+
+    def on_assign(self, group: int, task: Any) -> None:
+        self._n = 0
+
+    def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
+        pass
+
+    def before_sample(self, group: int, task: Any) -> None:
+        self._n += 1
+        if self.delay and (self.at == 0 or self._n == self.at):
+            time.sleep(self.delay)
+
+    def before_send(self, group: int, task: Any) -> None:
+        pass
+
+    def after_step(self, group: Any, result: Any) -> None:
+        pass
+
+
+async def _sse(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> bytes:
+    async with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return b"".join([chunk async for chunk in r.aiter_raw()])
+
+
+async def test_sse_pings_while_silent(make_config: Any) -> None:
+    """API-14: a stream silent longer than the interval gets ``:`` comment frames (llama-server's
+    ping); the server flag sets the default, the request field overrides it, -1 turns it off."""
+    hooks = SlowTokens()
+    hooks.delay, hooks.at = 1.5, 2  # a 1.5 s silence after the first token
+    async with open_server(make_config(parallel=1, sse_ping_interval=1), hooks=hooks) as (_rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"prompt": PROMPT, "n_predict": 3, "temperature": 0, "ignore_eos": True}
+            by_flag = await _sse(client, "/completion", body)
+            assert b":\n\n" in by_flag and b'"stop":true' in by_flag
+            off = await _sse(client, "/v1/completions", {**body, "max_tokens": 3, "sse_ping_interval": -1})
+            assert b":\n\n" not in off and off.endswith(b"data: [DONE]\n\n")
+            hooks.delay = 0.0
+            quick = await _sse(client, "/completion", body)  # never silent for a second: no ping
+            assert b":\n\n" not in quick
+            hooks.delay = 1.5
+            chat = await _sse(client, "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+                "sse_ping_interval": 1})
+            assert chat.count(b":\n\n") >= 1 and chat.endswith(b"data: [DONE]\n\n")
+
+
+async def test_sse_ping_bad_input(make_config: Any) -> None:
+    """API-14: a non-integer sse_ping_interval is a 400 naming the field."""
+    async with open_server(make_config(parallel=1)) as (_rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/completion", json={"prompt": PROMPT, "stream": True, "sse_ping_interval": "x"})
+            assert r.status_code == 400 and "sse_ping_interval" in r.text
+
+
+async def test_t_max_predict_ms(make_config: Any) -> None:
+    """API-14, llama-server's rule: past ``t_max_predict_ms`` of prediction the generation stops
+    at a token whose text holds a newline (stop_type "limit"); without a newline it runs on."""
+    hooks = SlowTokens()
+    hooks.delay = 0.005  # 5 ms per token
+    async with open_server(make_config(parallel=1), hooks=hooks) as (rt, url):
+        nl = await rt.tokenize("\n", add_special=False)
+        assert len(nl) == 1
+        base = {"prompt": PROMPT, "n_predict": 40, "temperature": 0, "ignore_eos": True}
+        newline = {str(nl[0]): 100.0}
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            r = (await client.post("/completion", json={**base, "logit_bias": newline, "t_max_predict_ms": 12})).json()
+            assert r["stop_type"] == "limit" and 2 <= r["tokens_predicted"] < 40 and r["content"].endswith("\n")
+            r = (await client.post("/completion", json={**base, "logit_bias": newline})).json()
+            assert r["tokens_predicted"] == 40  # no limit asked
+            r = (await client.post("/completion", json={**base, "logit_bias": [[nl[0], False]],
+                                                          "t_max_predict_ms": 1})).json()
+            assert r["tokens_predicted"] == 40 and "\n" not in r["content"]  # never a newline: no stop
+            r = await client.post("/completion", json={**base, "t_max_predict_ms": -5})
+            assert r.status_code == 400 and "t_max_predict_ms" in r.text
+        c = await rt.complete(PROMPT, max_tokens=40, temperature=0, ignore_eos=True, logit_bias={nl[0]: 100.0},
+                              t_max_predict_ms=12)
+        assert c.choices[0].finish_reason == "length" and len(c.choices[0].tokens) < 40
+
+
+async def test_post_sampling_probs(make_config: Any) -> None:
+    """API-14: ``post_sampling_probs`` reports probabilities after the sampler chain as
+    llama-server names them (``prob``/``top_probs``): top_k cuts the list, they sum to 1 over
+    what is left; without it ``logprob``/``top_logprobs`` of the raw distribution."""
+    async with open_server(make_config(parallel=1)) as (rt, url):
+        body = {"prompt": PROMPT, "n_predict": 4, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0,
+                "seed": 5, "n_probs": 5, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            post = (await client.post("/completion", json={**body, "post_sampling_probs": True})).json()
+            pre = (await client.post("/completion", json=body)).json()
+            assert post["tokens"] == pre["tokens"]  # asking for probabilities changes no token
+            for entry in post["completion_probabilities"]:
+                assert set(entry) == {"id", "token", "prob", "top_probs"}
+                tops = entry["top_probs"]
+                assert 1 <= len(tops) <= 3 and math.isclose(sum(t["prob"] for t in tops), 1.0, rel_tol=1e-4)
+                assert [t["prob"] for t in tops] == sorted((t["prob"] for t in tops), reverse=True)
+                assert any(t["id"] == entry["id"] and math.isclose(t["prob"], entry["prob"], rel_tol=1e-5) for t in tops)
+            for entry in pre["completion_probabilities"]:
+                assert "logprob" in entry and len(entry["top_logprobs"]) == 5
+            stream = await _sse(client, "/completion", {**body, "post_sampling_probs": True})
+            assert b'"top_probs"' in stream and b'"top_logprobs"' not in stream
+            greedy = (await client.post("/completion", json={**body, "temperature": 0, "post_sampling_probs": True})).json()
+            assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in greedy["completion_probabilities"])
+            r = await client.post("/completion", json={**body, "post_sampling_probs": "yes"})
+            assert r.status_code == 400 and "post_sampling_probs" in r.text
+        c = await rt.complete(PROMPT, max_tokens=4, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=5,
+                              n_probs=5, ignore_eos=True, post_sampling_probs=True)
+        assert list(c.choices[0].tokens) == post["tokens"]
+        for ev in c.choices[0].logprobs:
+            assert len(ev.top) <= 3 and math.isclose(sum(math.exp(t.logprob) for t in ev.top), 1.0, rel_tol=1e-4)
+
+
+def test_embedding_api_rejects_bad_t_max(make_config: Any) -> None:
+    """API-14: the embedding API refuses a bad t_max_predict_ms with the field's name."""
+
+    async def run() -> None:
+        async with Runtime.open(make_config(parallel=1)) as rt:
+            with pytest.raises(RequestError, match="t_max_predict_ms"):
+                await rt.complete(PROMPT, max_tokens=2, t_max_predict_ms=-3)
+
+    anyio.run(run)
