@@ -104,3 +104,36 @@ async def wait_until(predicate, timeout_s: float = 10.0, poll_s: float = 0.005) 
     with anyio.fail_after(timeout_s):
         while not predicate():
             await anyio.sleep(poll_s)
+
+
+async def greedy_together(config: RuntimeConfig, prompts: list[str], n_predict: int,
+                          groups_used: set[int] | None = None) -> list[list[int]]:
+    """``greedy_over_http`` with every request in its group before decoding goes on.
+
+    Decode steps wait (test hooks) until the supervisor has assigned all the requests, so the
+    batches a run decodes do not depend on how the requests happened to arrive: llama.cpp's
+    CPU kernels are not batch-invariant, and on a loaded machine a different arrival order
+    once made a greedy comparison differ by one token.
+    """
+    import threading
+
+    from faults import Faults
+
+    faults = Faults()
+    faults.hold = threading.Event()
+    groups_used = set() if groups_used is None else groups_used  # filled: the groups that served
+    async with open_server(config, hooks=faults) as (rt, url):
+        out: list[list[int]] = []
+
+        async def run() -> None:
+            out.extend(await greedy_over_http(url, prompts, n_predict))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            try:
+                await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
+                groups_used.update(s["group"] for s in rt.slots() if s["is_processing"])
+            finally:
+                faults.hold.set()
+        return out
+

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import greedy_over_http, open_server, wait_until
+from conftest import greedy_together, open_server, wait_until
 from faults import Faults
 from llamactor.runtime import ConfigError, Runtime, RuntimeConfig
 from llamactor.runtime.service.handles import collect
@@ -22,10 +22,9 @@ async def test_greedy_identical_for_1_2_4_groups(make_config):
     """PG-9 / issue 4 check 1: byte-identical greedy output for N = 1, 2, 4 through HTTP."""
     results = {}
     for n in (1, 2, 4):
-        async with open_server(make_config(parallel=8, n_ctx=8 * 512, pipeline_groups=n)) as (rt, url):
-            results[n] = await greedy_over_http(url, PROMPTS, 20)
-            groups_used = {s["group"] for s in rt.slots()}
-            assert groups_used == set(range(n))
+        used: set[int] = set()
+        results[n] = await greedy_together(make_config(parallel=8, n_ctx=8 * 512, pipeline_groups=n), PROMPTS, 20, used)
+        assert used == set(range(n))
     assert results[1] == results[2] == results[4]
     assert len({tuple(r) for r in results[1]}) == len(PROMPTS)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port, greedy_over_http, open_server
+from conftest import free_port, greedy_together, open_server
 from llamactor.runtime import ConfigError, Runtime
 
 PROMPTS = [f"prompt {i} " + "abc " * i for i in range(8)]
@@ -64,17 +64,16 @@ async def test_split_greedy_identical_to_local(make_config, workers):
     """RPC-2/RPC-3 / issue 6 check 1: split over two workers, and over one worker plus the local
     CPU (listed last), gives the local server's greedy output for N = 1, 2, 4 groups, 8 requests."""
     base = dict(parallel=8, n_ctx=8 * 256)
-    async with open_server(make_config(**base)) as (_, url):
-        local = await greedy_over_http(url, PROMPTS, N_PREDICT)
+    local = await greedy_together(make_config(**base), PROMPTS, N_PREDICT)
     layouts = [
         dict(rpc_servers=tuple(workers), devices=("RPC0", "RPC1"), tensor_split=(1.0, 1.0)),
         dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0, 1.0)),
     ]
     for layout in layouts:
         for n in (1, 2, 4):
-            async with open_server(make_config(**base, **layout, pipeline_groups=n)) as (rt, url):
-                assert rt.config.n_gpu_layers > 0  # the layers really went to the listed devices
-                assert await greedy_over_http(url, PROMPTS, N_PREDICT) == local, (layout["devices"], n)
+            config = make_config(**base, **layout, pipeline_groups=n)
+            assert config.validated().n_gpu_layers > 0  # the layers really go to the listed devices
+            assert await greedy_together(config, PROMPTS, N_PREDICT) == local, (layout["devices"], n)
 
 
 async def test_split_errors_are_clear(make_config, workers, tmp_path):
