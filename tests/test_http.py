@@ -227,3 +227,10 @@ async def test_zero_tokens_requested(make_config):
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
             r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0, "stream": True})
             assert r.status_code == 200 and r.text.strip().endswith("data: [DONE]")
+            assert '"finish_reason":"length"' in r.text  # a final chunk, as llama-server sends
+            r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                                "max_tokens": 0, "stream": True})
+            assert r.status_code == 200 and '"finish_reason":"length"' in r.text
+            r = await client.post("/completion", json={"prompt": "x", "n_predict": 0, "stream": True})
+            frames = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+            assert frames and frames[-1]["stop"] is True and frames[-1]["content"] == ""

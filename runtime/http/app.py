@@ -33,7 +33,7 @@ from llamactor.protocol.wire import (
 )
 from llamactor.runtime.service.config import MAX_BODY_BYTES
 from llamactor.protocol.errors import NotFound, RequestError, Unauthorized, Unavailable
-from llamactor.runtime.service.handles import RequestHandle, collect
+from llamactor.runtime.service.handles import RequestHandle, collect, nothing_generated
 from llamactor.runtime.http.errors import BodyTooLarge, error_response
 from llamactor.runtime.http.requests import Submission, chat_turn, from_chat, from_completion, from_native
 from llamactor.runtime.http import anthropic, responses_api
@@ -387,6 +387,9 @@ class Api:
         server's --sse-ping-interval): after that many seconds without an event, a comment
         frame ``:`` keeps the connection open; <= 0 sends none (and costs nothing)."""
         first = await self._first(request, handle)
+        ended = first is None  # nothing to generate (n_predict 0): the stream is closed already
+        if ended:
+            first = nothing_generated(handle.task)  # still one final chunk, as llama-server sends
         interval = self.rt.config.sse_ping_interval if ping is None else ping
 
         async def frames() -> AsyncIterator[bytes]:
@@ -397,6 +400,8 @@ class Api:
                 while event is not None:
                     for chunk in shape(event):
                         yield frame(chunk)
+                    if ended:
+                        break
                     if interval <= 0:
                         event = await anext(iterator, None)
                         continue

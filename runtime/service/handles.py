@@ -100,6 +100,13 @@ class RequestHandle:
         self.close()
 
 
+def nothing_generated(task: Task) -> Done:
+    """The final event of a request that generates nothing (n_predict 0): its prompt was
+    accepted, no token follows, the choice ends with "length"."""
+    return Done(index=0, finish_reason="length", text="", stopping_word="", n_prompt=len(task.prompt),
+                n_cached=0, n_predicted=0, prompt_ms=0.0, predicted_ms=0.0, slot=-1)
+
+
 async def collect(handle: RequestHandle) -> Completion:
     """Drain a request's events into a ``Completion``."""
     async with handle:
