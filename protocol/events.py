@@ -42,6 +42,17 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     truncated: bool = False  # the context was shifted: old tokens were dropped (EN-4)
 
 
+class Progress(msgspec.Struct, frozen=True, tag=True):
+    """Prompt processing progress (llama-server's ``return_progress``), sent only when asked:
+    ``processed`` of ``total`` prompt tokens are in the KV, ``cache`` of them were reused."""
+
+    index: int
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
 class Failed(msgspec.Struct, frozen=True, tag=True):
     """The request failed as a whole (engine error, shutdown). ``kind`` maps to an HTTP status."""
 
@@ -49,4 +60,4 @@ class Failed(msgspec.Struct, frozen=True, tag=True):
     kind: str = "server_error"
 
 
-Event = Token | Done | Failed
+Event = Token | Done | Progress | Failed

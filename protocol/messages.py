@@ -63,6 +63,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     n_keep: int = 0  # context shift (EN-4): prompt tokens kept at the start (-1: the whole prompt)
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
+    return_progress: bool = False  # send Progress events while the prompt is processed
     sink: EventSink  # the send end of the request's bounded result stream
     arrived: float = 0.0  # time.perf_counter() at submit
 

@@ -59,6 +59,7 @@ class _Generation(msgspec.Struct, kw_only=True):
     n_discard: int | None = None  # tokens dropped per shift; 0/None: half of what is not kept
     # API-14 streaming knobs, as llama-server has them
     sse_ping_interval: int | None = None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval
+    return_progress: bool = False  # stream prompt-processing progress chunks (``prompt_progress``)
     t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
 

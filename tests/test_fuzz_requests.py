@@ -101,6 +101,7 @@ SAMPLING = {
     "logit_bias": logit_biases, "grammar": usually(st.just(""), grammars), "stop": stops, "stream": st.booleans(),
     "n": usually(st.integers(1, 2), st.integers(-1, 6)), "cache_prompt": st.booleans(), "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
     "ignore_eos": st.booleans(),
+    "return_progress": st.booleans(),
     "n_keep": usually(st.integers(-1, 64), small_ints), "n_discard": usually(st.integers(0, 64), small_ints),
     # API-14 streaming knobs (pings only past 30 s: fuzzed streams are short)
     "sse_ping_interval": st.one_of(st.none(), st.sampled_from([-1, 0, 30]), st.just("x")),

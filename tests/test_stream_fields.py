@@ -147,3 +147,42 @@ def test_embedding_api_rejects_bad_t_max(make_config: Any) -> None:
                 await rt.complete(PROMPT, max_tokens=2, t_max_predict_ms=-3)
 
     anyio.run(run)
+
+
+async def test_return_progress_streams_prompt_progress(make_config):
+    """API-14 return_progress: while a long prompt is prefilled in several chunks, the stream
+    carries llama-server's ``prompt_progress`` chunks (total, cache, processed, time_ms), ending
+    at processed == total; native, OpenAI completions and chat; off by default; through the
+    embedding API as Progress events."""
+    import json as _json
+
+    import httpx as _httpx
+
+    from conftest import open_server as _open_server
+    from llamactor.protocol.events import Progress
+
+    prompt = [5, 6, 7, 8] * 100  # 400 tokens, 64-token chunks
+    config = make_config(parallel=1, n_ctx=1024, n_batch=64, n_ubatch=64)
+    async with _open_server(config) as (rt, url):
+        async with _httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for path, body in (("/completion", {"prompt": prompt, "n_predict": 2}),
+                               ("/v1/completions", {"prompt": [9] + prompt[1:], "max_tokens": 2})):
+                r = await client.post(path, json={**body, "stream": True, "return_progress": True, "temperature": 0})
+                frames = [_json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+                progress = [f["prompt_progress"] for f in frames if "prompt_progress" in f]
+                assert len(progress) >= 400 // 64, path
+                assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
+                assert progress[-1]["processed"] == progress[-1]["total"] == 400
+                assert all(p["cache"] >= 0 and p["time_ms"] >= 0 for p in progress)
+                body = {**body, "prompt": [10 + len(path)] + prompt[1:]}  # a prompt not cached yet
+                r = await client.post(path, json={**body, "stream": True, "temperature": 0})
+                assert r.status_code == 200 and "prompt_progress" not in r.text  # off by default
+            r = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hello " * 100}], "max_tokens": 2, "stream": True,
+                "return_progress": True, "temperature": 0})
+            assert r.status_code == 200 and '"prompt_progress"' in r.text and r.text.strip().endswith("[DONE]")
+        events = [e async for e in rt.stream(prompt[:-4] + [9, 9, 9, 9], max_tokens=2, temperature=0,
+                                             return_progress=True)]
+        assert any(isinstance(e, Progress) for e in events)
+        out = await rt.complete(prompt, max_tokens=2, temperature=0, return_progress=True)
+        assert out.n_predicted == 2  # collect() skips progress events

@@ -24,7 +24,7 @@ import llama_cpp
 import numpy as np
 
 from llamactor.protocol.plan import StepPlan
-from llamactor.protocol.events import Done, Event, Token, TopProb
+from llamactor.protocol.events import Done, Event, Progress, Token, TopProb
 from llamactor.protocol.messages import Task
 from llamactor.protocol.errors import EngineError
 from llamactor.runtime.engine.hooks import GroupHooks
@@ -276,6 +276,9 @@ class Context:
             s = slots[local]
             s.cache.extend(s.prompt[s.n_past : s.n_past + k].tolist())
             s.n_past += k
+            if s.task is not None and s.task.return_progress:  # only when asked: no cost otherwise
+                res.events.append((s.task, Progress(0, len(s.prompt), s.n_cached, s.n_past,
+                                                    (time.perf_counter() - s.t_start) * 1e3)))
         for local in plan.generate:
             s = slots[local]
             s.cache.append(s.next_token)

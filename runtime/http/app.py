@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactor.protocol import sse
-from llamactor.protocol.events import Done, Token
+from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest,
 )
@@ -286,7 +286,7 @@ class Api:
                               post_sampling_probs=req.post_sampling_probs)
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False,
-                                      ping=req.sse_ping_interval)
+                                      ping=req.sse_ping_interval, progress=shaper.progress)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def infill(self, request: Request) -> Response:
@@ -317,7 +317,7 @@ class Api:
         handle = await self._submit(sub)
         if req.stream:
             return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
-                                      ping=req.sse_ping_interval)
+                                      ping=req.sse_ping_interval, progress=shaper.progress)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def chat(self, request: Request) -> Response:
@@ -329,7 +329,7 @@ class Api:
         handle = await self._submit(sub)
         if req.stream:
             return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
-                                      ping=req.sse_ping_interval)
+                                      ping=req.sse_ping_interval, progress=shaper.progress)
         return _json(shaper.body(await self._collect(request, handle)))
 
     # ---- chat-shaped APIs over the chat path (API-13) -----------------------------------
@@ -377,12 +377,13 @@ class Api:
         """Collect a non-streaming result; a client disconnect cancels the request (API-6)."""
         return await _unless_disconnected(request, handle, lambda: collect(handle))
 
-    async def _first(self, request: Request, handle: RequestHandle) -> Token | Done | None:
+    async def _first(self, request: Request, handle: RequestHandle) -> Token | Done | Progress | None:
         """The first event, or an error; a client leaving while queued or prefilling cancels (API-6)."""
         return await _unless_disconnected(request, handle, handle.first)
 
     async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
-                      tail: Any = None, frame: Any = sse.frame, ping: int | None = None) -> Response:
+                      tail: Any = None, frame: Any = sse.frame, ping: int | None = None,
+                      progress: Any = None) -> Response:
         """SSE of one request. ``ping`` (API-14, llama-server's ``sse_ping_interval``; None: the
         server's --sse-ping-interval): after that many seconds without an event, a comment
         frame ``:`` keeps the connection open; <= 0 sends none (and costs nothing)."""
@@ -393,12 +394,15 @@ class Api:
         interval = self.rt.config.sse_ping_interval if ping is None else ping
 
         async def frames() -> AsyncIterator[bytes]:
-            pending: asyncio.Future[Token | Done | None] | None = None
+            pending: asyncio.Future[Token | Done | Progress | None] | None = None
             try:
-                event: Token | Done | None = first
+                event: Token | Done | Progress | None = first
                 iterator = handle.__aiter__()
                 while event is not None:
-                    for chunk in shape(event):
+                    # Progress events come only for return_progress; an API without a progress
+                    # shape skips them.
+                    chunks = shape(event) if not isinstance(event, Progress) else progress(event) if progress else []
+                    for chunk in chunks:
                         yield frame(chunk)
                     if ended:
                         break

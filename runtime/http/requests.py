@@ -49,13 +49,14 @@ class Submission:
     ignore_eos: bool = False
     n_keep: int | None = None  # context shift (EN-4); None: the server's --keep
     n_discard: int = 0
+    return_progress: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def kwargs(self) -> dict[str, Any]:
         return dict(
             max_tokens=self.max_tokens, params=self.params, stop=self.stop, n=self.n,
             id_slot=self.id_slot, cache_prompt=self.cache_prompt, ignore_eos=self.ignore_eos,
-            n_keep=self.n_keep, n_discard=self.n_discard,
+            n_keep=self.n_keep, n_discard=self.n_discard, return_progress=self.return_progress,
         )
 
 
@@ -154,7 +155,7 @@ def _submission(req: NativeCompletionRequest | CompletionRequest | ChatCompletio
         prompt, max_tokens, params, stop_of(req.stop, cfg.stop), req.n, req.id_slot,
         cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
         cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
-        req.n_keep, req.n_discard or 0,
+        req.n_keep, req.n_discard or 0, req.return_progress and bool(req.stream),
     )
 
 

@@ -15,7 +15,7 @@ import uuid
 from importlib import metadata
 from typing import Any
 
-from llamactor.protocol.events import Done, Token
+from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.wire import NativeChunk, NativeResult, Timings
@@ -125,6 +125,10 @@ class NativeShaper:
             )
         return self._result(ev, "", [])
 
+    def progress(self, ev: Progress) -> list[dict[str, Any]]:
+        """A return_progress chunk, as llama-server's (no content, ``prompt_progress``)."""
+        return [{"content": "", "stop": False, "index": ev.index, "tokens": [], "prompt_progress": _progress(ev)}]
+
     def _result(self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None) -> NativeResult:
         return NativeResult(
             content=content, stop=True, index=d.index, id_slot=d.slot, model=self.model,
@@ -189,6 +193,18 @@ class OpenAIShaper:
             "top_logprobs": [{t.piece: t.logprob for t in ev.top} for ev in events],
             "text_offset": [],
         }
+
+    def progress(self, ev: Progress) -> list[dict[str, Any]]:
+        """A return_progress chunk, as llama-server's: an empty choice plus ``prompt_progress``."""
+        obj = self.object + ".chunk" if self.chat else self.object
+        choice: dict[str, Any] = {"index": ev.index, "logprobs": None, "finish_reason": None}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": None}
+        else:
+            choice["text"] = ""
+        env = self._envelope([choice], obj)
+        env["prompt_progress"] = _progress(ev)
+        return [env]
 
     def chunks(self, ev: Token | Done) -> list[dict[str, Any]]:
         """Zero or more chunks for one event (chat streams open each choice with a role delta)."""
@@ -255,3 +271,7 @@ class OpenAIShaper:
         env["usage"] = self._usage(c.n_prompt, c.n_cached, c.n_predicted)
         env["timings"] = _timings(c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms)
         return env
+
+
+def _progress(ev: Progress) -> dict[str, Any]:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": round(ev.time_ms)}

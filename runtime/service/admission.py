@@ -54,6 +54,7 @@ class Admission:
         sampling: dict[str, Any],
         n_keep: int | None = None,
         n_discard: int = 0,
+        return_progress: bool = False,
     ) -> tuple[Task, MemoryObjectReceiveStream[Event]]:
         """The task and the receive end of its result stream (the task holds the send end).
 
@@ -74,11 +75,15 @@ class Admission:
             raise RequestError(f"n_keep must be >= -1 and n_discard >= 0, got n_keep={n_keep}, n_discard={n_discard}")
         if id_slot >= cfg.parallel or id_slot < -1:
             raise NotFound(f"slot {id_slot} does not exist (0..{cfg.parallel - 1})")
-        send, recv = anyio.create_memory_object_stream[Event](n * (max(n_predict, 0) + 2) + EVENT_HEADROOM)
+        # Room for every event the group may send without waiting: a token (and a Done) per
+        # choice, and with return_progress at most one Progress per prompt chunk (>= 1 token).
+        size = n * (max(n_predict, 0) + 2) + EVENT_HEADROOM + (len(tokens) + 1 if return_progress else 0)
+        send, recv = anyio.create_memory_object_stream[Event](size)
         task = Task(
             id=next(self._ids), prompt=np.asarray(tokens, dtype=np.int32), params=params, n_predict=n_predict,
             stop=stops, n=n, id_slot=id_slot, cache_prompt=cache_prompt, ignore_eos=ignore_eos,
-            n_keep=cfg.n_keep if n_keep is None else n_keep, n_discard=n_discard, sink=send,
+            n_keep=cfg.n_keep if n_keep is None else n_keep, n_discard=n_discard, return_progress=return_progress,
+            sink=send,
             arrived=time.perf_counter(),
         )
         return task, recv

@@ -31,7 +31,7 @@ from llamactor.actors.coordinator import PhaseCoordinator
 from llamactor.actors.group import GroupActor
 from llamactor.actors import policies
 from llamactor.actors.supervisor import Supervisor
-from llamactor.protocol.events import Done, Failed, Token
+from llamactor.protocol.events import Done, Failed, Progress, Token
 from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
 from llamactor.runtime.service.chat import ChatTemplate
@@ -301,6 +301,7 @@ class RuntimeCore:
         params: SamplingParams | None = None,
         n_keep: int | None = None,
         n_discard: int = 0,
+        return_progress: bool = False,
         **sampling: Any,
     ) -> RequestHandle:
         """Validate, tokenize and queue one request; return its event stream.
@@ -314,7 +315,7 @@ class RuntimeCore:
         task, recv = await self.admission.admit(
             prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
             ignore_eos=ignore_eos, add_special=add_special, params=params, sampling=sampling,
-            n_keep=n_keep, n_discard=n_discard,
+            n_keep=n_keep, n_discard=n_discard, return_progress=return_progress,
         )
         if task.n_predict == 0:
             task.sink.close()  # nothing to generate: the handle ends at once
@@ -334,8 +335,9 @@ class RuntimeCore:
             except LlamactorError:
                 pass  # a full or closed supervisor will drop the stream on its own
 
-    async def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> AsyncIterator[Token | Done]:
-        """Yield token events (and one ``Done`` per choice) of one request."""
+    async def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> AsyncIterator[Token | Done | Progress]:
+        """Yield token events (and one ``Done`` per choice) of one request; with
+        ``return_progress=True`` also ``Progress`` events while the prompt is processed."""
         handle = await self.submit(prompt, **kwargs)
         async with handle:
             async for event in handle:

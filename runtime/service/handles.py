@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from llamactor.protocol.errors import EngineError, LlamactorError, Overloaded, RequestError, Unavailable
-from llamactor.protocol.events import Done, Failed, Token
+from llamactor.protocol.events import Done, Failed, Progress, Token
 from llamactor.protocol.messages import Task
 
 
@@ -58,10 +58,10 @@ class RequestHandle:
     cancel: Callable[[int], None]  # asks the runtime to stop the task (by id)
     _closed: bool = field(default=False, repr=False)
 
-    def __aiter__(self) -> AsyncIterator[Token | Done]:
+    def __aiter__(self) -> AsyncIterator[Token | Done | Progress]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Token | Done]:
+    async def _iterate(self) -> AsyncIterator[Token | Done | Progress]:
         try:
             async for event in self.events:
                 if isinstance(event, Failed):
@@ -70,7 +70,7 @@ class RequestHandle:
         finally:
             self.close()
 
-    async def first(self) -> Token | Done | None:
+    async def first(self) -> Token | Done | Progress | None:
         """Wait for the first event (raises the request's error): lets HTTP pick a status.
 
         None when the request ends without any event (nothing to generate: max_tokens 0).
@@ -118,7 +118,7 @@ async def collect(handle: RequestHandle) -> Completion:
                 tokens.setdefault(event.index, []).append(event.token)
                 if event.logprob is not None:
                     logprobs.setdefault(event.index, []).append(event)
-            else:
+            elif isinstance(event, Done):
                 done[event.index] = event
     if not done:
         n_prompt = len(handle.task.prompt)
