@@ -33,6 +33,7 @@ from llamactor.protocol.messages import (
     Submit, SupervisorMsg, Task,
 )
 from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
+from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.kernel.actor import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
@@ -309,7 +310,7 @@ class Supervisor(Actor[SupervisorMsg]):
                 continue
             n_busy = len(slots) - len(free)
             for e in free:
-                prefix = _common_prefix(e.cached, task.prompt)
+                prefix = common_prefix(e.cached, task.prompt)
                 key = (prefix if prefix >= min_prefix else 0, -n_busy, -e.id)
                 if best is None or key > best:
                     best = key
@@ -335,14 +336,6 @@ class _StartOnce:
         if not self.started_once:
             self.started_once = True
             self._status.started(value)
-
-
-def _common_prefix(cached: np.ndarray, prompt: np.ndarray) -> int:
-    n = min(len(cached), len(prompt))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(cached[:n] != prompt[:n])
-    return int(diff[0]) if len(diff) else n
 
 
 def _fail(task: Task, message: str, kind: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.protocol.plan import StepPlan
 from llamactor.protocol.events import Done, Event, Progress, Token, TopProb
 from llamactor.protocol.messages import Task
@@ -104,26 +105,10 @@ class Context:
         self._alloc_batch(self.n_batch)
 
     def _alloc_batch(self, n: int) -> None:
-        # We own every buffer (numpy), so llama_batch_free must never be called on this batch.
-        self._tok = np.zeros(n, dtype=np.int32)
-        self._pos = np.zeros(n, dtype=np.int32)
-        self._nseq = np.ones(n, dtype=np.int32)
-        self._seq = np.zeros(n, dtype=np.int32)
-        self._out = np.zeros(n, dtype=np.int8)
-        self._ramp = np.arange(n, dtype=np.int32)
-        seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n)()
-        base = self._seq.ctypes.data
-        for i in range(n):
-            seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
-        self._seq_ptrs = seq_ptrs
-        b = llama_cpp.llama_batch()
-        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.seq_id = seq_ptrs  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        self._batch = b
+        self._owned = OwnedBatch(n)
+        o = self._owned
+        self._tok, self._pos, self._nseq, self._seq, self._out, self._ramp = o.tok, o.pos, o.nseq, o.seq, o.out, o.ramp
+        self._batch = o.batch
 
     def _bind_hooks(self, hooks: GroupHooks, group: int) -> None:
         """Route decode and sampling through ``hooks`` (tests); unhooked contexts pay nothing."""
@@ -166,11 +151,8 @@ class Context:
                 slot.cache[:] = restored.tolist()
         keep = 0
         if cache_prompt and slot.cache:
-            cached = np.asarray(slot.cache, dtype=np.int32)
-            n = min(len(cached), len(prompt) - 1)
-            if n > 0:
-                diff = np.flatnonzero(cached[:n] != prompt[:n])
-                keep = int(diff[0]) if len(diff) else n
+            # at most len(prompt) - 1: the last prompt token is decoded again for its logits
+            keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
         if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1):
             # Some memories (SWA, recurrent) cannot cut a sequence in the middle.
             llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)

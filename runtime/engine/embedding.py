@@ -28,7 +28,6 @@ Called from one worker thread at a time (the owning ``EmbeddingActor``); never f
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import struct
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.protocol.errors import ConfigError, EngineError
 from llamactor.runtime.engine.model import Model
 
@@ -98,26 +98,10 @@ class EmbeddingContext:
         self._alloc_batch(self.n_batch)
 
     def _alloc_batch(self, n: int) -> None:
-        # We own every buffer (numpy), so llama_batch_free must never be called on this batch.
-        self._tok = np.zeros(n, dtype=np.int32)
-        self._pos = np.zeros(n, dtype=np.int32)
-        self._nseq = np.ones(n, dtype=np.int32)
-        self._seq = np.zeros(n, dtype=np.int32)
-        self._out = np.ones(n, dtype=np.int8)  # an embedding context outputs every token
-        self._ramp = np.arange(n, dtype=np.int32)
-        seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n)()
-        base = self._seq.ctypes.data
-        for i in range(n):
-            seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
-        self._seq_ptrs = seq_ptrs
-        b = llama_cpp.llama_batch()
-        b.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.seq_id = seq_ptrs  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        b.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]  # llama_cpp's stub types the fields as arrays
-        self._batch = b
+        self._owned = OwnedBatch(n, output_all=True)
+        o = self._owned
+        self._tok, self._pos, self._nseq, self._seq, self._out, self._ramp = o.tok, o.pos, o.nseq, o.seq, o.out, o.ramp
+        self._batch = o.batch
 
     def close(self) -> None:
         if self.ptr:

@@ -15,30 +15,27 @@ the supervisor; their tokens come straight back from the serving group on a boun
 from __future__ import annotations
 
 import enum
-import itertools
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import llama_cpp
-import numpy as np
 import structlog
 
 from llamactor.actors.coordinator import PhaseCoordinator
 from llamactor.actors.group import GroupActor
 from llamactor.actors import policies
 from llamactor.actors.supervisor import Supervisor
-from llamactor.protocol.events import Done, Failed, Progress, Token
-from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
-from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
+from llamactor.protocol.events import Done, Progress, Token
+from llamactor.protocol.messages import Cancel, SlotRequest, Submit
+from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
 from llamactor.runtime.engine.context import ContextOptions
 from llamactor.protocol.errors import (
-    Closed, ConfigError, EngineError, LlamactorError, NotFound, Overloaded, RequestError, Unavailable,
+    Closed, ConfigError, LlamactorError, Unavailable,
 )
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service.metrics import Metrics
