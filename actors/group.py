@@ -23,7 +23,7 @@ from llamactor.actors.delivery import failure, hooked_send, send_event, send_fin
 from llamactor.actors.observe import GroupMetrics
 from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
 from llamactor.actors.trace import StepRecord
-from llamactor.protocol.events import Failed
+from llamactor.protocol.events import Failed, Progress
 from llamactor.protocol.messages import (
     Assign, Grant, GroupMsg, PhaseEvent, PhaseKind, Released, Revoke, SlotCached, SlotCommand, Task,
 )
@@ -256,6 +256,11 @@ class GroupActor(Actor[GroupMsg]):
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
+        if task.return_progress:  # llama-server's first progress chunk: the request has started
+            try:
+                self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0))
+            except Exception:  # noqa: BLE001 - a closed or failing stream is ended by the next step's delivery
+                pass
         self._tell_coordinator(PhaseKind.ARRIVED, parent)
 
     def _refuse(self, task: Task, members: list[Slot], exc: Exception) -> None:

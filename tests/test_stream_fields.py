@@ -173,6 +173,7 @@ async def test_return_progress_streams_prompt_progress(make_config):
                 assert len(progress) >= 400 // 64, path
                 assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
                 assert progress[-1]["processed"] == progress[-1]["total"] == 400
+                assert progress[0]["processed"] == progress[0]["cache"] and progress[0]["time_ms"] == 0  # started
                 assert all(p["cache"] >= 0 and p["time_ms"] >= 0 for p in progress)
                 body = {**body, "prompt": [10 + len(path)] + prompt[1:]}  # a prompt not cached yet
                 r = await client.post(path, json={**body, "stream": True, "temperature": 0})
