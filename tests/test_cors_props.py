@@ -5,25 +5,13 @@ response, OPTIONS preflight on every path without an API key, the --cors-* flags
 
 from __future__ import annotations
 
-import argparse
-
 import httpx
-
 from conftest import open_server
-from llamactor.runtime import cli, cliargs, cliflags
+from serveargs import parse_serve as _parse
 
 ORIGIN = "http://example.com"
 PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization, content-type"}
-
-
-def _parse(argv: list[str], environ: dict[str, str] | None = None) -> cli.ServeOptions:
-    parser = argparse.ArgumentParser(prog="llamactor", exit_on_error=False)
-    sub = parser.add_subparsers(dest="command")
-    serve_parser = cli._serve_parser(sub)
-    args = parser.parse_args(["serve", *argv])
-    cliargs.apply_env(serve_parser, args, cliflags.GROUPS, environ or {})
-    return cli.serve_options(args)
 
 
 async def test_cors_defaults_and_preflight_without_key(make_config) -> None:

@@ -11,7 +11,6 @@ API-14/API-16: ``timings``, ``usage.prompt_tokens_details.cached_tokens``,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -27,12 +26,12 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import free_port, open_server
 from llamactor.protocol.errors import ExceedContextSize
 from llamactor.protocol.sampling import DEFAULT_SEED, SamplingParams
 from llamactor.runtime import Runtime, cli, cliargs, cliflags
 from llamactor.runtime.engine.rpc import list_devices
+from serveargs import parse_serve as _parse
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 REFERENCE = Path(__file__).with_name("llama_server_flags.txt")
@@ -57,15 +56,6 @@ def _reference() -> list[tuple[list[str], list[str], str, str]]:
 
 def _table() -> dict[str, tuple[cliargs.Group, cliargs.Opt]]:
     return {name: (g, o) for g, o in cliargs.entries(cliflags.GROUPS) for name in o.spellings}
-
-
-def _parse(argv: list[str], environ: dict[str, str] | None = None) -> cli.ServeOptions:
-    parser = argparse.ArgumentParser(prog="llamactor", exit_on_error=False)
-    sub = parser.add_subparsers(dest="command")
-    serve_parser = cli._serve_parser(sub)
-    args = parser.parse_args(["serve", *argv])
-    cliargs.apply_env(serve_parser, args, cliflags.GROUPS, environ or {})
-    return cli.serve_options(args)
 
 
 # ---- the table against llama-server's own list ------------------------------------------

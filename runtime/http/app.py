@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,6 +33,7 @@ from llamactor.protocol.wire import (
 from llamactor.runtime.service.config import MAX_BODY_BYTES
 from llamactor.protocol.errors import NotFound, RequestError, Unauthorized, Unavailable
 from llamactor.runtime.service.handles import RequestHandle, collect, nothing_generated
+from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import BodyTooLarge, error_response
 from llamactor.runtime.http.requests import Submission, chat_turn, from_chat, from_completion, from_native
 from llamactor.runtime.http import anthropic, responses_api
@@ -108,39 +108,14 @@ async def _decode(request: Request, type_: type) -> Any:
     return msgspec.json.decode(body, type=type_)
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def _unless_disconnected(request: Request, handle: RequestHandle, wait: Any) -> Any:
-    """Await ``wait()`` while watching the client; if it leaves, cancel the request (API-6)."""
-    outcome: list[Any] = []
+    """Await ``wait()`` while watching the client; if it leaves (or anything fails), the request
+    is cancelled at once and its slot freed (API-6)."""
     try:
-        async with anyio.create_task_group() as tg:
-
-            async def watch() -> None:
-                await _wait_disconnect(request)
-                handle.close()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            try:
-                outcome.append(await wait())
-            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
-                outcome.append(exc)
-            tg.cancel_scope.cancel()
+        return await until_disconnect(request, wait)
     except BaseException:
         handle.close()
         raise
-    if not outcome:
-        raise RequestError("client disconnected")
-    if isinstance(outcome[0], Exception):
-        handle.close()
-        raise outcome[0]
-    return outcome[0]
 
 
 class Api:

@@ -15,10 +15,8 @@ A client that disconnects cancels its request: its inputs not yet decoded are dr
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import numpy as np
 from starlette.requests import Request
 
@@ -35,12 +33,12 @@ from llamactor.protocol.wire import (
     RerankResult,
     TeiRerankResult,
 )
+from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.service.embeddings import check_top_n
 
 if TYPE_CHECKING:
     from llamactor.runtime.service.core import RuntimeCore as Runtime
 
-T = TypeVar("T")
 ENCODING_FORMATS = ("float", "base64")
 
 
@@ -109,26 +107,3 @@ async def rerank(rt: Runtime, req: RerankRequest, model_id: str, request: Reques
 
 def _b64(vec: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(vec, dtype="<f4").tobytes()).decode("ascii")
-
-
-async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T:
-    """Await ``work()`` while watching the client; if it leaves, cancel the work (API-6)."""
-    outcome: list[Any] = []
-    async with anyio.create_task_group() as tg:
-
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(watch)
-        try:
-            outcome.append(await work())
-        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
-            outcome.append(exc)
-        tg.cancel_scope.cancel()
-    if not outcome:
-        raise RequestError("client disconnected")
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return outcome[0]
