@@ -35,7 +35,7 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
         self.metrics = metrics
         self.grants: list[Grant | None] = [None] * len(policies)
         self._sealed_at: list[float] = [0.0] * len(policies)
-        self._tick_for: list[int] = [0] * len(policies)  # cohort id a tick is pending for
+        self._tick_for: list[float] = [0.0] * len(policies)  # the deadline a tick was scheduled for
         self._tg: Any = None
 
     def policy(self, group: int) -> Policy:
@@ -94,15 +94,15 @@ class PhaseCoordinator(Actor[CoordinatorMsg]):
             self.metrics.cohort_released(g, after.released, event.at - (self._sealed_at[g] or event.at))
 
     def _schedule_tick(self, g: int, status: PolicyStatus) -> None:
-        """A bounded GENERATE phase: one "tick" event at its deadline (per cohort)."""
-        if not status.generate_deadline or self._tick_for[g] == status.cohort or self._tg is None:
+        """A bounded GENERATE phase: one "tick" event at its deadline, once per deadline (a tick
+        that finds nobody queued leaves the deadline as it was: an arrival hands over itself)."""
+        if not status.generate_deadline or self._tick_for[g] == status.generate_deadline or self._tg is None:
             return
-        self._tick_for[g] = status.cohort
+        self._tick_for[g] = status.generate_deadline
         self._tg.start_soon(self._tick_at, g, status.generate_deadline)
 
     async def _tick_at(self, g: int, due: float) -> None:
         await anyio.sleep(max(0.0, due - time.perf_counter()))
-        self._tick_for[g] = 0
         try:
             self.try_tell(PhaseEvent(g, PhaseKind.TICK, at=time.perf_counter()))
         except Closed:

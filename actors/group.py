@@ -20,10 +20,13 @@ import structlog
 from llamactor.actors import eviction
 from llamactor.actors.costs import StepCosts
 from llamactor.actors.delivery import failure, hooked_send, send_event, send_final, send_step
+from llamactor.actors.loraturns import LoraTurns
 from llamactor.actors.observe import GroupMetrics
 from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.actors.recorder import TraceRecorder
 from llamactor.actors.trace import StepRecord
 from llamactor.protocol.events import Failed, Progress
+from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import (
     Assign, Grant, GroupMsg, PhaseEvent, PhaseKind, Released, Revoke, SlotCached, SlotCommand, Task,
 )
@@ -58,6 +61,7 @@ class GroupActor(Actor[GroupMsg]):
         trace: bool = False,
         hooks: GroupHooks | None = None,
         prompt_cache: PromptCache | None = None,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.mailbox_size = 4 * len(slot_ids) + 64
         super().__init__()
@@ -80,9 +84,11 @@ class GroupActor(Actor[GroupMsg]):
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.hooks = hooks
         self.prompt_cache = prompt_cache  # shared by every group of the runtime (EN-5)
+        self.recorder = recorder  # --record-trace (BE-5): appends a tuple per step and per request
         self._send = send_event if hooks is None else hooked_send(hooks, group)
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
+        self.lora_turns = LoraTurns() if model.adapters else None  # EN-1: one LoRA set per step
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -131,7 +137,11 @@ class GroupActor(Actor[GroupMsg]):
             if not self._drain():
                 return
             plan = self.policy.plan(self._view(), self.grant)
+            if self.lora_turns is not None:
+                plan = self.lora_turns.narrow(plan, self._lora_of)
             if plan.empty:
+                if self.recorder is not None:
+                    self.recorder.idle(self.group)
                 try:
                     msg = await self._inbox_recv.receive()
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -151,6 +161,8 @@ class GroupActor(Actor[GroupMsg]):
                 continue
             t1 = time.perf_counter()
             self.costs.learn(res, (t1 - t0) * 1e3)
+            if self.recorder is not None:
+                self.recorder.step(self.group, t0, t1, plan, res, self.slots)
             self._deliver(res)
             if prof is not None:
                 prof.deliver += time.perf_counter() - t1
@@ -187,7 +199,12 @@ class GroupActor(Actor[GroupMsg]):
         prefill = tuple(local for local, _ in plan.prefill)
         involved = (*prefill, *plan.generate, *plan.release)
         cohorts = {local: self.policy.cohort_of(self.slots[local].order) for local in involved}
-        self.trace.append(StepRecord(self.group, self._steps, prefill, plan.generate, plan.release, cohorts))
+        lora = {local: self._lora_of(local) for local in (*prefill, *plan.generate)}
+        self.trace.append(StepRecord(self.group, self._steps, prefill, plan.generate, plan.release, cohorts, lora))
+
+    def _lora_of(self, local: int) -> LoraSet:
+        task = self.slots[local].task
+        return task.lora if task is not None else NO_LORA
 
     def _drain(self) -> bool:
         """Handle every queued message without waiting; False once the mailbox is closed."""
@@ -214,7 +231,8 @@ class GroupActor(Actor[GroupMsg]):
 
     def _view(self) -> GroupView:
         views = tuple(
-            SlotView(s.local, s.phase.value, s.prompt_left, s.order, s.parent.local if s.parent is not None else -1)
+            SlotView(s.local, s.phase.value, s.prompt_left, s.order, s.parent.local if s.parent is not None else -1,
+                     s.task.arrived if s.task is not None else 0.0, len(s.prompt), s.n_decoded, s.t_prompt_done)
             for s in self.slots
             if s.phase is not Phase.IDLE and not s.finished
         )
@@ -252,7 +270,7 @@ class GroupActor(Actor[GroupMsg]):
             return
         parent.children = members[1:]
         parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt,
-                                                                   self.prompt_cache)
+                                                                   self.prompt_cache, task.lora)
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
@@ -273,7 +291,7 @@ class GroupActor(Actor[GroupMsg]):
             self.engine.release(s)
             s.reset()
         self._report(Released(self.group, tuple(s.local for s in members),
-                              tuple(tuple(s.cache) for s in members), task.id))
+                              tuple(tuple(s.cache) for s in members), task.id, tuple(s.lora for s in members)))
 
     def _end_task(self, task_id: int, final: Failed | None, *, report: bool = True) -> list[int]:
         """Free every slot of a task; send ``final`` (if any) and close its stream."""
@@ -286,6 +304,8 @@ class GroupActor(Actor[GroupMsg]):
         elif sink is not None:
             sink.close()
         self._tell_coordinator(PhaseKind.CANCELLED if cancelled else PhaseKind.FINISHED, members[0])
+        if self.recorder is not None:
+            self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
         for s in members:
             # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds).
             if self.engine is not None:
@@ -294,7 +314,7 @@ class GroupActor(Actor[GroupMsg]):
         ids = [s.id for s in members]
         if report:
             self._report(Released(self.group, tuple(s.local for s in members),
-                                  tuple(tuple(s.cache) for s in members), task_id))
+                                  tuple(tuple(s.cache) for s in members), task_id, tuple(s.lora for s in members)))
         return ids
 
     def _report(self, msg: Released | SlotCached) -> None:
@@ -399,12 +419,13 @@ class GroupActor(Actor[GroupMsg]):
 
     def slot_rows(self) -> list[dict[str, Any]]:
         n_ctx = self.engine.n_ctx_seq if self.engine else 0
+        speculative = self.ctx_opts.spec is not None  # llama-server's can_speculate(): the server's setting
         rows = []
         for s in self.slots:
             row: dict[str, Any] = {
                 "id": s.id,
                 "n_ctx": n_ctx,
-                "speculative": False,
+                "speculative": speculative,
                 "is_processing": s.busy,
                 "group": self.group,
                 "phase": s.phase.value,
@@ -419,6 +440,8 @@ class GroupActor(Actor[GroupMsg]):
                     next_token=[{"n_decoded": s.n_decoded, "n_remain": s.task.n_predict - s.n_decoded}],
                     age_s=round(time.perf_counter() - s.task.arrived, 3),  # since submit (live view, API-17)
                 )
+            if s.spec is not None:  # EN-2: the current (or last) request's drafts, llama-server's timings names
+                row.update(draft_n=s.spec.n_draft, draft_n_accepted=s.spec.n_accepted, draft_n_steps=s.spec.n_drafts)
             rows.append(row)
         return rows
 

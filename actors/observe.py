@@ -5,7 +5,7 @@ layer's ``Metrics``). Actors depend on these protocols, never on the metrics mod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llamactor.runtime.engine.context import StepResult
@@ -24,6 +24,21 @@ class GroupCounters:
     requests_processing: int = 0
     tokens_max: int = 0
     requests_failed: int = 0  # failed alone (bad settings, a sampling error): the group went on
+    # speculative decoding (EN-2), llama-server's spec_decode_* counters
+    n_draft_tokens: int = 0  # draft tokens sent to verification
+    n_draft_accepted: int = 0  # of those, accepted
+    n_drafts: int = 0  # verification steps (drafts verified)
+    drafts_by_accepted: list[int] = field(default_factory=list)  # [a]: drafts that had a tokens accepted
+
+    def accepted_per_pos(self) -> list[int]:
+        """Accepted tokens per draft position (llama-server's ``n_accepted_per_pos``): a draft
+        with ``a`` tokens accepted counts once at each of the positions 0 … a-1."""
+        out = [0] * max(len(self.drafts_by_accepted) - 1, 0)
+        running = 0
+        for a in range(len(self.drafts_by_accepted) - 1, 0, -1):
+            running += self.drafts_by_accepted[a]
+            out[a - 1] = running
+        return out
 
 
 class GroupMetrics(Protocol):

@@ -28,6 +28,7 @@ from anyio.abc import TaskStatus
 
 from llamactor.actors.group import GroupActor
 from llamactor.protocol.events import Failed
+from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import (
     Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest,
     Submit, SupervisorMsg, Task,
@@ -49,6 +50,7 @@ class SlotEntry:
     local: int
     busy: bool = False
     cached: np.ndarray = field(default_factory=lambda: EMPTY)
+    lora: LoraSet = NO_LORA  # the LoRA set ``cached`` was computed under (EN-1)
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,12 @@ class Supervisor(Actor[SupervisorMsg]):
                 self._submit(task)
             case Cancel(task_id=task_id):
                 self._cancel(task_id)
-            case Released(group=g, slots=locals_, cached=cached, task_id=task_id):
+            case Released(group=g, slots=locals_, cached=cached, task_id=task_id, lora=lora):
                 self.running.pop(task_id, None)
-                self._released(g, locals_, cached)
+                self._released(g, locals_, cached, lora)
             case SlotCached(group=g, slot=local, cached=cached):
-                self._entry(g, local).cached = np.asarray(cached, dtype=np.int32) if cached else EMPTY
+                e = self._entry(g, local)
+                e.cached, e.lora = (np.asarray(cached, dtype=np.int32) if cached else EMPTY), NO_LORA
             case SlotRequest():
                 self._slot_request(msg)
 
@@ -219,11 +222,13 @@ class Supervisor(Actor[SupervisorMsg]):
             except (Overloaded, Closed):
                 pass  # the group also frees the slots when it finds the stream closed
 
-    def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...]) -> None:
-        for local, toks in zip(locals_, cached):
+    def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...],
+                  lora: tuple[LoraSet, ...] = ()) -> None:
+        for i, (local, toks) in enumerate(zip(locals_, cached)):
             e = self._entry(g, local)
             e.busy = False
             e.cached = np.asarray(toks, dtype=np.int32) if toks else EMPTY
+            e.lora = lora[i] if i < len(lora) else NO_LORA
         self._schedule()
 
     def _reset_group(self, g: int) -> None:
@@ -310,7 +315,8 @@ class Supervisor(Actor[SupervisorMsg]):
                 continue
             n_busy = len(slots) - len(free)
             for e in free:
-                prefix = common_prefix(e.cached, task.prompt)
+                # KV computed under another LoRA set is not reusable (EN-1)
+                prefix = common_prefix(e.cached, task.prompt) if e.lora == task.lora else 0
                 key = (prefix if prefix >= min_prefix else 0, -n_busy, -e.id)
                 if best is None or key > best:
                     best = key

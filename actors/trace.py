@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from llamactor.protocol.lora import LoraSet
+
 
 class StepRecord(NamedTuple):
     group: int
@@ -20,6 +22,7 @@ class StepRecord(NamedTuple):
     generate: tuple[int, ...]  # local slots that decoded one generated token
     release: tuple[int, ...]  # READY slots sampled from kept logits
     cohort: dict[int, int]  # local slot -> cohort id (0 when the policy has none)
+    lora: dict[int, LoraSet] = {}  # local slot (prefill or generate) -> its request's LoRA set (EN-1)
 
 
 class TraceViolation(AssertionError):
@@ -43,3 +46,11 @@ def check_phase_exclusion(trace: Sequence[StepRecord]) -> None:
         if key[1] and last_prefill.get(key, -1) > first:
             raise TraceViolation(f"cohort {key[1]} of group {key[0]} generated at step {first} "
                                  f"before its prefill ended at step {last_prefill[key]}")
+
+
+def check_lora_exclusion(trace: Sequence[StepRecord]) -> None:
+    """Raise TraceViolation if a step decoded requests of different LoRA sets together (EN-1)."""
+    for rec in trace:
+        sets = set(rec.lora.values())
+        if len(sets) > 1:
+            raise TraceViolation(f"group {rec.group} step {rec.step} mixes LoRA sets {sorted(sets)}")

@@ -56,7 +56,8 @@ class Api(Protocol):
     name: str
     path: str
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float) -> dict[str, Any]: ...
+    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
+             return_tokens: bool = False) -> dict[str, Any]: ...
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None: ...
 
@@ -91,9 +92,15 @@ class NativeApi:
     name = "native"
     path = "/completion"
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float) -> dict[str, Any]:
-        return {"prompt": prompt, "n_predict": n_predict, "stream": True, "ignore_eos": True,
-                "temperature": temperature, "cache_prompt": False}
+    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
+             return_tokens: bool = False) -> dict[str, Any]:
+        body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "ignore_eos": True,
+                "temperature": temperature, "cache_prompt": cache_prompt}
+        if return_tokens:
+            # llama-server's switch for ``tokens`` in a non-streamed answer; stream chunks carry
+            # each token's id anyway, which is where the harness reads them (chat history)
+            body["return_tokens"] = True
+        return body
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
         obj = _decode_or_error(rec, field, value)
@@ -109,6 +116,8 @@ class NativeApi:
         if n:
             rec.event_times.append(now_s)
             rec.event_tokens.append(n)
+            if rec.token_ids is not None and isinstance(tokens, list):
+                rec.token_ids.extend(tokens)
 
     def finish(self, rec: RequestRecord) -> None:
         if rec.error is None and rec.done_s is None:
@@ -119,9 +128,10 @@ class OpenAIApi:
     name = "openai"
     path = "/v1/completions"
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float) -> dict[str, Any]:
+    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
+             return_tokens: bool = False) -> dict[str, Any]:
         return {"prompt": prompt, "max_tokens": n_predict, "stream": True, "ignore_eos": True,
-                "temperature": temperature, "cache_prompt": False, "stream_options": {"include_usage": True}}
+                "temperature": temperature, "cache_prompt": cache_prompt, "stream_options": {"include_usage": True}}
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
         if field == DATA_FIELD and value == DONE_PAYLOAD:

@@ -20,6 +20,7 @@ from llamactor.ops.http1 import Http1Pool, ProtocolError
 from llamactor.ops.stats import RequestRecord
 
 TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
+PROMPT_TOKENS_METRIC = "llamacpp:prompt_tokens_total"  # prompt tokens evaluated, cached ones not counted
 HTTP_OK = 200
 CONNECT_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
@@ -81,13 +82,16 @@ class BenchClient:
         self._pool.close()
         await self._http.__aexit__(et, e, tb)
 
-    async def complete(self, prompt: list[int], n_predict: int, temperature: float) -> RequestRecord:
+    async def complete(self, prompt: list[int], n_predict: int, temperature: float, *,
+                       cache_prompt: bool = False, keep_ids: bool = False) -> RequestRecord:
         """Send one streaming completion and record it; never raises for a failed request.
 
         Called once per request by a simulated user; concurrent calls share the pool.
+        ``cache_prompt`` lets the server reuse a cached prefix; ``keep_ids`` records the
+        generated token ids in ``token_ids`` (native API only).
         """
-        body = _encode(self.api.body(prompt, n_predict, temperature))
-        rec = RequestRecord(sent_s=0.0, n_prompt_sent=len(prompt))
+        body = _encode(self.api.body(prompt, n_predict, temperature, cache_prompt, keep_ids))
+        rec = RequestRecord(sent_s=0.0, n_prompt_sent=len(prompt), token_ids=[] if keep_ids else None)
         decoder = SseDecoder()
         error_body = bytearray()
         api = self.api
@@ -117,13 +121,18 @@ class BenchClient:
     async def tokens_predicted_total(self) -> float | None:
         """The server's ``llamacpp:tokens_predicted_total`` (summed over series), or ``None``
         when /metrics is off (llama-server without ``--metrics``) or unreachable."""
+        return (await self.counters())[0]
+
+    async def counters(self) -> tuple[float | None, float | None]:
+        """``llamacpp:tokens_predicted_total`` and ``llamacpp:prompt_tokens_total`` from one
+        scrape of /metrics (each ``None`` when absent or /metrics is unavailable)."""
         try:
             resp = await self._http.get(self.url + "/metrics", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
-            return None
+            return None, None
         if resp.status_code != httpx.codes.OK:
-            return None
-        return parse_metric(resp.text, TOKENS_PREDICTED_METRIC)
+            return None, None
+        return parse_metric(resp.text, TOKENS_PREDICTED_METRIC), parse_metric(resp.text, PROMPT_TOKENS_METRIC)
 
     async def prompt_ids(self) -> list[int]:
         """Distinct ids to draw prompts from: the passage's tokens, else ids below 200."""
@@ -138,4 +147,4 @@ class BenchClient:
         return ids if len(ids) >= MIN_PROMPT_IDS else list(FALLBACK_PROMPT_IDS)
 
 
-__all__ = ["BenchClient", "FALLBACK_PROMPT_IDS", "TOKENS_PREDICTED_METRIC", "parse_metric"]
+__all__ = ["BenchClient", "FALLBACK_PROMPT_IDS", "PROMPT_TOKENS_METRIC", "TOKENS_PREDICTED_METRIC", "parse_metric"]

@@ -18,7 +18,7 @@ from llamactor.ops.prompts import run_seed
 from llamactor.ops.runner import Workload, probe_prompt_ids, run_workload
 from llamactor.ops.stats import median, ratio
 
-SWEEPABLE_TYPES = (int,)
+SWEEPABLE_TYPES = (int, float)  # float: poisson's rate
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,20 @@ class PairRatio:
 
 
 def parse_sweep(spec: str, workload: Workload[Any]) -> list[tuple[str, Workload[Any]]]:
-    """``"users=8,16,32"`` -> ``[("users=8", workload with users=8), ...]``."""
+    """``"users=8,16,32"`` -> ``[("users=8", workload with users=8), ...]``; ``rate=1.5,3``
+    for a float setting (poisson's rate)."""
     name, sep, values = spec.partition("=")
     name = name.strip().replace("-", "_")
     fields = dataclasses.fields(cast(Any, workload))  # every workload is a dataclass
     names = [f.name for f in fields if isinstance(getattr(workload, f.name), SWEEPABLE_TYPES)]
     if not sep or name not in names:
         raise ValueError(f"--sweep takes NAME=V1,V2,... with NAME one of {', '.join(names)}; got {spec!r}")
+    kind: type = int if isinstance(getattr(workload, name), int) else float
     try:
-        points = [int(v) for v in values.split(",") if v.strip()]
+        points = [kind(v) for v in values.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--sweep values must be integers, got {values!r}") from None
+        raise ValueError(f"--sweep values of {name} must be {'integers' if kind is int else 'numbers'}, "
+                         f"got {values!r}") from None
     if not points:
         raise ValueError(f"--sweep {spec!r} lists no values")
     return [(f"{name}={v}", dataclasses.replace(cast(Any, workload), **{name: v})) for v in points]

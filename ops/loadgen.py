@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llamactor.ops.latency import latency_of, ratio_keys
 from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
 from llamactor.ops.prompts import PromptSource
 from llamactor.ops.runner import Common
+from llamactor.ops.slo import LatencyReport
 from llamactor.ops.stats import CrossCheck, Distribution, RequestRecord, finite
 
 MAX_ERRORS_SHOWN = 3
@@ -70,7 +72,8 @@ class ClosedLoop:
             gap=Distribution.of_seconds([g for r in ok for g in r.gaps_s()]),
             latency=Distribution.of_seconds([r.latency_s for r in ok if r.latency_s is not None]),
             prompt_mismatches=prompt_mismatches(records), cross_check=phase.cross_check,
-            client_cpu_s=phase.client_cpu_s, records=records,
+            client_cpu_s=phase.client_cpu_s, slo=latency_of(records, phase.wall_s, self.common), records=records,
+            workload=self.name,
         )
 
 
@@ -95,10 +98,11 @@ class ClosedLoopResult:
     prompt_mismatches: int
     cross_check: CrossCheck
     client_cpu_s: float  # CPU the harness itself used during the measured phase
+    slo: LatencyReport  # TTFT, inter-token, makespan, goodput (ops.slo)
     records: list[RequestRecord] = field(repr=False, compare=False, metadata={"report": False})
+    workload: str = "closed"  # or "burst": the same loop with other sizes
 
-    workload = "closed"
-    headline = ("tok_s", "ttft_p50_ms", "tpot_p50_ms")
+    headline = ratio_keys("tok_s", "tpot_p50_ms")
 
     @property
     def elapsed_s(self) -> float:
@@ -111,11 +115,11 @@ class ClosedLoopResult:
         return []
 
     def figures(self) -> dict[str, float | int | None]:
+        """Own figures, then the latency ones (TTFT, inter-token gaps = ``gap``, makespan = wall)."""
         return {
-            "tok_s": self.tok_s, "ttft_p50_ms": self.ttft.p50_ms, "ttft_p99_ms": self.ttft.p99_ms,
-            "tpot_p50_ms": self.tpot.p50_ms, "gap_p50_ms": self.gap.p50_ms, "gap_p99_ms": self.gap.p99_ms,
-            "ok": self.ok, "failed": self.failed, "wall_s": self.wall_s,
+            "tok_s": self.tok_s, "tpot_p50_ms": self.tpot.p50_ms, "ok": self.ok, "failed": self.failed,
             "server_tokens": self.cross_check.server_tokens, "diff_percent": self.cross_check.diff_percent,
+            **self.slo.figures(),
         }
 
 

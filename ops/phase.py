@@ -6,15 +6,20 @@ the next request leaves when the previous one has ended). All jobs are created a
 the barrier before the clock starts, and all prompts are drawn before that too, so the
 measured phase contains nothing but requests.
 
+A job may also take requests from a ``Feed`` once its fixed ones are sent: requests that can
+only be built during the phase (chat: a turn's prompt holds the server's earlier replies).
+
 The server's ``llamacpp:tokens_predicted_total`` is read after the warm-up and after the
 measured phase; the delta must equal the tokens the client counted, unless another client
-used the server meanwhile.
+used the server meanwhile. ``llamacpp:prompt_tokens_total`` is read with it: the prompt
+tokens the server actually evaluated (cached ones not counted).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import anyio
 
@@ -29,6 +34,21 @@ WARMUP_NTG = 8  # tokens generated per warm-up request: enough to run decode ste
 class Request:
     prompt: list[int] = field(repr=False)
     n_predict: int
+    cache_prompt: bool = False  # let the server reuse a cached prefix (shared-prefix, chat)
+    keep_ids: bool = False  # record the generated token ids (chat: the next turn's history)
+    tag: Any = field(default=None, compare=False)  # the workload's own label (chat: conversation, turn)
+
+
+class Feed(Protocol):
+    """Requests built during the measured phase, shared by the jobs that hold it."""
+
+    async def take(self) -> Request | None:
+        """The next request to send, waiting until it can be built; ``None``: no more."""
+        ...
+
+    def done(self, request: Request, record: RequestRecord) -> None:
+        """Called once per request taken, when it has ended (completed or failed)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,7 @@ class Job:
     kind: str  # "user", "stream", "arrival", "cohort": how the workload reads its records
     requests: tuple[Request, ...]
     offset_s: float = 0.0
+    feed: Feed | None = field(default=None, repr=False, compare=False)  # then requests taken from it
 
 
 @dataclass
@@ -51,6 +72,7 @@ class PhaseResult:
     end_s: float
     client_cpu_s: float
     cross_check: CrossCheck
+    server_prompt_tokens: int | None = None  # delta of llamacpp:prompt_tokens_total; None: not exposed
 
     @property
     def wall_s(self) -> float:
@@ -63,12 +85,22 @@ class PhaseResult:
         return [r for recs in self.records for r in recs]
 
 
+async def _send(client: BenchClient, req: Request, temperature: float, out: list[RequestRecord],
+                progress: Progress) -> RequestRecord:
+    rec = await client.complete(req.prompt, req.n_predict, temperature, cache_prompt=req.cache_prompt,
+                                keep_ids=req.keep_ids)
+    out.append(rec)
+    progress.advance(rec.ok)
+    return rec
+
+
 async def _run_job(client: BenchClient, job: Job, temperature: float, out: list[RequestRecord],
                    progress: Progress) -> None:
     for req in job.requests:
-        rec = await client.complete(req.prompt, req.n_predict, temperature)
-        out.append(rec)
-        progress.advance(rec.ok)
+        await _send(client, req, temperature, out, progress)
+    if job.feed is not None:
+        while (taken := await job.feed.take()) is not None:
+            job.feed.done(taken, await _send(client, taken, temperature, out, progress))
 
 
 async def warm_up(client: BenchClient, warmup_jobs: list[Job], temperature: float) -> list[RequestRecord]:
@@ -103,7 +135,7 @@ async def measure(client: BenchClient, jobs: list[Job], temperature: float,
             await anyio.sleep(delay)
         await _run_job(client, jobs[i], temperature, records[i], progress)
 
-    before = await client.tokens_predicted_total()
+    before, prompt_before = await client.counters()
     async with anyio.create_task_group() as tg:
         for i in range(len(jobs)):
             tg.start_soon(job_task, i)
@@ -113,10 +145,11 @@ async def measure(client: BenchClient, jobs: list[Job], temperature: float,
         release.set()
     end = max((r.ended_s for recs in records for r in recs if r.ended_s is not None), default=t0)
     cpu = time.process_time() - cpu0
-    after = await client.tokens_predicted_total()
+    after, prompt_after = await client.counters()
     progress.close()
     counted = sum(r.n_generated for recs in records for r in recs)
-    return PhaseResult(jobs, records, t0, end, cpu, CrossCheck.of(counted, before, after))
+    prompt = None if prompt_before is None or prompt_after is None else int(round(prompt_after - prompt_before))
+    return PhaseResult(jobs, records, t0, end, cpu, CrossCheck.of(counted, before, after), prompt)
 
 
-__all__ = ["Job", "PhaseResult", "Request", "WARMUP_NTG", "measure", "warm_up"]
+__all__ = ["Feed", "Job", "PhaseResult", "Request", "WARMUP_NTG", "measure", "warm_up"]

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from llamactor.ops.compare import PairRatio, Run
+from llamactor.ops.latency import LATENCY_KEYS
 
 CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
 HEADERS = {
@@ -17,6 +18,13 @@ HEADERS = {
     "arrival_ttft_p50_ms": "arr TTFT p50 ms", "arrival_ttft_max_ms": "arr TTFT max ms",
     "prefill_tok_s": "prefill tok/s", "makespan_s": "makespan s", "overlap": "overlap",
     "all_prefilled_s": "all prefilled s", "gen_tok_s": "gen tok/s",
+    "ttft_mean_ms": "TTFT mean ms", "itl_p50_ms": "ITL p50 ms", "itl_p99_ms": "ITL p99 ms", "goodput": "goodput",
+    "goodput_rps": "good req/s", "prompt_sent": "prompt sent", "prompt_processed": "prompt processed",
+    "processed_share": "processed/sent", "first_ttft_mean_ms": "1st TTFT mean ms",
+    "first_ttft_p50_ms": "1st TTFT p50 ms", "first_ttft_p99_ms": "1st TTFT p99 ms",
+    "later_ttft_mean_ms": "later TTFT mean ms", "later_ttft_p50_ms": "later TTFT p50 ms",
+    "later_ttft_p99_ms": "later TTFT p99 ms", "offered_rps": "offered req/s", "done_rps": "done req/s",
+    "lag_max_ms": "send lag max ms",
 }
 
 
@@ -55,14 +63,22 @@ def _run_label_columns(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 
 def render_runs(runs: list[Run]) -> str:
-    """One row per run, in the order the runs happened."""
+    """One row per run, in the order the runs happened: the workload's own figures, then a
+    second table of the figures every workload reports (TTFT, inter-token, makespan, goodput)."""
     if not runs:
         return "(no runs)"
     header, cells = _run_label_columns(runs)
-    keys = list(runs[0].result.figures())
-    header += [HEADERS.get(k, k) for k in keys]
-    rows = [c + [fmt(r.result.figures()[k]) for k in keys] for c, r in zip(cells, runs)]
-    return _grid(header, rows)
+    figs = [r.result.figures() for r in runs]
+    own = [k for k in figs[0] if k not in LATENCY_KEYS]
+    common = [k for k in LATENCY_KEYS if k in figs[0]]
+    out = _grid(header + [HEADERS.get(k, k) for k in own], [c + [fmt(f[k]) for k in own] for c, f in zip(cells, figs)])
+    if common:
+        slo = getattr(runs[0].result, "slo", None)
+        title = "" if slo is None else (f"good request: TTFT <= {slo.slo_ttft_ms:g} ms and time per output token "
+                                        f"<= {slo.slo_itl_ms:g} ms")
+        out += "\n\n" + (title + "\n" if title else "") + _grid(
+            header + [HEADERS.get(k, k) for k in common], [c + [fmt(f[k]) for k in common] for c, f in zip(cells, figs)])
+    return out
 
 
 def render_ratios(ratios: list[PairRatio]) -> str:
@@ -85,6 +101,8 @@ def notes(runs: list[Run]) -> list[str]:
         if res.warmup_failed:
             out.append(f"{where}: {res.warmup_failed} warm-up request(s) failed")
         cc = res.cross_check
+        if getattr(res, "prompt_tokens_server", 0) is None and cc.server_tokens is not None:
+            out.append(f"{where}: no llamacpp:prompt_tokens_total on /metrics; prompt tokens processed not measured")
         if cc.server_tokens is None:
             out.append(f"{where}: no llamacpp:tokens_predicted_total on /metrics (llama-server: add --metrics); "
                        "token count not cross-checked")
@@ -104,10 +122,10 @@ def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str
     swept, _, values = (sweep or "").partition("=")
     swept = swept.strip().replace("-", "_")
     parts = [f"{f.name}={values if f.name == swept else getattr(workload, f.name)}"
-             for f in dataclasses.fields(workload) if f.name != "common"]
+             for f in dataclasses.fields(workload) if f.name != "common" and f.metadata.get("report", True)]
     common = workload.common
     parts += [f"api={common.api}", f"warmup={common.warmup}", f"temperature={common.temperature}",
-              f"seed={common.seed}"]
+              f"seed={common.seed}", f"slo_ttft_ms={common.slo_ttft_ms:g}", f"slo_itl_ms={common.slo_itl_ms:g}"]
     servers = [f"{t.label} = {t.url}" for t in targets] if len(targets) > 1 else [f"server {targets[0].url}"]
     return "\n".join(servers + [f"workload {workload.name}: " + " ".join(parts)])
 

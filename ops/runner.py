@@ -15,6 +15,7 @@ from llamactor.ops.client import BenchClient
 from llamactor.ops.phase import Job, PhaseResult, measure, warm_up
 from llamactor.ops.progress import NoProgress, Progress
 from llamactor.ops.prompts import PromptSource
+from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
 
 DEFAULT_TIMEOUT_S = 600.0  # a single request slower than this counts as failed
 
@@ -28,6 +29,8 @@ class Common:
     temperature: float = 0.0  # greedy: the cheapest sampler, the same work on every server
     seed: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS  # goodput: a good request's TTFT is at most this
+    slo_itl_ms: float = DEFAULT_SLO_ITL_MS  # ... and its time per output token after the first
 
 
 R_co = TypeVar("R_co", covariant=True)

@@ -37,6 +37,7 @@ class RequestRecord:
     n_generated_server: int | None = None
     n_prompt_server: int | None = None
     error: str | None = None
+    token_ids: list[int] | None = None  # the generated ids as streamed, when asked for (chat: the history)
 
     @property
     def ok(self) -> bool:

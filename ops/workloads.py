@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llamactor.ops.latency import latency_of, ratio_keys
 from llamactor.ops.loadgen import error_sample
 from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
 from llamactor.ops.prompts import PromptSource
 from llamactor.ops.runner import Common
+from llamactor.ops.slo import LatencyReport
 from llamactor.ops.stats import MS_PER_S, CrossCheck, Distribution, RequestRecord, finite, ratio
 
 DEFAULT_ARRIVALS_S = (1.0, 2.5, 4.0)
@@ -74,7 +76,8 @@ class Mixed:
                                 sum(ttfts)),
             makespan_s=phase.wall_s,
             arrivals_during_streams=sum(1 for r in arrivals if r.sent_s < last_stream_token),
-            cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s, records=records,
+            cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s,
+            slo=latency_of(records, phase.wall_s, self.common), records=records,
         )
 
 
@@ -99,10 +102,11 @@ class MixedResult:
     arrivals_during_streams: int
     cross_check: CrossCheck
     client_cpu_s: float
+    slo: LatencyReport  # over streams and arrivals together
     records: list[RequestRecord] = field(repr=False, compare=False, metadata={"report": False})
 
     workload = "mixed"
-    headline = ("gap_p99_ms", "gap_max_ms", "arrival_ttft_p50_ms", "makespan_s")
+    headline = ratio_keys("gap_p99_ms", "gap_max_ms", "arrival_ttft_p50_ms", "makespan_s")
 
     @property
     def elapsed_s(self) -> float:
@@ -121,7 +125,8 @@ class MixedResult:
             "gap_max_ms": self.stream_gap.max_ms, "arrival_ttft_p50_ms": self.arrival_ttft.p50_ms,
             "arrival_ttft_max_ms": self.arrival_ttft.max_ms, "prefill_tok_s": self.prefill_tok_s,
             "makespan_s": self.makespan_s, "overlap": self.arrivals_during_streams,
-            "ok": self.ok, "failed": self.failed, "diff_percent": self.cross_check.diff_percent,
+            "ok": self.ok, "failed": self.failed, "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent, **self.slo.figures(),
         }
 
 
@@ -157,7 +162,7 @@ class Cohort:
             all_prefilled_s=None if all_prefilled is None else all_prefilled - phase.t0_s,
             gen_tok_s=None if all_prefilled is None else ratio(float(after or 0), phase.end_s - all_prefilled),
             makespan_s=phase.wall_s, cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s,
-            records=records,
+            slo=latency_of(records, phase.wall_s, self.common), records=records,
         )
 
 
@@ -176,10 +181,11 @@ class CohortResult:
     makespan_s: float
     cross_check: CrossCheck
     client_cpu_s: float
+    slo: LatencyReport
     records: list[RequestRecord] = field(repr=False, compare=False, metadata={"report": False})
 
     workload = "cohort"
-    headline = ("all_prefilled_s", "gen_tok_s", "makespan_s")
+    headline = ratio_keys("all_prefilled_s", "gen_tok_s", "makespan_s")
 
     @property
     def elapsed_s(self) -> float:
@@ -191,7 +197,8 @@ class CohortResult:
     def figures(self) -> dict[str, float | int | None]:
         return {
             "all_prefilled_s": self.all_prefilled_s, "gen_tok_s": self.gen_tok_s, "makespan_s": self.makespan_s,
-            "ok": self.ok, "failed": self.failed, "diff_percent": self.cross_check.diff_percent,
+            "ok": self.ok, "failed": self.failed, "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent, **self.slo.figures(),
         }
 
 

@@ -40,6 +40,8 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     predicted_ms: float
     slot: int
     truncated: bool = False  # the context was shifted: old tokens were dropped (EN-4)
+    n_draft: int = 0  # draft tokens verified for this choice (EN-2; timings.draft_n)
+    n_draft_accepted: int = 0  # of those, accepted (timings.draft_n_accepted)
 
 
 class Progress(msgspec.Struct, frozen=True, tag=True):

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.sampling import SamplingParams
 
 
@@ -64,6 +65,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     n_keep: int = 0  # context shift (EN-4): prompt tokens kept at the start (-1: the whole prompt)
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
     return_progress: bool = False  # send Progress events while the prompt is processed
+    lora: LoraSet = NO_LORA  # the adapters its decode steps apply (EN-1), resolved at admission
     sink: EventSink  # the send end of the request's bounded result stream
     arrived: float = 0.0  # time.perf_counter() at submit
 
@@ -86,6 +88,7 @@ class Released(msgspec.Struct, frozen=True, tag=True):
     slots: tuple[int, ...]
     cached: tuple[tuple[int, ...], ...]
     task_id: int = -1  # the task these slots served; -1 after a slot command
+    lora: tuple[LoraSet, ...] = ()  # per slot: the LoRA set its cached KV was computed under (EN-1)
 
 
 class SlotCached(msgspec.Struct, frozen=True, tag=True):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from llamactor.protocol.lora import NO_LORA, LoraSet
+
 
 class SlotView(NamedTuple):
     """What a policy may know about one busy slot."""
@@ -18,6 +20,10 @@ class SlotView(NamedTuple):
     prompt_left: int  # prompt tokens not yet decoded (0 unless prefilling)
     order: int  # the request's arrival order in the group (its identity; n > 1 choices share it)
     parent: int  # local id of the n > 1 parent slot, or -1 for a parent/single slot
+    arrived: float = 0.0  # perf_counter seconds when the request was submitted (aging, deadlines)
+    n_prompt: int = 0  # the request's whole prompt, in tokens (cached prefix included)
+    n_generated: int = 0  # tokens sampled so far (0 while prefilling)
+    first_token_at: float = 0.0  # perf_counter seconds of its first token (0.0: none yet)
 
 
 class GroupView(NamedTuple):
@@ -33,11 +39,14 @@ class StepPlan(NamedTuple):
     """One decode step: ``prefill`` is (local slot, n prompt tokens); ``generate`` one token each.
 
     ``release`` lists READY slots whose kept logits are sampled this step (no decode for them).
+    ``lora`` is the LoRA set the step decodes under (EN-1): every slot in ``prefill`` and
+    ``generate`` has it. Policies leave it out; the group sets it (``actors.loraturns``).
     """
 
     prefill: tuple[tuple[int, int], ...] = ()
     generate: tuple[int, ...] = ()
     release: tuple[int, ...] = ()
+    lora: LoraSet = NO_LORA
 
     @property
     def empty(self) -> bool:

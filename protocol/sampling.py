@@ -84,6 +84,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # time limit on the prediction phase that stops at a newline once exceeded (0: none).
     post_sampling_probs: bool = False
     t_max_predict_ms: int = 0
+    # EN-2: the request's speculative.n_max / n_min / p_min (llama-server's names); None: the
+    # server's (--spec-draft-n-max ...). n_max 0 turns speculation off for this request.
+    speculative_n_max: int | None = None
+    speculative_n_min: int | None = None
+    speculative_p_min: float | None = None
 
     @property
     def greedy(self) -> bool:
@@ -179,9 +184,21 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
             raise ParamError(f"each dry_sequence_breakers entry must be 1 to {MAX_DRY_BREAKER_CHARS} characters "
                              f"without NUL, got {b!r}")
     sampler_names(p.samplers)  # every name known
+    _check_speculative(p)
     _check_triggers(p)
     if "infill" in p.samplers:
         raise ParamError("samplers: 'infill' is only meaningful for /infill, which this server does not offer yet")
+
+
+def _check_speculative(p: SamplingParams) -> None:
+    """llama-server's hard limits of the speculative.* fields."""
+    for name, value in (("speculative.n_max", p.speculative_n_max), ("speculative.n_min", p.speculative_n_min)):
+        if value is not None:
+            _range(name, value, 0, _INT32_MAX)
+    if p.speculative_p_min is not None:
+        if not math.isfinite(p.speculative_p_min):
+            raise ParamError(f"speculative.p_min must be a finite number, got {p.speculative_p_min}")
+        _range("speculative.p_min", p.speculative_p_min, 0.0, 1.0)
 
 
 def _check_triggers(p: SamplingParams) -> None:

@@ -16,6 +16,14 @@ import msgspec
 DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS = 16
 
 
+class LoraEntry(msgspec.Struct, kw_only=True):
+    """One adapter of a request's ``lora`` or of ``POST /lora-adapters`` (EN-1), as llama-server
+    reads it: adapters not listed get scale 0, and a missing scale is 0."""
+
+    id: int
+    scale: float = 0.0
+
+
 class _Generation(msgspec.Struct, kw_only=True):
     """Fields both APIs share, named as llama-server names them.
 
@@ -62,6 +70,11 @@ class _Generation(msgspec.Struct, kw_only=True):
     return_progress: bool = False  # stream prompt-processing progress chunks (``prompt_progress``)
     t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
+    lora: list[LoraEntry] | None = None  # EN-1: adapters and scales; None (or []): the global scales
+    # EN-2: speculative decoding of this request, llama-server's dotted names; None: the server's
+    speculative_n_max: int | None = msgspec.field(default=None, name="speculative.n_max")  # 0: off
+    speculative_n_min: int | None = msgspec.field(default=None, name="speculative.n_min")
+    speculative_p_min: float | None = msgspec.field(default=None, name="speculative.p_min")
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):
@@ -148,7 +161,7 @@ class ErrorResponse(msgspec.Struct):
     error: ErrorBody
 
 
-class Timings(msgspec.Struct):
+class Timings(msgspec.Struct, omit_defaults=True):
     """llama-server's ``timings``: prompt figures count the tokens evaluated (not the cached
     ones); per-token and per-second generation figures count decode steps (the first token
     comes from the prompt's logits)."""
@@ -162,6 +175,8 @@ class Timings(msgspec.Struct):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    draft_n: int | None = None  # speculative decoding (EN-2): only when drafts were verified, as llama-server
+    draft_n_accepted: int | None = None
 
 
 class NativeChunk(msgspec.Struct, omit_defaults=True):

@@ -1,4 +1,4 @@
-"""``llamactor`` command line: ``serve`` (the bundled server), ``bench`` and ``worker``.
+"""``llamactor`` command line: ``serve`` (the bundled server), ``bench``, ``replay`` and ``worker``.
 
 ``serve`` takes llama-server's command line: the flag table (what is supported, ignored or
 refused, and why) is ``runtime.cliflags``; this module turns it into a config and serves.
@@ -183,6 +183,8 @@ async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] |
     log.info("listening", host=host, port=port, model=str(cfg.model))
     app: Any = build_app(rt, lifespan=lifespan)  # an ASGI app; hypercorn's stub names its own scope types
     await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
+    if any(isinstance(exc, ConfigError) for exc in failed):
+        return 2  # found only while loading (a model or LoRA file llama.cpp refuses): as a bad flag
     return 1 if failed else 0
 
 
@@ -194,11 +196,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from llamactor.ops.bench import add_bench_parser
 
     add_bench_parser(sub)
+    from llamactor.ops.replay import add_replay_parser
+
+    add_replay_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         from llamactor.ops.bench import run_bench
 
         return run_bench(args)
+    if args.command == "replay":
+        from llamactor.ops.replay import run_replay
+
+        return run_replay(args)
     if args.command == "worker":
         configure_logging()
         return run_worker(args)

@@ -56,6 +56,7 @@ class Opt:
     ok: Callable[[Any], bool] | None = None  # IGNORE/REFUSE: values accepted silently
     optional: Any = None  # a value-taking option given bare means this (legacy ``-fa``)
     help: str = ""
+    shared: str = ""  # ``many`` options with the same name fill one tuple, in command-line order
 
     @property
     def spellings(self) -> tuple[str, ...]:
@@ -88,7 +89,7 @@ def _dest(group: Group, o: Opt) -> str:
     """One argparse destination per option (several options may set one field)."""
     if group.use in (Use.IGNORE, Use.REFUSE):
         return f"flag:{o.names[0]}"
-    return f"{group.use.value}:{o.field}:{o.names[0]}"
+    return f"{group.use.value}:{o.field}:{o.shared or o.names[0]}"
 
 
 class _Store(argparse.Action):

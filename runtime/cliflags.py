@@ -31,6 +31,7 @@ from typing import Any
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
+from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.service.config import ALL_LAYERS
 
 
@@ -141,6 +142,25 @@ def _flatten(values: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
     return tuple(k for v in values for k in v)
 
 
+def _lora(text: str) -> tuple[tuple[str, float], ...]:
+    """``--lora FNAME[,FNAME...]``: adapters at global scale 1 (EN-1)."""
+    return tuple((path, 1.0) for path in _csv(text))
+
+
+def _lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
+    """``--lora-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
+    out = []
+    for item in _csv(text):
+        parts = item.split(":")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
+        try:
+            out.append((parts[0], float(parts[1])))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
+    return tuple(out)
+
+
 def _key_file(path: str) -> tuple[str, ...]:
     return tuple(line for line in _read(path).splitlines() if line and not line.startswith("#"))
 
@@ -157,13 +177,25 @@ def _cont_batching(on: bool) -> str | Ignored:
     return "no-cont-batching"  # llama-server's -nocb is a scheduler here
 
 
+def _spec_type(text: str) -> str:
+    """llama-server's comma-separated ``--spec-type``; llamactor runs one kind at a time (EN-2)."""
+    kinds = [k for k in dict.fromkeys(_csv(text)) if k != SPEC_NONE]
+    unknown = [k for k in kinds if k not in SPEC_TYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)} is not built; one of {', '.join(SPEC_TYPES)}")
+    if len(kinds) > 1:
+        raise argparse.ArgumentTypeError(f"one kind of speculation at a time, got {text!r}")
+    return kinds[0] if kinds else SPEC_NONE
+
+
 def _is(*values: Any) -> Callable[[Any], bool]:
     return lambda v: v in values
 
 
 _off = _is(False)
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
-_DRAFT = "speculative decoding is not built, so its tuning has no effect"
+_DRAFT = ("draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
+          "synthetic acceptance and the tree split are not built")
 _MTMD = "no multimodal projector is loaded (--mmproj is refused), so this has no effect"
 
 # ---- the table ---------------------------------------------------------------------------
@@ -256,6 +288,41 @@ GROUPS: tuple[Group, ...] = (
                env="LLAMA_ARG_CORS_CREDENTIALS"),
         switch("--props", field="endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS",
                help="allow POST /props (it changes nothing, as in llama-server)"),
+    )),
+    Group("LoRA adapters", Use.CONFIG, "as in llama-server: loaded once, applied per request (request field "
+          "lora, GET/POST /lora-adapters); ids follow the command line", (
+        opt("--lora", field="lora", value="FNAME", parse=_lora, many=True, convert=_flatten, shared="lora",
+            help="comma-separated adapter files, global scale 1 (repeatable)"),
+        opt("--lora-scaled", field="lora", value="FNAME:SCALE,...", parse=_lora_scaled, many=True,
+            convert=_flatten, shared="lora", help="adapter files with their global scales (repeatable)"),
+        switch("--lora-init-without-apply", field="lora_init_without_apply",
+               help="load the adapters at global scale 0 (set them with POST /lora-adapters)"),
+    )),
+    Group("Speculative decoding", Use.CONFIG, "per group (EN-2): ngram-simple (prompt lookup) or a draft model "
+          "(-md, draft-simple), one draft context per group; --draft-max/--draft-min are older llama-server's "
+          "names of --spec-draft-n-max/-n-min", (
+        opt("--spec-type", field="spec_type", value="TYPES", env="LLAMA_ARG_SPEC_TYPE", parse=_spec_type,
+            help="none | ngram-simple | draft-simple (-md alone means draft-simple)"),
+        opt("--spec-ngram-simple-size-n", field="spec_ngram_size_n", parse=int,
+            help="ngram-simple: tokens looked up in the slot's history (default 12)"),
+        opt("--spec-ngram-simple-size-m", field="spec_ngram_size_m", parse=int,
+            help="ngram-simple: the longest draft (default 48)"),
+        opt("--spec-draft-model", "-md", "--model-draft", field="spec_draft_model", value="FNAME",
+            env="LLAMA_ARG_SPEC_DRAFT_MODEL", help="the draft model; its vocabulary must be the target's"),
+        opt("--spec-draft-n-max", field="spec_draft_n_max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", parse=int,
+            help="the longest draft-model draft (default 3)"),
+        opt("--spec-draft-n-min", field="spec_draft_n_min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", parse=int,
+            help="shorter drafts (either kind) are not verified"),
+        opt("--draft", "--draft-n", "--draft-max", field="spec_draft_n_max", env="LLAMA_ARG_DRAFT_MAX", parse=int,
+            help="older llama-server's --spec-draft-n-max"),
+        opt("--draft-min", "--draft-n-min", field="spec_draft_n_min", env="LLAMA_ARG_DRAFT_MIN", parse=int,
+            help="older llama-server's --spec-draft-n-min"),
+        opt("--spec-draft-p-min", "--draft-p-min", field="spec_draft_p_min", value="P",
+            env="LLAMA_ARG_SPEC_DRAFT_P_MIN", parse=float, help="the draft model stops below this probability"),
+        opt("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", field="spec_draft_n_gpu_layers",
+            env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", parse=_layers, help="the draft's layers on the GPU (default: as -ngl)"),
+        opt("--spec-draft-device", "-devd", "--device-draft", field="spec_draft_devices", value="DEVICES",
+            parse=lambda s: () if s == "none" else _csv(s), help="the draft model's devices (default: local)"),
     )),
     Group("Streaming", Use.CONFIG, "as in llama-server: a stream silent that long gets an SSE comment ping", (
         opt("--sse-ping-interval", field="sse_ping_interval", value="N", env="LLAMA_ARG_SSE_PING_INTERVAL", parse=int,
@@ -412,41 +479,34 @@ GROUPS: tuple[Group, ...] = (
         switch("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft", env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE"),
         opt("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft",
             env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE"),
-        opt("--spec-draft-n-max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
-        opt("--spec-draft-n-min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
         opt("--spec-synth-len", value="L", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
         opt("--spec-synth-rates", value="P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
         opt("--spec-draft-p-split", "--draft-p-split", value="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
-        opt("--spec-draft-p-min", "--draft-p-min", value="P", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
         switch("--spec-draft-backend-sampling", neg=("--no-spec-draft-backend-sampling",),
                env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING"),
-        opt("--spec-draft-device", "-devd", "--device-draft", value="DEVICES"),
-        opt("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft",
-            env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
+    )),
+    Group("N-gram tuning", Use.IGNORE, "tuning of n-gram kinds not built (--spec-type refuses them); ngram-simple's "
+          "min-hits is unused in llama.cpp too", (
         *(opt(f"--spec-ngram-{name}") for name in (
-            "mod-n-min", "mod-n-max", "mod-n-match", "simple-size-n", "simple-size-m", "simple-min-hits",
+            "mod-n-min", "mod-n-max", "mod-n-match", "simple-min-hits",
             "map-k-size-n", "map-k-size-m", "map-k-min-hits", "map-k4v-size-n", "map-k4v-size-m",
             "map-k4v-min-hits")),
     )),
     # ---- refused: exit code 2 naming them ---------------------------------------------
-    Group("Speculative decoding", Use.REFUSE, "speculative decoding is not built", (
-        opt("--spec-draft-model", "-md", "--model-draft", value="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
+    Group("Other speculation", Use.REFUSE, "not built: speculation is ngram-simple or draft-simple (--spec-type); "
+          "no draft downloads, no lookup-cache files", (
         opt("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO",
             env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
-        opt("--spec-type", value="TYPES", env="LLAMA_ARG_SPEC_TYPE", ok=_is("none")),
         switch("--spec-default"),
         opt("-lcs", "--lookup-cache-static", value="FNAME"), opt("-lcd", "--lookup-cache-dynamic", value="FNAME"),
     )),
     Group("Removed from llama-server", Use.REFUSE, "removed from llama-server too (see its --help)", (
-        opt("--draft", "--draft-n", "--draft-max", env="LLAMA_ARG_DRAFT_MAX"),
-        opt("--draft-min", "--draft-n-min", env="LLAMA_ARG_DRAFT_MIN"),
         opt("--spec-ngram-size-n"), opt("--spec-ngram-size-m"), opt("--spec-ngram-min-hits"),
         opt("-gan", "--grp-attn-n"), opt("-gaw", "--grp-attn-w"),
     )),
-    Group("Adapters", Use.REFUSE, "LoRA adapters and control vectors are not built", (
-        opt("--lora", value="FNAME"), opt("--lora-scaled", value="FNAME:SCALE,..."),
+    Group("Control vectors", Use.REFUSE, "control vectors are not built", (
         opt("--control-vector", value="FNAME"), opt("--control-vector-scaled", value="FNAME:SCALE,..."),
-        opt("--control-vector-layer-range", value="START END"), switch("--lora-init-without-apply"),
+        opt("--control-vector-layer-range", value="START END"),
     )),
     Group("Multimodal", Use.REFUSE, "multimodal input (images, audio, video) is not built", (
         opt("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
@@ -506,14 +566,18 @@ GROUPS: tuple[Group, ...] = (
         opt("--scheduler", field="scheduler", value="NAME", env="LLAMACTOR_SCHEDULER",
             help="policy name, module:Class or path/to/file.py:Class"),
         opt("--prefill-budget", field="prefill_budget", env="LLAMACTOR_PREFILL_BUDGET", parse=int,
-            help="stall-free: prompt tokens per step while streams generate"),
+            help="stall-free, adaptive: a fixed number of prompt tokens per step while streams generate"),
         opt("--target-itl-ms", field="target_itl_ms", value="MS", env="LLAMACTOR_TARGET_ITL_MS", parse=float,
-            help="stall-free: derive the prompt budget from this inter-token target"),
+            help="stall-free, adaptive: the inter-token target the prompt budget keeps (adaptive: 200)"),
+        opt("--target-ttft-ms", field="target_ttft_ms", value="MS", env="LLAMACTOR_TARGET_TTFT_MS", parse=float,
+            help="adaptive: the first-token target prompts are ordered and hurried by (default 2000)"),
         opt("--cohort-max-generate-ms", field="cohort_max_generate_ms", value="MS",
             env="LLAMACTOR_COHORT_MAX_GENERATE_MS", parse=float,
             help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)"),
         opt("--queue-size", field="queue_size", env="LLAMACTOR_QUEUE_SIZE", parse=int),
         switch("--profile", field="profile", env="LLAMACTOR_PIPE_PROF"),
+        opt("--record-trace", field="record_trace", value="FILE", env="LLAMACTOR_RECORD_TRACE",
+            help="write arrivals and decode-step timings as JSON lines, for `llamactor replay` (BE-5)"),
         opt("--embedding-parallel", field="embedding_parallel", env="LLAMACTOR_EMBEDDING_PARALLEL", parse=int,
             help="inputs packed into one embedding decode"),
     )),

@@ -22,6 +22,9 @@ class SimSlot:
     to_generate: int
     phase: str = "prefill"
     generated: int = 0
+    arrived: float = 0.0
+    n_prompt: int = 0
+    first_token_at: float = 0.0
 
 
 @dataclass
@@ -46,7 +49,8 @@ class GroupSim:
         if local is None:
             return False
         self._order += 1
-        self.slots[local] = SimSlot(local, self._order, prompt, generate)
+        self.slots[local] = SimSlot(local, self._order, prompt, generate, arrived=float(len(self.trace)),
+                                    n_prompt=prompt)
         self._event(PhaseKind.ARRIVED, local, self._order)
         return True
 
@@ -66,7 +70,8 @@ class GroupSim:
                 self.grant = g
 
     def view(self) -> GroupView:
-        views = tuple(SlotView(s.local, s.phase, s.prompt_left, s.order, -1)
+        views = tuple(SlotView(s.local, s.phase, s.prompt_left, s.order, -1, s.arrived, s.n_prompt,
+                               s.generated, s.first_token_at)
                       for s in sorted(self.slots.values(), key=lambda s: s.order))
         return GroupView(0, self.n_batch, views, float(len(self.trace)), 0.01, 1.0)
 
@@ -104,6 +109,8 @@ class GroupSim:
         return plan
 
     def _token(self, s: SimSlot) -> None:
+        if not s.generated:
+            s.first_token_at = float(len(self.trace))
         s.generated += 1
         if s.generated >= s.to_generate:
             del self.slots[s.local]

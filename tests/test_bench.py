@@ -153,6 +153,7 @@ async def test_mixed_workload(make_config) -> None:
     assert res.prefill_tok_s > 0
     assert res.makespan_s * 1000 >= max(res.arrival_ttft_ms)
     assert res.cross_check.diff_percent == 0.0
+    assert res.slo.n == 4 and 0 <= res.slo.goodput_share <= 1  # BE-4: goodput over streams and arrivals
     assert_sane(res.figures(), "figures")
 
 
@@ -170,6 +171,7 @@ async def test_cohort_workload(make_config) -> None:
     assert res.all_prefilled_s <= res.makespan_s
     assert res.gen_tok_s is not None and res.gen_tok_s > 0
     assert res.cross_check.diff_percent == 0.0
+    assert res.slo.n == 3 and 0 <= res.slo.goodput_share <= 1 and res.slo.ttft_p50_ms <= res.slo.ttft_p99_ms
     assert_sane(res.figures(), "figures")
 
 

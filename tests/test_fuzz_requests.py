@@ -106,6 +106,13 @@ SAMPLING = {
     # API-14 streaming knobs (pings only past 30 s: fuzzed streams are short)
     "sse_ping_interval": st.one_of(st.none(), st.sampled_from([-1, 0, 30]), st.just("x")),
     "t_max_predict_ms": usually(st.integers(-1, 50), small_ints), "post_sampling_probs": st.booleans(),
+    # EN-1: the live server loads one adapter (id 0); other ids, bad scales and shapes are 400s
+    "lora": st.one_of(st.none(), st.just([]), st.lists(st.fixed_dictionaries(
+        {"id": usually(st.just(0), st.integers(-1, 2))}, optional={"scale": usually(st.floats(0, 2), floats)}),
+        max_size=2), st.just({"id": 0, "scale": 1.0})),
+    # EN-2: the live server does not speculate: the fields are checked and otherwise change nothing
+    "speculative.n_max": usually(st.integers(0, 16), small_ints), "speculative.n_min": usually(st.integers(0, 4), small_ints),
+    "speculative.p_min": usually(st.floats(0, 1), floats),
 }
 NATIVE = {**SAMPLING, "prompt": prompts, "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
           "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)), "json_schema": schemas}
@@ -167,9 +174,9 @@ requests = st.one_of(
 
 
 class LiveServer:
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path, lora: Path) -> None:
         self.config = RuntimeConfig(model=model, n_ctx=N_CTX, parallel=PARALLEL, threads=TEST_THREADS,
-                                    n_batch=512, n_ubatch=512)
+                                    n_batch=512, n_ubatch=512, lora=((str(lora), 1.0),))
         self.url = ""
         self.rt: Runtime | None = None
         self._ready = threading.Event()
@@ -207,10 +214,11 @@ class LiveServer:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from tinylora import write_tiny_lora
     from tinymodel import write_tiny_model
 
-    model = write_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny.gguf")
-    with LiveServer(model) as server:
+    folder = tmp_path_factory.mktemp("fuzz")
+    with LiveServer(write_tiny_model(folder / "tiny.gguf"), write_tiny_lora(folder / "lora.gguf")) as server:
         yield server
 
 

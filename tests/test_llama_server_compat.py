@@ -86,7 +86,7 @@ _SAMPLE_VALUES = {
     "--reasoning-format": "none", "--chat-template-kwargs": "{}", "--json-schema": "{}", "--samplers": "top_k",
     "--sampling-seq": "k", "--logit-bias": "1+1", "--gpu-layers": "1", "--device": "none", "--log-format": "json",
     "--alias": "a", "--tensor-split": "1", "--api-key": "k", "--rpc": "127.0.0.1:1", "--scheduler": "continuous",
-    "--dry-sequence-breaker": "x", "--seed": "7",
+    "--dry-sequence-breaker": "x", "--seed": "7", "--lora-scaled": "a.gguf:0.5", "--spec-type": "ngram-simple",
 }
 
 
@@ -124,8 +124,8 @@ def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
     """API-15: flags for features not built are refused by name; their "off" values
     (``--spec-type none``, ``-ncmoe 0``, ``--cache-reuse 0``) are what llamactor does."""
     with pytest.raises(cli.ConfigError) as info:
-        _parse(["--lora", "a.gguf", "-md", "d.gguf", "--rope-scale", "2", "--mmproj", "m.gguf"])
-    for flag in ("--lora", "-md", "--rope-scale", "--mmproj"):
+        _parse(["--control-vector", "a.gguf", "-hfd", "org/d", "--rope-scale", "2", "--mmproj", "m.gguf"])
+    for flag in ("--control-vector", "-hfd", "--rope-scale", "--mmproj"):
         assert flag in str(info.value)
     opts = _parse(["--spec-type", "none", "-ncmoe", "0", "--cache-reuse", "0", "--no-webui"])
     assert opts.ignored == () and opts.config.webui is False
@@ -291,7 +291,8 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
     """API-15: a flag for a feature llamactor has not built stops startup with exit code 2 and a
     message naming it (and its variable, when that is how it came)."""
     cases = [
-        (["--lora", "a.gguf", "--model-draft", "d.gguf"], ["--lora is not supported", "--model-draft is not supported"]),
+        (["--control-vector", "a.gguf", "--hf-repo-draft", "org/draft"],
+         ["--control-vector is not supported", "--hf-repo-draft is not supported"]),
         (["--cache-reuse", "256"], ["--cache-reuse is not supported"]),
         (["-hf", "org/model"], ["-hf is not supported: llamactor never downloads models"]),
     ]

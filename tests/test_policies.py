@@ -11,14 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
+from llamactor.actors.policy import GroupView, SlotView
 from llamactor.actors.trace import TraceViolation, check_phase_exclusion
 from conftest import open_server, wait_until
 from faults import Faults
 from policy_sim import GroupSim
 from llamactor.protocol.events import Token
+from llamactor.protocol.messages import PhaseKind
 from llamactor.runtime import Runtime
 
-POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free"]
+POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free", "adaptive"]
 EXCLUSIVE = ["no-cont-batching", "serial-prefill", "cohort"]  # never mix phases in a batch
 N_BATCH = 32
 
@@ -276,3 +278,90 @@ def test_policy_property(name, plan, lag, n_slots):
     assert len(sim.finished) + len(sim.cancelled) == admitted
     if name in EXCLUSIVE:
         check_phase_exclusion(sim.trace)
+
+
+# ---- adaptive (the default, issue 12) ---------------------------------------------------------
+
+def _view(slots, now=100.0, n_batch=512, ms_tok=1.0, ms_step=40.0):
+    return GroupView(0, n_batch, tuple(slots), now, ms_tok, ms_step)
+
+
+def _stream(local, order, now=100.0, n=10, gap_ms=40.0):
+    """A generating slot whose mean gap so far is ``gap_ms``."""
+    return SlotView(local, "generate", 0, order, -1, now - 5, 8, n, now - (n - 1) * gap_ms / 1e3)
+
+
+def _prompt(local, order, left, waited_s=0.0, now=100.0):
+    return SlotView(local, "prefill", left, order, -1, now - waited_s, left)
+
+
+def test_adaptive_whole_batch_when_nobody_generates():
+    plan = BUILTIN["adaptive"]().plan(_view([_prompt(0, 1, 2000)]), None)
+    assert plan.prefill == ((0, 512),) and plan.generate == ()
+
+
+def test_adaptive_keeps_streams_on_track_within_the_itl_target():
+    """Streams on track and one prompt that can still make its first-token target: the prompt
+    gets what fits in the 200 ms target by the measured costs ((200 - 40) / 1 = 160 tokens)."""
+    slots = [_stream(i, i + 1) for i in range(4)] + [_prompt(4, 5, 768)]
+    plan = BUILTIN["adaptive"]().plan(_view(slots), None)
+    assert plan.generate == (0, 1, 2, 3) and plan.prefill == ((4, 160),)
+    plan = BUILTIN["adaptive"](0, target_itl_ms=100).plan(_view(slots), None)
+    assert plan.prefill == ((4, 101),)  # the waiting prompts' share of n_batch, 508 / 5, is larger
+
+
+def test_adaptive_hurries_a_prompt_that_would_miss_its_target():
+    """1800 tokens at 160 a step of 200 ms take 2.25 s > 2 s: the whole batch, streams included."""
+    slots = [_stream(i, i + 1) for i in range(4)] + [_prompt(4, 5, 1500, waited_s=0.2)]
+    plan = BUILTIN["adaptive"]().plan(_view(slots), None)
+    assert plan.prefill == ((4, 508),) and len(plan.generate) == 4
+
+
+def test_adaptive_burst_prefills_at_full_speed():
+    """A burst: more hopeless prompts than streams on track, or most streams already late."""
+    slots = [_stream(0, 1)] + [_prompt(i, i + 1, 1000, waited_s=3.0) for i in range(1, 6)]
+    assert sum(k for _, k in BUILTIN["adaptive"]().plan(_view(slots), None).prefill) == 511
+    late = [_stream(i, i + 1, gap_ms=600) for i in range(3)] + [_stream(3, 4), _prompt(4, 5, 300)]
+    assert sum(k for _, k in BUILTIN["adaptive"]().plan(_view(late), None).prefill) == 300
+
+
+def test_adaptive_order_shortest_feasible_first_then_oldest_then_starving():
+    p = BUILTIN["adaptive"]()
+    long_feasible, short_feasible = _prompt(0, 1, 900, waited_s=0.1), _prompt(1, 2, 100, waited_s=0.0)
+    hopeless_old, hopeless_new = _prompt(2, 3, 5000, waited_s=5.0), _prompt(3, 4, 5000, waited_s=3.0)
+    starving = _prompt(4, 5, 9000, waited_s=30.0)
+    ordered = p.order(_view([]), [hopeless_new, long_feasible, hopeless_old, starving, short_feasible])
+    assert [s.local for s in ordered] == [4, 1, 0, 2, 3]
+
+
+def test_adaptive_no_starvation_under_a_stream_of_short_prompts():
+    """A long prompt among short ones that keep arriving still finishes (fake engine)."""
+    sim = GroupSim(BUILTIN["adaptive"](), 4, 64)
+    assert sim.arrive(5000, 2)
+    long_order = sim._order
+    for step in range(3000):
+        if len(sim.slots) < 4:
+            sim.arrive(8, 2)
+        sim.step()
+        if long_order in sim.finished:
+            break
+    assert long_order in sim.finished
+
+
+async def test_bounded_generate_ticks_once_per_deadline(make_config):
+    """A cohort past its --cohort-max-generate-ms with nobody queued gets one tick, not a tick
+    loop (a tick that finds no queue left the deadline as it was and was rescheduled at once)."""
+    async with Runtime.open(config(make_config, "cohort", cohort_max_generate_ms=1.0)) as rt:
+        policy = rt.coordinator.policies[0]
+        ticks = 0
+        on_event = policy.on_event
+
+        def counting(event):
+            nonlocal ticks
+            ticks += event.kind is PhaseKind.TICK
+            return on_event(event)
+
+        policy.on_event = counting
+        out = await rt.complete("alone", max_tokens=40, temperature=0, ignore_eos=True)
+        await anyio.sleep(0.1)
+    assert out.n_predicted == 40 and ticks <= 2

@@ -156,3 +156,13 @@ async def test_bad_sampling_values_are_400_naming_the_field(make_config, fields,
         with pytest.raises(RequestError):
             await rt.complete(PROMPT, max_tokens=4, **kwargs)
         assert rt.supervisor.restarts == [0]
+
+
+async def test_grammar_with_ignore_eos_keeps_serving(make_config):
+    """A grammar that completes with ignore_eos once aborted the process: the grammar allows only
+    end-of-generation tokens then, and ignore_eos had banned them too (found by the fuzzer). Now
+    the text is the grammar's and the generation goes on to n_predict."""
+    async with Runtime.open(make_config()) as rt:
+        for seed in range(3):
+            c = await rt.complete(PROMPT, max_tokens=8, grammar='root ::= "yes" | "no"', ignore_eos=True, seed=seed)
+            assert c.choices[0].text in ("yes", "no") and c.n_predicted == 8

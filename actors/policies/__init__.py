@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from llamactor.actors.policies.adaptive import AdaptivePolicy
 from llamactor.actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
 from llamactor.actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
 from llamactor.actors.policies.stallfree import StallFreePolicy
@@ -18,7 +19,8 @@ from llamactor.protocol.errors import ConfigError
 
 BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (ContinuousPolicy, NoContBatchingPolicy, SerialPrefillPolicy, CohortPolicy, StallFreePolicy)
+    for cls in (ContinuousPolicy, NoContBatchingPolicy, SerialPrefillPolicy, CohortPolicy, StallFreePolicy,
+                AdaptivePolicy)
 }
 
 

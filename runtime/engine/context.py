@@ -3,10 +3,15 @@
 Design note for ``Context.step`` — per step it:
   1. fills the batch arrays (numpy views over buffers we own) with one slice assignment per
      slot, never one Python object per token;
-  2. calls ``llama_decode`` once (ctypes releases the GIL, so other groups and the event
-     loop run meanwhile);
+  2. switches the context's LoRA adapters if the plan's set differs from the last step's
+     (EN-1; never per token: one tuple compare per step), then calls ``llama_decode`` once
+     (ctypes releases the GIL, so other groups and the event loop run meanwhile);
   3. samples each row that needs a token with the slot's llama.cpp sampler chain, turns the
      token into text (cached pieces, incremental UTF-8, stop strings) and decides finishes.
+With speculation (EN-2, ``runtime.engine.speculative``) a generating slot's draft rows follow
+its own row in step 1 (cut to the batch room the plan left), and step 3 samples them in order
+while the draft holds (``_verify``), then drops the rejected drafts' KV cells. Off, the step
+pays one ``is None`` test (``drafter``) and one falsy test per row.
 It runs in the group's worker thread and must never: await, touch another group's slots or
 context, send on a stream (anyio streams are not thread-safe: events are returned and sent by
 the group's event-loop task), or allocate per token beyond the event it returns.
@@ -27,13 +32,16 @@ from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.protocol.plan import StepPlan
 from llamactor.protocol.events import Done, Event, Progress, Token, TopProb
 from llamactor.protocol.messages import Task
-from llamactor.protocol.errors import EngineError
+from llamactor.protocol.errors import EngineError, RequestError
+from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.profiler import GroupProfile
 from llamactor.runtime.engine.promptcache import SAVE_BELOW_FRACTION, PromptCache, common_prefix
 from llamactor.runtime.engine.sampling import build_chain
 from llamactor.runtime.engine.slot import Phase, Slot
+from llamactor.runtime.engine.draftmodel import make_drafter
+from llamactor.runtime.engine.speculative import Drafter, SpecOptions, SpecState
 from llamactor.runtime.engine.textstream import TextStream
 
 
@@ -50,6 +58,7 @@ class ContextOptions:
     type_k: int = llama_cpp.GGML_TYPE_F16  # KV cache types (EN-3, -ctk/-ctv)
     type_v: int = llama_cpp.GGML_TYPE_F16
     context_shift: bool = False  # a generation at the end of its context drops old tokens (EN-4)
+    spec: SpecOptions | None = None  # speculative decoding (EN-2); None: off, and the step pays nothing
 
 
 @dataclass
@@ -62,6 +71,8 @@ class StepResult:
     n_rows: int = 0  # slots that took part
     gaps: list[float] = field(default_factory=list)  # inter-token gaps of streams that generated
     failed: list[tuple[Slot, Exception]] = field(default_factory=list)  # request-scoped failures
+    n_draft: int = 0  # draft tokens verified this step (EN-2)
+    accepted: list[int] = field(default_factory=list)  # per verified draft: its tokens accepted
 
 
 DECODE_NO_KV_SLOT = 1  # llama_decode: no KV cells for the batch (unified KV can be overcommitted)
@@ -98,11 +109,21 @@ class Context:
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
+        self.n_draft_room = min(self.n_batch, llama_cpp.llama_n_ubatch(self.ptr))  # EN-2, see step()
         self._decode = llama_cpp.llama_decode
         if hooks is not None:
             self._bind_hooks(hooks, group)
         self.holds_ready = False  # set by the owning group from its policy: finished prompts wait (PH-4)
+        self.lora: LoraSet = NO_LORA  # the LoRA adapters active on this context (EN-1)
         self._alloc_batch(self.n_batch)
+        # EN-2: this group's draft source (a draft model gets its own context here, PG-11)
+        self.drafter: Drafter | None = None
+        if opts.spec is not None:
+            try:
+                self.drafter = make_drafter(opts.spec, opts, model)
+            except BaseException:
+                self.close()
+                raise
 
     def _alloc_batch(self, n: int) -> None:
         self._owned = OwnedBatch(n)
@@ -127,6 +148,9 @@ class Context:
         self._sample = hooked_sample  # type: ignore[method-assign]
 
     def close(self) -> None:
+        drafter, self.drafter = getattr(self, "drafter", None), None
+        if drafter is not None:
+            drafter.close()
         if self.ptr:
             llama_cpp.llama_free(self.ptr)
             self.ptr = None
@@ -134,23 +158,28 @@ class Context:
     # ---- KV of one sequence (called between steps by the owning group only) ------------
 
     def reuse_prefix(self, slot: Slot, prompt: np.ndarray, cache_prompt: bool,
-                     prompt_cache: PromptCache | None = None) -> int:
+                     prompt_cache: PromptCache | None = None, lora: LoraSet = NO_LORA) -> int:
         """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
 
         With a host-memory prompt cache (EN-5): if the new prompt keeps less than half of what
         the slot holds (another conversation takes the slot), the slot's state is saved first;
         then a cached state that serves the prompt better is restored into the slot.
+        KV computed under another LoRA set than the request's ``lora`` is never reused (EN-1,
+        llama-server clears a slot's cache when its adapters change).
         At least the last prompt token is always decoded again, so its logits exist.
         """
+        same = slot.lora == lora
         if cache_prompt and prompt_cache is not None:
             held = np.asarray(slot.cache, dtype=np.int32)
-            if len(held) and common_prefix(held, prompt) < SAVE_BELOW_FRACTION * len(held):
-                prompt_cache.save(self.ptr, slot.local, held)
-            restored = prompt_cache.restore(self.ptr, slot.local, prompt, held)
+            if len(held) and (not same or common_prefix(held, prompt) < SAVE_BELOW_FRACTION * len(held)):
+                prompt_cache.save(self.ptr, slot.local, held, slot.lora)
+            restored = prompt_cache.restore(self.ptr, slot.local, prompt, held if same else held[:0], lora)
             if restored is not None:
                 slot.cache[:] = restored.tolist()
+                same = True
+        slot.lora = lora
         keep = 0
-        if cache_prompt and slot.cache:
+        if cache_prompt and slot.cache and same:
             # at most len(prompt) - 1: the last prompt token is decoded again for its logits
             keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
         if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1):
@@ -181,6 +210,7 @@ class Context:
             slot.cache.clear()
             raise EngineError(f"could not restore slot {slot.id} from {path}")
         slot.cache[:] = toks[: n_out.value]
+        slot.lora = NO_LORA  # a slot file does not say which adapters made it: taken as the base model's
         return n_out.value
 
     # ---- the step ----------------------------------------------------------------------
@@ -194,6 +224,14 @@ class Context:
             prompt=task.prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
         )
         slot.stream = TextStream(task.stop)
+        spec = self.opts.spec
+        if spec is not None:  # EN-2: the request's speculative.* fields over the server's
+            p = task.params
+            n_max = spec.n_max if p.speculative_n_max is None else min(p.speculative_n_max, spec.n_max)
+            slot.spec = SpecState(
+                task.prompt, n_max, spec.n_min if p.speculative_n_min is None else p.speculative_n_min,
+                spec.p_min if p.speculative_p_min is None else p.speculative_p_min,
+            ) if n_max > 0 else None
 
     def release(self, slot: Slot) -> None:
         if slot.sampler is not None:
@@ -227,6 +265,14 @@ class Context:
                 self._out[n - 1] = 1
                 rows.append((s, n - 1))
         res.n_prompt = n
+        drafts = None
+        if self.drafter is not None and generate:
+            # EN-2: drafts fill the room the plan left in the step's first physical batch: a
+            # verify that spans two ubatches could, with a sliding-window (SWA) cache, reuse cells
+            # the rolled-back positions made look old (llama.cpp masks SWA cells by the highest
+            # position decoded so far).
+            drafts = self.drafter.propose([slots[local] for local in generate], self.n_draft_room - n - len(generate),
+                                          self.n_ctx_seq)
         for local in generate:
             s = slots[local]
             self._tok[n] = s.next_token
@@ -235,11 +281,22 @@ class Context:
             self._out[n] = 1
             rows.append((s, n))
             n += 1
+            if drafts and local in drafts:  # its draft's rows follow its own (ascending sequence ids)
+                draft = drafts[local]
+                k = len(draft)
+                self._tok[n : n + k] = draft
+                np.add(self._ramp[:k], s.n_past + 1, out=self._pos[n : n + k])
+                self._seq[n : n + k] = local
+                self._out[n : n + k] = 1
+                n += k
+                res.n_draft += k
         res.n_rows = len(plan.prefill) + len(plan.generate)
         if prof is not None:
             t1 = time.perf_counter()
             prof.build += t1 - t0
         if n:
+            if plan.lora != self.lora:
+                self._set_lora(plan.lora)
             self._n_prompt, self._n_generate = res.n_prompt, len(generate)
             self._batch.n_tokens = n
             rc = self._decode(self.ptr, self._batch)
@@ -276,6 +333,8 @@ class Context:
             try:
                 if s.phase is Phase.PREFILL:
                     self._prompt_done(s, i, res, prof)
+                elif drafts and s.local in drafts:
+                    self._verify(s, i, drafts[s.local], res, prof)
                 else:
                     self._emit(s, i, res, None, prof)
             except Exception as exc:  # noqa: BLE001 - request-scoped, see above
@@ -284,6 +343,49 @@ class Context:
             prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
 
+    def _verify(self, s: Slot, i: int, draft: np.ndarray, res: StepResult, prof: GroupProfile | None) -> None:
+        """Sample rows ``i``, ``i+1``, … of a slot that sent a draft (EN-2): each accepted draft
+        token's row holds the logits after it, so sampling goes on while the slot's own sampler
+        picks the drafted token; every sampled token is emitted as without speculation (stop
+        strings, n_predict, EOS end it the same way). Then the rejected drafts' KV cells go, so
+        the slot's KV holds exactly ``s.cache`` again, whatever happened."""
+        drafted = draft.tolist()
+        k = len(drafted)
+        accepted = 0
+        try:
+            for j in range(k + 1):
+                self._emit(s, i + j, res, None, prof)
+                if s.finished or j == k or s.next_token != drafted[j]:
+                    break
+                s.cache.append(drafted[j])  # its cell was decoded at position n_past: it stays
+                s.n_past += 1
+                accepted += 1
+        finally:
+            if accepted < k:
+                llama_cpp.llama_memory_seq_rm(self.memory, s.local, s.n_past, -1)
+            res.accepted.append(accepted)
+            assert s.spec is not None
+            s.spec.record(k, accepted)
+
+    def _check_lora_logits(self, i: int, logits: np.ndarray | None) -> None:
+        """EN-1: a LoRA scale far too large makes the logits NaN, and llama.cpp's grammar sampler
+        then accepts a token its grammar forbids and throws through C, aborting the process. That
+        request fails alone (400) instead. Only grammar requests with adapters pay this scan."""
+        if logits is None:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
+        if np.isnan(logits).any():
+            raise RequestError("lora: the adapter scales made the model's logits NaN (not a number); "
+                               "use smaller scales")
+
+    def _set_lora(self, lora: LoraSet) -> None:
+        """Make ``lora`` the context's active adapters (EN-1). llama.cpp rebuilds its graph
+        after a change, so the group batches requests of one set together (``loraturns``)."""
+        n = len(lora)
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(self.model.adapters[i] for i, _ in lora))
+        scales = (ctypes.c_float * n)(*(scale for _, scale in lora))
+        llama_cpp.llama_set_adapters_lora(self.ptr, adapters if n else None, n, scales if n else None)
+        self.lora = lora
+
     def _prompt_done(self, s: Slot, i: int, res: StepResult, prof: GroupProfile | None) -> None:
         now = time.perf_counter()
         s.t_prompt_done = now
@@ -291,6 +393,7 @@ class Context:
             llama_cpp.llama_memory_seq_rm(self.memory, child.local, -1, -1)
             llama_cpp.llama_memory_seq_cp(self.memory, s.local, child.local, -1, -1)
             child.cache[:] = s.cache
+            child.lora = s.lora
             child.n_past = s.n_past
             child.n_cached = s.n_cached
             child.t_prompt_done = now
@@ -365,6 +468,8 @@ class Context:
         if prof is not None:
             ta = time.perf_counter()
         params = task.params
+        if task.lora and params.grammar:
+            self._check_lora_logits(i, logits)
         logprob: float | None
         if params.n_probs and params.post_sampling_probs:
             token, logprob, top = self._sample_post(s, i, logits, params.n_probs)
@@ -451,6 +556,8 @@ class Context:
             predicted_ms=(s.t_last - s.t_prompt_done) * 1e3,
             slot=s.id,
             truncated=s.truncated,
+            n_draft=s.spec.n_draft if s.spec is not None else 0,
+            n_draft_accepted=s.spec.n_accepted if s.spec is not None else 0,
         )
 
     def _probs(

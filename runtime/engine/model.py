@@ -99,6 +99,23 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog = [bool(llama_cpp.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)]
         self.name = path.name
+        self.adapters: list[Any] = []  # LoRA adapters (EN-1), by id; freed with the model
+
+    def load_adapter(self, path: str | Path) -> int:
+        """Load a LoRA adapter once for every context of this model (EN-1); return its id.
+
+        Called at startup only, before any context exists. ConfigError names a file that is
+        missing or that llama.cpp refuses (not a LoRA GGUF, or made for another model).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"LoRA adapter file not found: {path}")
+        ptr = llama_cpp.llama_adapter_lora_init(self.ptr, str(path).encode())
+        if not ptr:
+            raise ConfigError(f"llama.cpp could not load the LoRA adapter {path} "
+                              f"(not a LoRA adapter GGUF, or made for another model)")
+        self.adapters.append(ptr)
+        return len(self.adapters) - 1
 
     def close(self) -> None:
         if self.ptr:

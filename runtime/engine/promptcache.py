@@ -10,7 +10,8 @@ conversation kept its slot.
 The rules are llama-server's (server_prompt_cache): a prompt already contained in an entry is
 not stored again; storing a prompt drops entries it contains; the oldest entries go first when
 the byte limit is reached; a cached prompt is only restored when it keeps at least a quarter
-of itself and shares more of the new prompt than the slot does.
+of itself and shares more of the new prompt than the slot does. Entries are keyed by the LoRA
+set their KV was computed under (EN-1): only a prompt with the same set may restore one.
 
 Used by the groups on the event loop, between their steps (never during a decode), so it needs
 no lock. One instance per runtime, shared by all groups.
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from llamactor.protocol.lora import NO_LORA, LoraSet
+
 MIB = 1024 * 1024
 MIN_KEEP_FRACTION = 0.25  # a cached prompt is restored only if the new prompt keeps this much of it
 SAVE_BELOW_FRACTION = 0.5  # a slot's KV is saved when the new prompt keeps less than this of it
@@ -34,6 +37,7 @@ SAVE_BELOW_FRACTION = 0.5  # a slot's KV is saved when the new prompt keeps less
 class Entry:
     tokens: np.ndarray  # int32 token ids whose KV ``state`` holds
     state: bytes  # llama_state_seq_get_data of one sequence
+    lora: LoraSet = NO_LORA  # the adapters the KV was computed under (EN-1)
 
 
 @dataclass(frozen=True)
@@ -70,35 +74,42 @@ class PromptCache:
 
     # ---- the two operations a group calls around a slot's reuse -------------------------
 
-    def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray) -> bool:
-        """Copy sequence ``seq``'s KV (holding ``tokens``) into the cache; False if not stored."""
-        if len(tokens) == 0 or any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._entries.values()):
+    def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray, lora: LoraSet = NO_LORA) -> bool:
+        """Copy sequence ``seq``'s KV (holding ``tokens``, computed under ``lora``) into the
+        cache; False if not stored."""
+        if len(tokens) == 0 or any(e.lora == lora and common_prefix(e.tokens, tokens) == len(tokens)
+                                   for e in self._entries.values()):
             return False  # nothing, or already contained in an entry
         size = llama_cpp.llama_state_seq_get_size(ctx, seq)
         if size == 0 or (self.limit_bytes and size > self.limit_bytes):
             return False
-        for key in [k for k, e in self._entries.items() if common_prefix(e.tokens, tokens) == len(e.tokens)]:
+        for key in [k for k, e in self._entries.items()
+                    if e.lora == lora and common_prefix(e.tokens, tokens) == len(e.tokens)]:
             self._drop(key)  # entries the new one contains
         while self._entries and self.limit_bytes and self._bytes + size > self.limit_bytes:
             self._drop(next(iter(self._entries)))
         buf = (ctypes.c_ubyte * size)()
         if llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq) != size:
             return False
-        self._entries[self._next] = Entry(np.array(tokens, dtype=np.int32), bytes(buf))
+        self._entries[self._next] = Entry(np.array(tokens, dtype=np.int32), bytes(buf), lora)
         self._next += 1
         self._bytes += size
         self.saves += 1
         return True
 
-    def restore(self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray) -> np.ndarray | None:
-        """Restore into ``seq`` the entry that serves ``prompt`` better than what the slot holds
-        (``slot_tokens``); return what the slot holds now (the entry's tokens; empty if the
-        restore failed), or None when no entry is better (the slot is unchanged)."""
+    def restore(self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray,
+                lora: LoraSet = NO_LORA) -> np.ndarray | None:
+        """Restore into ``seq`` the entry (computed under ``lora``) that serves ``prompt`` better
+        than what the slot holds (``slot_tokens``, empty when the slot's KV is of another set);
+        return what the slot holds now (the entry's tokens; empty if the restore failed), or
+        None when no entry is better (the slot is unchanged)."""
         lcp_best = common_prefix(slot_tokens, prompt)
         keep_best = lcp_best / len(slot_tokens) if len(slot_tokens) else -1.0
         sim_best = lcp_best / max(len(prompt), 1)
         best: int | None = None
         for key, e in self._entries.items():
+            if e.lora != lora:
+                continue
             lcp = common_prefix(e.tokens, prompt)
             keep, sim = lcp / len(e.tokens), lcp / max(len(prompt), 1)
             if keep >= MIN_KEEP_FRACTION and keep > keep_best and sim > sim_best:

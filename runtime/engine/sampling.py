@@ -77,7 +77,11 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         if not g:
             raise RequestError("invalid grammar: llama.cpp could not parse it")
         add(g)
-    biases = p.logit_bias + (_eog_bias(model) if ignore_eos else ())
+    # Under a grammar the end-of-generation tokens are not banned: once the grammar is complete
+    # they are the only tokens it allows, and with them banned too nothing is left to draw
+    # (llama.cpp's grammar then throws through C: the process aborts). ``ignore_eos`` still goes
+    # on past them (the step does not stop on EOG), it just cannot forbid them here.
+    biases = p.logit_bias + (_eog_bias(model) if ignore_eos and not p.grammar else ())
     if biases:
         arr = (llama_cpp.llama_logit_bias * len(biases))()
         for i, (tok, bias) in enumerate(biases):

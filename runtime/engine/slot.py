@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import Task
+from llamactor.runtime.engine.speculative import SpecState
 from llamactor.runtime.engine.textstream import TextStream
 
 EMPTY_TOKENS = np.zeros(0, dtype=np.int32)
@@ -35,17 +37,21 @@ class Slot:
     __slots__ = (
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
-        "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated",
+        "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated", "lora", "spec",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
         self.id = slot_id  # global id, as shown by /slots and used by id_slot
         self.local = local  # sequence id inside the group's context
         self.cache: list[int] = []  # token ids whose KV this sequence holds, in order
+        self.lora: LoraSet = NO_LORA  # the LoRA set ``cache``'s KV was computed under (EN-1)
+        # speculation of the request it serves (EN-2); None when it does not speculate. Set by
+        # Context.start, kept by reset(): /slots shows the last request's draft counters.
+        self.spec: SpecState | None = None
         self.reset()
 
     def reset(self) -> None:
-        """Back to IDLE. Keeps ``cache`` (the KV is still there for prefix reuse)."""
+        """Back to IDLE. Keeps ``cache`` and ``lora`` (the KV is still there for prefix reuse)."""
         self.phase = Phase.IDLE
         self.task: Task | None = None
         self.index = 0

@@ -42,7 +42,7 @@ from llamactor.runtime.http.responses import (
     NativeShaper, OpenAIShaper, default_generation_settings, generation_settings,
 )
 from llamactor.runtime.http import embeddings
-from llamactor.protocol.wire import EmbeddingRequest, RerankRequest
+from llamactor.protocol.wire import EmbeddingRequest, LoraEntry, RerankRequest
 from llamactor.protocol.wire import InfillRequest
 from llamactor.protocol.errors import NotSupported
 from llamactor.runtime.http.cors import Cors
@@ -181,6 +181,16 @@ class Api:
         if not self.rt.config.endpoint_props:
             raise NotSupported("This server does not support changing global properties. Start it with `--props`")
         await _body(request)
+        return _json({"success": True})
+
+    async def lora_adapters(self, request: Request) -> Response:
+        """GET /lora-adapters (EN-1): the loaded adapters and their global scales."""
+        return _json(self.rt.lora_adapters())
+
+    async def set_lora_adapters(self, request: Request) -> Response:
+        """POST /lora-adapters (EN-1): ``[{"id", "scale"}, ...]`` sets the global scales."""
+        entries = await _decode(request, list[LoraEntry])
+        self.rt.set_lora_adapters(entries)
         return _json({"success": True})
 
     async def tokenize(self, request: Request) -> Response:
@@ -426,6 +436,8 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         route("/models", api.models, ["GET"]),
         route("/props", api.props, ["GET"]),
         route("/props", api.set_props, ["POST"]),
+        route("/lora-adapters", api.lora_adapters, ["GET"]),
+        route("/lora-adapters", api.set_lora_adapters, ["POST"]),
         route("/infill", api.infill, ["POST"]),
         route("/completion", api.completion, ["POST"]),
         route("/completions", api.completion, ["POST"]),

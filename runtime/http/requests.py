@@ -33,7 +33,7 @@ _SAME_NAME = (
     "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma",
     "xtc_probability", "xtc_threshold", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "dry_multiplier", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
-    "mirostat_tau", "mirostat_eta", "min_keep",
+    "mirostat_tau", "mirostat_eta", "min_keep", "speculative_n_max", "speculative_n_min", "speculative_p_min",
 )
 
 
@@ -50,13 +50,14 @@ class Submission:
     n_keep: int | None = None  # context shift (EN-4); None: the server's --keep
     n_discard: int = 0
     return_progress: bool = False
+    lora: list[Any] | None = None  # EN-1: [LoraEntry]; None: the global scales
     extra: dict[str, Any] = field(default_factory=dict)
 
     def kwargs(self) -> dict[str, Any]:
         return dict(
             max_tokens=self.max_tokens, params=self.params, stop=self.stop, n=self.n,
             id_slot=self.id_slot, cache_prompt=self.cache_prompt, ignore_eos=self.ignore_eos,
-            n_keep=self.n_keep, n_discard=self.n_discard, return_progress=self.return_progress,
+            n_keep=self.n_keep, n_discard=self.n_discard, return_progress=self.return_progress, lora=self.lora,
         )
 
 
@@ -155,7 +156,7 @@ def _submission(req: NativeCompletionRequest | CompletionRequest | ChatCompletio
         prompt, max_tokens, params, stop_of(req.stop, cfg.stop), req.n, req.id_slot,
         cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
         cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
-        req.n_keep, req.n_discard or 0, req.return_progress and bool(req.stream),
+        req.n_keep, req.n_discard or 0, req.return_progress and bool(req.stream), req.lora,
     )
 
 

@@ -27,9 +27,11 @@ STOP_TYPES = {"length": "limit"}
 SYSTEM_FINGERPRINT = f"llamactor-{metadata.version('llamactor')}"
 
 
-def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, predicted_ms: float) -> Timings:
+def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, predicted_ms: float,
+             n_draft: int = 0, n_draft_accepted: int = 0) -> Timings:
     """llama-server's formulas (server_slot_stats): the first generated token comes from the
-    prompt's logits, so generation rates count ``n_predicted - 1`` decode steps."""
+    prompt's logits, so generation rates count ``n_predicted - 1`` decode steps. ``draft_n`` and
+    ``draft_n_accepted`` only when drafts were verified (EN-2), as llama-server adds them."""
     n_eval = n_prompt - n_cached
     steps = max(n_predicted - 1, 0)
     return Timings(
@@ -42,6 +44,8 @@ def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, p
         predicted_ms=predicted_ms,
         predicted_per_token_ms=predicted_ms / steps if steps > 0 else 0.0,
         predicted_per_second=steps / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+        draft_n=n_draft if n_draft > 0 else None,
+        draft_n_accepted=n_draft_accepted if n_draft > 0 else None,
     )
 
 
@@ -68,6 +72,7 @@ def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
     out.update(
         dry_sequence_breakers=list(p.dry_sequence_breakers), stop=list(task.stop),
         logit_bias=[[token, bias] for token, bias in p.logit_bias], grammar=p.grammar,
+        lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # EN-1: the adapters it ran with
     )
     return out
 
@@ -135,7 +140,8 @@ class NativeShaper:
             tokens_predicted=d.n_predicted, tokens_evaluated=d.n_prompt,
             tokens_cached=d.n_prompt + max(d.n_predicted - 1, 0),  # in the slot's KV now (the last token is not decoded)
             stop_type=_stop_type(d.finish_reason, d.stopping_word), stopping_word=d.stopping_word,
-            truncated=d.truncated, timings=_timings(d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms),
+            truncated=d.truncated, timings=_timings(d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms,
+                                                      d.n_draft, d.n_draft_accepted),
             generation_settings=self.settings, tokens=tokens, completion_probabilities=probs,
         )
 
@@ -227,7 +233,8 @@ class OpenAIShaper:
             return out
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
         self.n_completion += ev.n_predicted
-        self._timings = _timings(ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms)
+        self._timings = _timings(ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms,
+                                 ev.n_draft, ev.n_draft_accepted)
         choice = {"index": ev.index, "logprobs": None, "finish_reason": ev.finish_reason}
         if self.chat:
             choice["delta"] = {}
@@ -269,7 +276,8 @@ class OpenAIShaper:
             choices.append(entry)
         env = self._envelope(choices, self.object)
         env["usage"] = self._usage(c.n_prompt, c.n_cached, c.n_predicted)
-        env["timings"] = _timings(c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms)
+        env["timings"] = _timings(c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms,
+                                  c.n_draft, c.n_draft_accepted)
         return env
 
 

@@ -3,7 +3,7 @@
 Everything that can be wrong with one request is found here, before it reaches the
 supervisor: sampling settings (every sampler of its chain is built once, so settings that
 llama.cpp refuses fail this request alone), stop strings, the prompt and its length, the token
-budget, n and id_slot. Nothing here touches an actor.
+budget, n, id_slot and the LoRA adapters (EN-1). Nothing here touches an actor.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampli
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.sampling import check_chain
 from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.lora import LoraAdapters
 
 MAX_N_PREDICT = 1 << 24
 EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
@@ -33,10 +34,12 @@ Tokenize = Callable[..., Awaitable[list[int]]]
 
 
 class Admission:
-    def __init__(self, model: Model, config: RuntimeConfig, tokenize: Tokenize) -> None:
+    def __init__(self, model: Model, config: RuntimeConfig, tokenize: Tokenize,
+                 adapters: LoraAdapters | None = None) -> None:
         self.model = model
         self.config = config
         self.tokenize = tokenize
+        self.adapters = adapters if adapters is not None else LoraAdapters()
         self._ids = itertools.count(1)
 
     async def admit(
@@ -55,17 +58,20 @@ class Admission:
         n_keep: int | None = None,
         n_discard: int = 0,
         return_progress: bool = False,
+        lora: Sequence[Any] | None = None,
     ) -> tuple[Task, MemoryObjectReceiveStream[Event]]:
         """The task and the receive end of its result stream (the task holds the send end).
 
         What the caller leaves out (None, or sampling fields not given) is the server's
-        default: ``RuntimeConfig.sampling``, ``stop``, ``cache_prompt``, ``ignore_eos`` (API-15).
+        default: ``RuntimeConfig.sampling``, ``stop``, ``cache_prompt``, ``ignore_eos`` (API-15),
+        and for ``lora`` the global adapter scales (EN-1).
         """
         cfg = self.config
         params = params or sampling_params(sampling, cfg.sampling)
         stops = tuple(stop) if stop else cfg.stop
         cache_prompt = cfg.cache_prompt if cache_prompt is None else cache_prompt
         ignore_eos = cfg.ignore_eos if ignore_eos is None else ignore_eos
+        lora_set = self.adapters.resolve(lora)
         await self.check_sampling(params, stops)
         tokens = await self.prompt_tokens(prompt, add_special)
         n_predict = self.token_budget(len(tokens), max_tokens)
@@ -83,7 +89,7 @@ class Admission:
             id=next(self._ids), prompt=np.asarray(tokens, dtype=np.int32), params=params, n_predict=n_predict,
             stop=stops, n=n, id_slot=id_slot, cache_prompt=cache_prompt, ignore_eos=ignore_eos,
             n_keep=cfg.n_keep if n_keep is None else n_keep, n_discard=n_discard, return_progress=return_progress,
-            sink=send,
+            lora=lora_set, sink=send,
             arrived=time.perf_counter(),
         )
         return task, recv

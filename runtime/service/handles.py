@@ -39,6 +39,8 @@ class Completion:
     slot: int
     stopping_word: str = ""
     truncated: bool = False  # a context shift dropped tokens (EN-4)
+    n_draft: int = 0  # draft tokens verified, all choices (EN-2)
+    n_draft_accepted: int = 0  # of those, accepted
 
     @property
     def text(self) -> str:
@@ -138,6 +140,8 @@ async def collect(handle: RequestHandle) -> Completion:
         slot=first.slot,
         stopping_word=first.stopping_word,
         truncated=any(d.truncated for d in done.values()),
+        n_draft=sum(d.n_draft for d in done.values()),
+        n_draft_accepted=sum(d.n_draft_accepted for d in done.values()),
     )
 
 

@@ -68,6 +68,15 @@ class Metrics:
         c.n_busy_slots += res.n_rows
         c.prompt_tokens += res.n_prompt
         c.tokens_predicted += res.n_generated
+        if res.accepted:  # EN-2: only steps that verified drafts
+            c.n_draft_tokens += res.n_draft
+            c.n_drafts += len(res.accepted)
+            by = c.drafts_by_accepted
+            for a in res.accepted:
+                c.n_draft_accepted += a
+                if a >= len(by):
+                    by.extend([0] * (a + 1 - len(by)))
+                by[a] += 1
         gap = self._gap_g[group]
         for g in res.gaps:
             gap.observe(g)
@@ -134,6 +143,18 @@ class _CounterCollector:
             "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
             lambda c: c.n_busy_slots / max(c.n_decode, 1),
         )
+        yield counter("spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated",
+                      lambda c: c.n_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model",
+                      lambda c: c.n_draft_accepted)
+        yield counter("spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
+                      lambda c: c.n_drafts)
+        per_pos = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position", labels=["group", "position"])
+        for g, c in enumerate(gs):
+            for pos, value in enumerate(c.accepted_per_pos()):
+                per_pos.add_metric([str(g), str(pos)], value)
+        yield per_pos
         deferred = GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred")
         deferred.add_metric([], self.m.queue_depth())
         yield deferred

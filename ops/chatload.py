@@ -1,0 +1,197 @@
+"""BE-3: the multi-turn chat workload (``llamactor bench --workload chat``).
+
+``conversations`` conversations of ``turns`` turns each. At most ``users`` turns are in flight
+at a time, taken round-robin across conversations (turn 1 of every conversation, then turn 2
+of every conversation, ...), so with more conversations than the server has slots, a
+conversation's slot has usually served others before its next turn comes.
+
+Each turn's prompt is the conversation's history as exact token ids: the system text
+(``prefix_npp`` tokens, the same for every conversation of a run), then for every earlier turn
+its user text and the server's own reply (the ids streamed back), then a new user text of
+``npp`` tokens; the reply is ``ntg`` tokens. Requests ask for ``cache_prompt``, so a server
+may reuse whatever it still holds of the history; ``prompt_processed`` (the delta of the
+server's ``llamacpp:prompt_tokens_total``) against ``prompt_sent`` shows how much it did.
+
+llama-server leaves out of its stream the id of a token whose text ends inside a UTF-8
+sequence; such a reply is counted in ``short_replies``, and the next turn's history lacks the
+missing ids (its prompt then diverges from what the server holds from that point on).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import cast
+
+import anyio
+
+from llamactor.ops.latency import latency_of, ratio_keys
+from llamactor.ops.loadgen import error_sample
+from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.prompts import PromptSource
+from llamactor.ops.runner import Common
+from llamactor.ops.slo import LatencyReport
+from llamactor.ops.stats import CrossCheck, RequestRecord, ratio
+
+Turn = tuple[int, int]  # (conversation, turn), both from 0
+
+
+class ChatFeed:
+    """The turns of one run, handed out round-robin to the workers (``phase.Feed``).
+
+    Built once per run by ``Chat.plan``; read by ``Chat.summarize`` after the phase.
+    """
+
+    def __init__(self, system: list[int], user_texts: list[list[list[int]]], ntg: int) -> None:
+        self.ntg = ntg
+        self.user_texts = user_texts  # [conversation][turn] -> ids
+        n_turns = len(user_texts[0]) if user_texts else 0
+        self._order: deque[Turn] = deque((c, t) for t in range(n_turns) for c in range(len(user_texts)))
+        self._history = [list(system) for _ in user_texts]  # prompt so far: system + (user + reply)*
+        self._last: list[anyio.Event | None] = [None] * len(user_texts)  # set when the latest turn taken ends
+        self._ended: dict[Turn, anyio.Event] = {}
+        self._broken: set[int] = set()  # conversations with a failed turn: their later turns are skipped
+        self.records: dict[Turn, RequestRecord] = {}
+        self.skipped = 0
+        self.short_replies = 0  # replies with fewer streamed ids than the server generated
+
+    async def take(self) -> Request | None:
+        while self._order:
+            c, t = self._order.popleft()
+            previous, ended = self._last[c], anyio.Event()
+            self._last[c] = self._ended[(c, t)] = ended  # a later turn of c waits for this one
+            if previous is not None:
+                await previous.wait()  # the conversation's previous turn is still in flight
+            if c in self._broken:
+                self.skipped += 1
+                ended.set()
+                continue
+            return Request(self._history[c] + self.user_texts[c][t], self.ntg, cache_prompt=True, keep_ids=True,
+                           tag=(c, t))
+        return None
+
+    def done(self, request: Request, record: RequestRecord) -> None:
+        c, t = cast(Turn, request.tag)
+        self.records[(c, t)] = record
+        ids = record.token_ids or []
+        if record.ok:
+            self._history[c] = request.prompt + ids
+            if len(ids) < record.n_generated:
+                self.short_replies += 1
+        else:
+            self._broken.add(c)
+        self._ended[(c, t)].set()
+
+
+@dataclass(frozen=True)
+class Chat:
+    name = "chat"
+
+    conversations: int = 24
+    turns: int = 4
+    users: int = 8  # turns in flight at most
+    prefix_npp: int = 200  # system text, shared by every conversation
+    npp: int = 64  # new user text per turn
+    ntg: int = 64  # reply per turn
+    common: Common = Common()
+
+    def __post_init__(self) -> None:
+        if self.common.api != "native":
+            raise ValueError("--workload chat needs --api native: the replies' token ids come from /completion's "
+                             "stream")
+
+    @property
+    def n_requests(self) -> int:
+        return self.conversations * self.turns
+
+    def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
+        warm = [Job("warmup", tuple(Request(prompts.take(self.prefix_npp + self.npp), WARMUP_NTG)
+                                    for _ in range(self.common.warmup)))
+                for _ in range(self.users)] if self.common.warmup > 0 else []
+        system = prompts.take(self.prefix_npp)
+        texts = [[prompts.take(self.npp) for _ in range(self.turns)] for _ in range(self.conversations)]
+        feed = ChatFeed(system, texts, self.ntg)
+        return warm, [Job("turn", (), feed=feed) for _ in range(min(self.users, self.conversations))]
+
+    def summarize(self, phase: PhaseResult, warmup_failed: int) -> ChatResult:
+        feed = cast(ChatFeed, phase.jobs[0].feed)
+        turns = sorted(feed.records.items(), key=lambda kv: (kv[0][1], kv[0][0]))  # round-robin order
+        records = [r for _, r in turns]
+        first = [r for (_, t), r in turns if t == 0]
+        later = [r for (_, t), r in turns if t > 0]
+        ok = [r for r in records if r.ok]
+        generated = sum(r.n_generated for r in ok)
+        sent = sum(r.n_prompt_sent for r in records)
+        return ChatResult(
+            conversations=self.conversations, turns=self.turns, users=self.users, prefix_npp=self.prefix_npp,
+            npp=self.npp, ntg=self.ntg, api=self.common.api, ok=len(ok), failed=len(records) - len(ok),
+            skipped=feed.skipped, warmup_failed=warmup_failed, errors=error_sample(records),
+            makespan_s=phase.wall_s, generated_tokens=generated, tok_s=ratio(float(generated), phase.wall_s),
+            first_turns=latency_of(first, phase.wall_s, self.common),
+            later_turns=latency_of(later, phase.wall_s, self.common),
+            prompt_tokens_sent=sent, prompt_tokens_server=phase.server_prompt_tokens,
+            short_replies=feed.short_replies, cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s,
+            slo=latency_of(records, phase.wall_s, self.common), records=records,
+        )
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    conversations: int
+    turns: int
+    users: int
+    prefix_npp: int
+    npp: int
+    ntg: int
+    api: str
+    ok: int
+    failed: int
+    skipped: int  # turns not sent because an earlier turn of their conversation failed
+    warmup_failed: int
+    errors: list[str]
+    makespan_s: float
+    generated_tokens: int
+    tok_s: float | None
+    first_turns: LatencyReport  # TTFT etc. of every conversation's first turn
+    later_turns: LatencyReport  # ... of the turns after it
+    prompt_tokens_sent: int  # over every turn sent
+    prompt_tokens_server: int | None  # delta of llamacpp:prompt_tokens_total; None: not exposed
+    short_replies: int
+    cross_check: CrossCheck
+    client_cpu_s: float
+    slo: LatencyReport  # over every turn
+    records: list[RequestRecord] = field(repr=False, compare=False, metadata={"report": False})
+
+    workload = "chat"
+    headline = ratio_keys("later_ttft_p50_ms", "first_ttft_p50_ms", "prompt_processed", "tok_s")
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.makespan_s
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.skipped:
+            out.append(f"{self.skipped} turn(s) not sent: an earlier turn of their conversation failed")
+        if self.short_replies:
+            out.append(f"{self.short_replies} repl(ies) streamed fewer token ids than the server generated "
+                       "(a token ending inside a UTF-8 sequence); those conversations' histories lack them")
+        if self.conversations <= self.users:
+            out.append("no more conversations than --users: each turn waits for its own conversation's previous "
+                       "turn; use more --conversations than the server has slots")
+        return out
+
+    def figures(self) -> dict[str, float | int | None]:
+        f, later = self.first_turns, self.later_turns
+        return {
+            "first_ttft_mean_ms": f.ttft_mean_ms, "first_ttft_p50_ms": f.ttft_p50_ms, "first_ttft_p99_ms": f.ttft_p99_ms,
+            "later_ttft_mean_ms": later.ttft_mean_ms, "later_ttft_p50_ms": later.ttft_p50_ms,
+            "later_ttft_p99_ms": later.ttft_p99_ms, "prompt_sent": self.prompt_tokens_sent,
+            "prompt_processed": self.prompt_tokens_server,
+            "processed_share": ratio(self.prompt_tokens_server, self.prompt_tokens_sent), "tok_s": self.tok_s,
+            "ok": self.ok, "failed": self.failed, "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent, **self.slo.figures(),
+        }
+
+
+__all__ = ["Chat", "ChatFeed", "ChatResult"]

@@ -1,0 +1,188 @@
+"""``llamactor replay``: pick or write a scheduling policy for your own traffic, offline (SPEC BE-5).
+
+    llamactor serve ... --record-trace run.jsonl      # serve real traffic, then stop the server
+    llamactor replay run.jsonl --scheduler continuous --scheduler stall-free \\
+                     [--scheduler my_policy:MyPolicy] [--slo-ttft-ms 2000 --slo-itl-ms 150] [--json]
+
+Replays the recorded arrivals (submit times, prompt lengths, cached prefixes, tokens generated)
+against each policy on a fake engine whose step cost is fitted from the recorded step timings
+(``ops.costfit``), and prints per policy the benchmark's figures (``ops.slo``): TTFT mean/p50/p99,
+inter-token p50/p99 (ms), makespan (s) and goodput. The first row is what the server recorded.
+Without ``--scheduler`` the recorded policy is replayed, which checks the model itself.
+Exit status: 0; 1 when a policy made an invalid plan or left requests unfinished; 2 for bad
+input (a missing or foreign file, an unknown scheduler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from llamactor.actors.policies import resolve_policy
+from llamactor.actors.policy import Policy
+from llamactor.ops.costfit import CostModel, FitError, fit_costs
+from llamactor.ops.report import fmt
+from llamactor.ops.simulate import SimResult, SimulationError, simulate
+from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS, LatencyReport, Sample
+from llamactor.ops.tracefile import Trace, TraceError, load_trace
+from llamactor.protocol.errors import ConfigError
+
+EXIT_OK, EXIT_POLICY_FAILED, EXIT_USAGE = 0, 1, 2
+RECORDED = "recorded"
+COLUMNS = {
+    "ttft_mean_ms": "TTFT mean ms", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
+    "itl_p50_ms": "ITL p50 ms", "itl_p99_ms": "ITL p99 ms", "makespan_s": "makespan s",
+    "goodput": "goodput", "goodput_rps": "good/s",
+}
+_OPTIONS = ("prefill_budget", "target_itl_ms", "target_ttft_ms", "cohort_max_generate_ms")
+
+
+def add_replay_parser(sub: Any) -> None:
+    """Add the ``replay`` subcommand to ``llamactor``'s subparsers (called once at start-up)."""
+    p = sub.add_parser("replay", help="replay a --record-trace file against scheduling policies (BE-5)",
+                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", metavar="FILE", help="a trace written by llamactor serve --record-trace FILE")
+    p.add_argument("--scheduler", action="append", default=None, metavar="NAME|module:Class",
+                   help="a policy to replay (repeat for several); default: the recorded one")
+    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_SLO_TTFT_MS,
+                   help=f"goodput: time to first token target (default {DEFAULT_SLO_TTFT_MS:g})")
+    p.add_argument("--slo-itl-ms", type=float, default=DEFAULT_SLO_ITL_MS,
+                   help=f"goodput: time per output token target (default {DEFAULT_SLO_ITL_MS:g})")
+    p.add_argument("--prefill-budget", type=int, default=None, help="override the recorded --prefill-budget")
+    p.add_argument("--target-itl-ms", type=float, default=None, help="override the recorded --target-itl-ms")
+    p.add_argument("--target-ttft-ms", type=float, default=None, help="override the recorded --target-ttft-ms")
+    p.add_argument("--cohort-max-generate-ms", type=float, default=None,
+                   help="override the recorded --cohort-max-generate-ms")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    scheduler: str
+    result: SimResult
+    report: LatencyReport
+
+
+def recorded_report(trace: Trace, slo_ttft_ms: float, slo_itl_ms: float) -> LatencyReport:
+    """The recorded run's own figures, from the trace. It holds each request's first and last
+    token but not every token's time, so its goodput uses each request's mean time per token
+    and its inter-token percentiles are not known (None)."""
+    samples = []
+    for r in trace.requests:
+        ttft = None if r.first_token is None else r.first_token - r.submitted
+        gaps: list[float] = []
+        if r.first_token is not None and r.finished is not None:
+            for k in r.per_choice:
+                if k > 1:
+                    gaps += [(r.finished - r.first_token) / (k - 1)] * (k - 1)
+        samples.append(Sample(r.ok, ttft, gaps, r.generated))
+    ends = [r.finished for r in trace.requests if r.finished is not None]
+    start = min((r.submitted for r in trace.requests), default=0.0)
+    report = LatencyReport.of(samples, max(ends) - start if ends else 0.0, slo_ttft_ms, slo_itl_ms)
+    return dataclasses.replace(report, itl_p50_ms=None, itl_p99_ms=None)
+
+
+def replay(trace: Trace, policy_cls: type[Policy], cost: CostModel, options: dict[str, float],
+           slo_ttft_ms: float, slo_itl_ms: float, spec: str) -> Replayed:
+    result = simulate(trace, policy_cls, cost, options)
+    return Replayed(spec, result, LatencyReport.of(result.samples(), result.makespan_s, slo_ttft_ms, slo_itl_ms))
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Load, fit, replay every ``--scheduler``, print; see the module docstring for the exit status."""
+    try:
+        trace = load_trace(args.trace)
+        if not trace.requests:
+            raise TraceError(f"{args.trace} holds no requests: nothing to replay")
+        cost = fit_costs(trace.steps)
+        specs = args.scheduler or [trace.header.policy]
+        classes = [(spec, resolve_policy(spec)) for spec in specs]
+        if args.slo_ttft_ms <= 0 or args.slo_itl_ms <= 0:
+            raise ValueError("--slo-ttft-ms and --slo-itl-ms must be positive")
+    except (TraceError, FitError, ConfigError, ValueError) as exc:
+        print(f"llamactor replay: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = dict(trace.header.policy_options)
+    for name in _OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    runs: list[Replayed] = []
+    failures: list[str] = []
+    for spec, cls in classes:
+        try:
+            runs.append(replay(trace, cls, cost, options, args.slo_ttft_ms, args.slo_itl_ms, spec))
+        except SimulationError as exc:
+            failures.append(f"{spec}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a custom policy's own bug: report it, go on with the others
+            failures.append(f"{spec}: the policy raised {type(exc).__name__}: {exc}")
+    failures += [f"{r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
+                 for r in runs if r.result.unfinished]
+    recorded = recorded_report(trace, args.slo_ttft_ms, args.slo_itl_ms)
+    if args.json:
+        json.dump(to_json(trace, cost, recorded, runs, options, failures), sys.stdout, indent=2)
+        print()
+    else:
+        print(render(trace, cost, recorded, runs, options))
+        for line in trace.notes:
+            print(f"note: {line}")
+        for line in failures:
+            print(f"error: {line}", file=sys.stderr)
+    return EXIT_POLICY_FAILED if failures else EXIT_OK
+
+
+# ---- output -------------------------------------------------------------------------------
+
+
+def describe_trace(trace: Trace, options: dict[str, float]) -> str:
+    h = trace.header
+    ok = sum(r.ok for r in trace.requests)
+    opts = ", ".join(f"{k}={v:g}" for k, v in sorted(options.items()) if v) or "defaults"
+    return (f"trace {trace.path}: {len(trace.requests)} requests ({ok} completed), {trace.generated_tokens} tokens "
+            f"generated, {len(trace.steps)} steps; model {h.model or '?'}, {h.groups} group(s) x {h.n_slots} slots, "
+            f"n_batch {h.n_batch}; recorded with --scheduler {h.policy}; policy options: {opts}")
+
+
+def render(trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed],
+           options: dict[str, float]) -> str:
+    header = ["policy", *COLUMNS.values()]
+    rows = [[f"{RECORDED} ({trace.header.policy})", *(fmt(v) for v in recorded.figures().values())]]
+    rows += [[r.scheduler, *(fmt(v) for v in r.report.figures().values())] for r in runs]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    slo = (f"goodput: share of requests with TTFT <= {recorded.slo_ttft_ms:g} ms and time per output token <= "
+           f"{recorded.slo_itl_ms:g} ms ({RECORDED}: ITL percentiles not in the trace)")
+    lines = [describe_trace(trace, options), cost.describe(), slo, ""]
+    lines.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    return "\n".join(lines)
+
+
+def to_json(trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed],
+            options: dict[str, float], failures: list[str]) -> dict[str, Any]:
+    import msgspec
+
+    return {
+        "trace": trace.path,
+        "header": msgspec.to_builtins(trace.header),
+        "requests": len(trace.requests),
+        "generated_tokens": trace.generated_tokens,
+        "steps": len(trace.steps),
+        "policy_options": options,
+        "fit": {part: {**dataclasses.asdict(fit), "formula": fit.formula()}
+                for part, fit in (("decode", cost.decode), ("loop", cost.loop))},
+        "slo": {"ttft_ms": recorded.slo_ttft_ms, "itl_ms": recorded.slo_itl_ms},
+        "recorded": {"scheduler": trace.header.policy, "figures": recorded.figures(), "good": recorded.good},
+        "policies": [{"scheduler": r.scheduler, "name": r.result.policy, "figures": r.report.figures(),
+                      "good": r.report.good, "requests": len(r.result.outcomes),
+                      "unfinished": r.result.unfinished, "generated_tokens": r.result.generated_tokens,
+                      "prompt_tokens": r.result.prompt_tokens, "steps": r.result.steps} for r in runs],
+        "notes": list(trace.notes),
+        "errors": failures,
+    }
+
+
+__all__ = ["add_replay_parser", "recorded_report", "replay", "run_replay"]

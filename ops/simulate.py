@@ -1,0 +1,409 @@
+"""The replay simulator (SPEC BE-5): a recorded trace's arrivals against any policy, offline.
+
+A discrete-event simulation of the runtime's scheduling path with a fake engine:
+
+- **supervisor**: a request is submitted at its recorded time and takes a free slot (the
+  group with the fewest busy slots, then the lowest slot id; its recorded group first when it
+  reused a cached prefix there, since that is why it went there); when every slot is busy it
+  waits in a FCFS queue, started in order as slots free up (n > 1 needs n slots of one group);
+  as live, the group that freed a slot has started its next step before the supervisor hears
+  of it, so the queued request joins at the step after;
+- **group**: at each step boundary it takes its new requests (a policy ``ARRIVED`` event),
+  asks its policy for a plan from a ``GroupView`` (the real ``plan(view, grant)``), checks
+  the plan and runs it on the fake engine: its tokens are sent after ``CostModel.decode_ms``
+  and the next step starts after ``CostModel.ms`` (decode + the loop's own time), both of
+  (prompt tokens, tokens sampled, KV cells). A prompt whose last chunk
+  ran samples its first token at once, or waits in "ready" with ``holds_ready`` until a grant
+  releases it (``PREFILL_DONE``); a request ends after the tokens it generated in the
+  recording (``FINISHED``, or ``CANCELLED`` when it was cancelled or failed there);
+- **coordinator**: events reach ``on_event`` as the real PhaseCoordinator's do: those a
+  group emits at a boundary take effect from its next boundary (the group plans before the
+  coordinator answers), unless the group has nothing to run, in which case it waits for the
+  answer; bounded GENERATE phases get their ``tick`` at the deadline.
+
+The prompt to decode is the recorded prompt minus the recorded cached prefix. Everything is
+ordered by (time, kind, sequence number): the same trace and policy give the same numbers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llamactor.actors.costs import StepCosts
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.ops.costfit import CostModel
+from llamactor.ops.slo import Sample
+from llamactor.ops.tracefile import Request, Trace
+from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
+from llamactor.runtime.engine.context import StepResult
+
+# Event kinds, in the order they are handled at one instant: a step's end frees slots
+# before a tick or an arrival at the same time is looked at.
+_STEP_END, _TICK, _ARRIVAL = 0, 1, 2
+
+
+class SimulationError(Exception):
+    """The policy made a plan the engine could not run (the message says what and why)."""
+
+
+@dataclass(eq=False)
+class _Choice:
+    local: int
+    target: int  # tokens this choice generates (as recorded)
+    parent: int = -1  # the parent's local slot for n > 1 children
+    phase: str = "prefill"
+    n_past: int = 0
+    generated: int = 0
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.target
+
+
+@dataclass(eq=False)
+class _Live:
+    """A request in a group: its choices (parent first) and its prompt still to decode."""
+
+    index: int  # in trace.requests
+    rec: Request
+    order: int
+    prompt_left: int
+    choices: list[_Choice]
+    first_token: float | None = None
+    prompt_done: float = 0.0  # when its prompt was decoded (the view's ``first_token_at``, as live)
+
+    @property
+    def parent(self) -> _Choice:
+        return self.choices[0]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request as the simulated client sees it."""
+
+    finished: bool  # it ended in the simulation (False: the policy never ran it to the end)
+    ok: bool  # finished, and completed in the recording too (not cancelled, not failed)
+    submitted: float
+    ended: float | None
+    ttft_s: float | None
+    gaps_s: tuple[float, ...]
+    n_generated: int
+
+    def sample(self) -> Sample:
+        return Sample(self.ok, self.ttft_s, self.gaps_s, self.n_generated)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    outcomes: tuple[Outcome, ...]  # in trace order (by submission)
+    steps: int
+    prompt_tokens: int
+
+    @property
+    def unfinished(self) -> int:
+        return sum(not o.finished for o in self.outcomes)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(o.n_generated for o in self.outcomes)
+
+    @property
+    def makespan_s(self) -> float:
+        if not self.outcomes:
+            return 0.0
+        ends = [o.ended for o in self.outcomes if o.ended is not None]
+        start = min(o.submitted for o in self.outcomes)
+        return max(ends) - start if ends else 0.0
+
+    def samples(self) -> list[Sample]:
+        return [o.sample() for o in self.outcomes]
+
+
+class _Group:
+    def __init__(self, index: int, policy: Policy, n_slots: int, n_batch: int) -> None:
+        self.index = index
+        self.policy = policy
+        self.n_slots = n_slots
+        self.n_batch = n_batch
+        self.costs = StepCosts()
+        self.grant: Grant | None = None
+        self.slots: dict[int, tuple[_Live, _Choice]] = {}  # local -> its request and choice
+        self.reserved: set[int] = set()  # slots the supervisor gave away (busy in its table)
+        self.inbox: list[tuple[_Live, tuple[int, ...]]] = []  # assigned, not yet taken by the group
+        self.pending: list[PhaseEvent] = []  # events not yet seen by the coordinator
+        self.running = False  # a step is in flight
+        self.wake = False  # something arrived that an idle group must look at
+        self.ending: list[_Live] = []  # requests that end with the step in flight
+        self.ready: list[_Live] = []  # prompts that finished in it and wait (PREFILL_DONE)
+        self.tick_for: tuple[int, float] = (0, 0.0)  # the deadline a tick is armed for
+        self.order = 0
+
+    def free(self) -> list[int]:
+        return [i for i in range(self.n_slots) if i not in self.reserved]
+
+
+class Simulation:
+    """Replay ``trace`` against one policy class; ``run`` once."""
+
+    def __init__(self, trace: Trace, policy_cls: type[Policy], cost: CostModel,
+                 options: Mapping[str, float] | None = None) -> None:
+        h = trace.header
+        opts = dict(h.policy_options if options is None else options)
+        self.trace = trace
+        self.cost = cost
+        self.name = getattr(policy_cls, "name", policy_cls.__name__)
+        self.groups = [_Group(g, policy_cls(g, **opts), h.n_slots, h.n_batch) for g in range(h.groups)]
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._queue: deque[int] = deque()
+        self._outcomes: dict[int, Outcome] = {}
+        self._live: dict[int, _Live] = {}
+        self.steps = 0
+        self.prompt_tokens = 0
+
+    # ---- the event loop ------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        for i, r in enumerate(self.trace.requests):
+            self._push(r.submitted, _ARRIVAL, i)
+        while self._heap:
+            t, kind, _, x = heapq.heappop(self._heap)
+            if kind == _STEP_END:
+                # The group goes on at once: the supervisor hears of the slots it freed only
+                # while the next step runs, so a queued request joins one step later.
+                self._end_step(self.groups[x], t)
+                self._boundary(self.groups[x], t)
+            elif kind == _TICK:
+                self._tick(self.groups[x], t)
+            else:
+                self._queue.append(x)
+            self._schedule()
+            for g in self.groups:
+                if not g.running and g.wake:
+                    self._boundary(g, t)
+        for i, r in enumerate(self.trace.requests):  # a policy that stalled leaves these
+            if i not in self._outcomes:
+                live = self._live.get(i)
+                first = live.first_token if live is not None else None
+                self._outcomes[i] = Outcome(False, False, r.submitted, None,
+                                            None if first is None else first - r.submitted, (),
+                                            sum(c.generated for c in live.choices) if live else 0)
+        return SimResult(self.name, tuple(self._outcomes[i] for i in range(len(self.trace.requests))),
+                         self.steps, self.prompt_tokens)
+
+    def _push(self, t: float, kind: int, x: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, x))
+
+    # ---- supervisor: slots and the queue ---------------------------------------------------
+
+    def _schedule(self) -> None:
+        for i in list(self._queue):
+            chosen = self._choose(self.trace.requests[i])
+            if chosen is None:
+                continue
+            self._queue.remove(i)
+            g, locals_ = chosen
+            g.reserved.update(locals_)
+            rec = self.trace.requests[i]
+            targets = rec.per_choice
+            choices = [_Choice(local, targets[k], -1 if k == 0 else locals_[0], "prefill" if k == 0 else "ready")
+                       for k, local in enumerate(locals_)]
+            live = _Live(i, rec, 0, rec.prompt - rec.cached, choices)
+            choices[0].n_past = rec.cached
+            self._live[i] = live
+            g.inbox.append((live, locals_))
+            g.wake = True
+
+    def _choose(self, rec: Request) -> tuple[_Group, tuple[int, ...]] | None:
+        best: tuple[bool, int, int] | None = None
+        chosen: tuple[_Group, tuple[int, ...]] | None = None
+        for g in self.groups:
+            free = g.free()
+            if len(free) < rec.n:
+                continue
+            key = (g.index == rec.group and rec.cached > 0, -len(g.reserved), -(g.index * g.n_slots + free[0]))
+            if best is None or key > best:
+                best, chosen = key, (g, tuple(free[: rec.n]))
+        return chosen
+
+    # ---- a group's step boundary ---------------------------------------------------------
+
+    def _boundary(self, g: _Group, t: float) -> None:
+        g.wake = False
+        for live, locals_ in g.inbox:
+            g.order += 1
+            live.order = g.order
+            for c in live.choices:
+                g.slots[c.local] = (live, c)
+            g.pending.append(PhaseEvent(g.index, PhaseKind.ARRIVED, locals_[0], live.prompt_left, t, live.order))
+        g.inbox.clear()
+        plan = g.policy.plan(self._view(g, t), g.grant)
+        if self._deliver(g, t) and plan.empty:
+            plan = g.policy.plan(self._view(g, t), g.grant)  # the group waited for the coordinator's answer
+        if plan.empty:
+            return  # idle until an assignment, a grant or a tick wakes it
+        self._start_step(g, plan, t)
+
+    def _view(self, g: _Group, t: float) -> GroupView:
+        views = []
+        for local, (live, c) in g.slots.items():
+            if c.done and c.phase == "generate":
+                continue  # a finished choice waits for its siblings; the real view leaves it out
+            left = live.prompt_left if c.phase == "prefill" else 0
+            views.append(SlotView(local, c.phase, left, live.order, c.parent, live.rec.submitted, live.rec.prompt,
+                                  c.generated, live.prompt_done))
+        views.sort(key=lambda v: (v.order, v.local))
+        return GroupView(g.index, g.n_batch, tuple(views), t, g.costs.ms_per_prompt_token, g.costs.ms_per_step)
+
+    def _deliver(self, g: _Group, t: float) -> bool:
+        """The coordinator handles the group's events: True if the grant changed."""
+        events, g.pending = g.pending, []
+        changed = False
+        for e in events:
+            changed |= self._on_event(g, e, t)
+        return changed
+
+    def _on_event(self, g: _Group, e: PhaseEvent, t: float) -> bool:
+        grant = g.policy.on_event(e)
+        changed = grant is not None and grant != g.grant
+        if changed:
+            g.grant = grant
+        status = g.policy.status()
+        armed = (status.cohort, status.generate_deadline)
+        if status.generate_deadline and g.tick_for != armed:
+            # One tick per deadline. (The live coordinator re-arms a tick for the same cohort
+            # after it fired; with nobody queued that repeats at once: here it would never end.)
+            g.tick_for = armed
+            self._push(max(status.generate_deadline, t), _TICK, g.index)
+        return changed
+
+    def _tick(self, g: _Group, t: float) -> None:
+        if self._on_event(g, PhaseEvent(g.index, PhaseKind.TICK, at=t), t):
+            g.wake = True
+
+    # ---- the fake engine -----------------------------------------------------------------
+
+    def _check(self, g: _Group, plan: StepPlan) -> None:
+        def bad(why: str) -> SimulationError:
+            return SimulationError(f"policy {self.name!r} planned {plan} for group {g.index}: {why}")
+
+        seen: set[int] = set()
+        for local, k in plan.prefill:
+            entry = g.slots.get(local)
+            if entry is None or entry[1].phase != "prefill" or entry[1].parent >= 0:
+                raise bad(f"slot {local} is not prefilling")
+            if not 0 < k <= entry[0].prompt_left:
+                raise bad(f"slot {local} has {entry[0].prompt_left} prompt tokens left, the plan gives {k}")
+            if local in seen:
+                raise bad(f"slot {local} appears twice")
+            seen.add(local)
+        for local in plan.generate:
+            entry = g.slots.get(local)
+            if entry is None or entry[1].phase != "generate" or entry[1].done or local in seen:
+                raise bad(f"slot {local} is not generating (or appears twice)")
+            seen.add(local)
+        for local in plan.release:
+            entry = g.slots.get(local)
+            if entry is None or entry[1].phase != "ready" or entry[1].parent >= 0 or local in seen:
+                raise bad(f"slot {local} is not a ready prompt")
+            seen.add(local)
+        if sum(k for _, k in plan.prefill) + len(plan.generate) > g.n_batch:
+            raise bad(f"more than n_batch ({g.n_batch}) tokens")
+
+    def _start_step(self, g: _Group, plan: StepPlan, t: float) -> None:
+        """Apply ``plan`` now (nothing looks at the group before the step ends) and schedule
+        its end; its tokens carry the end time, its events and ended requests wait for it."""
+        self._check(g, plan)
+        holds = g.policy.holds_ready
+        emitted: list[tuple[_Live, _Choice]] = []
+        n_prompt = 0
+        prompts_done: list[_Live] = []
+        for local, k in plan.prefill:
+            live, c = g.slots[local]
+            live.prompt_left -= k
+            c.n_past += k
+            n_prompt += k
+            if live.prompt_left == 0:
+                prompts_done.append(live)
+                for child in live.choices[1:]:
+                    child.n_past = c.n_past
+                if not any(ch.target for ch in live.choices):
+                    g.ending.append(live)  # cancelled before its first token: ends with its prompt
+                elif holds:
+                    c.phase = "ready"
+                    g.ready.append(live)
+                else:
+                    for ch in live.choices:
+                        ch.phase = "generate"
+                        emitted.append((live, ch))
+        for local in plan.release:
+            live, _ = g.slots[local]
+            for ch in live.choices:
+                ch.phase = "generate"
+                emitted.append((live, ch))
+        for local in plan.generate:
+            live, c = g.slots[local]
+            c.n_past += 1
+            emitted.append((live, c))
+        emitted = [(live, c) for live, c in emitted if not c.done]
+        kv = sum(g.slots[local][1].n_past for local, _ in plan.prefill)
+        kv += sum(g.slots[local][1].n_past for local in plan.generate)
+        decode_ms = self.cost.decode_ms(n_prompt, len(emitted), kv)
+        decoded_t = t + decode_ms / 1e3  # the tokens are sent right after the decode
+        end_t = t + self.cost.ms(n_prompt, len(emitted), kv) / 1e3  # then the loop's own time
+        for live in prompts_done:
+            live.prompt_done = decoded_t
+        g.costs.learn(StepResult(n_prompt=n_prompt, n_generated=len(emitted),
+                                 n_rows=len(plan.prefill) + len(plan.generate)), decode_ms)
+        for live, c in emitted:
+            self._token(live, c, decoded_t)
+            if all(ch.done for ch in live.choices) and live not in g.ending:
+                g.ending.append(live)
+        self.steps += 1
+        self.prompt_tokens += n_prompt
+        g.running = True
+        self._push(end_t, _STEP_END, g.index)
+
+    def _token(self, live: _Live, c: _Choice, at: float) -> None:
+        c.generated += 1
+        if c.last_token is not None:
+            c.gaps.append(at - c.last_token)
+        c.last_token = at
+        if live.first_token is None:
+            live.first_token = at
+
+    def _end_step(self, g: _Group, t: float) -> None:
+        g.running = False
+        g.wake = True
+        for live in g.ready:
+            g.pending.append(PhaseEvent(g.index, PhaseKind.PREFILL_DONE, live.parent.local, 0, t, live.order))
+        g.ready = []
+        for live in g.ending:
+            rec = live.rec
+            finished = rec.ok and all(c.done for c in live.choices)
+            kind = PhaseKind.FINISHED if finished else PhaseKind.CANCELLED
+            g.pending.append(PhaseEvent(g.index, kind, live.parent.local, 0, t, live.order))
+            for c in live.choices:
+                g.slots.pop(c.local, None)
+                g.reserved.discard(c.local)
+            first = live.first_token
+            self._outcomes[live.index] = Outcome(
+                True, finished, rec.submitted, t, None if first is None else first - rec.submitted,
+                tuple(gap for c in live.choices for gap in c.gaps), sum(c.generated for c in live.choices))
+        g.ending = []
+
+
+def simulate(trace: Trace, policy_cls: type[Policy], cost: CostModel,
+             options: Mapping[str, float] | None = None) -> SimResult:
+    """Replay every request of ``trace`` against ``policy_cls`` (options: the recorded ones)."""
+    return Simulation(trace, policy_cls, cost, options).run()
+
+
+__all__ = ["Outcome", "SimResult", "Simulation", "SimulationError", "simulate"]
