@@ -159,6 +159,7 @@ class Simulation:
         self.cost = cost
         self.name = getattr(policy_cls, "name", policy_cls.__name__)
         self.groups = [_Group(g, policy_cls(g, **opts), h.n_slots, h.n_batch) for g in range(h.groups)]
+        self._warm_costs()
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._queue: deque[int] = deque()
@@ -166,6 +167,16 @@ class Simulation:
         self._live: dict[int, _Live] = {}
         self.steps = 0
         self.prompt_tokens = 0
+
+    def _warm_costs(self) -> None:
+        """Start each group's learned step costs where the server's were when the first replayed
+        request arrived: learned from the recorded steps before it (a warm-up the replay leaves
+        out, or the traffic before a cut), as the live group learned them."""
+        first = min((r.submitted for r in self.trace.requests), default=0.0)
+        for step in self.trace.steps:
+            if step.start < first and 0 <= step.group < len(self.groups):
+                self.groups[step.group].costs.learn(
+                    StepResult(n_prompt=step.prompt, n_generated=step.generated, n_rows=step.slots), step.ms)
 
     # ---- the event loop ------------------------------------------------------------------
 

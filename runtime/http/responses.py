@@ -148,8 +148,10 @@ class NativeShaper:
     def body(self, c: Completion) -> Any:
         results = []
         for ch in c.choices:
+            one = len(c.choices) == 1  # the draft counts are the request's (EN-2): shown for n = 1
             d = Done(ch.index, ch.finish_reason, ch.text, c.stopping_word, c.n_prompt, c.n_cached,
-                     len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot, truncated=c.truncated)
+                     len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot, truncated=c.truncated,
+                     n_draft=c.n_draft if one else 0, n_draft_accepted=c.n_draft_accepted if one else 0)
             probs = [p for ev in ch.logprobs for p in _native_probs(ev, self.post)] if self.want_probs else None
             results.append(self._result(d, ch.text, list(ch.tokens), probs))
         return results[0] if len(results) == 1 else results
