@@ -35,7 +35,7 @@ from llamactor.protocol.messages import Task
 from llamactor.protocol.errors import EngineError, RequestError
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.runtime.engine.hooks import GroupHooks
-from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.profiler import GroupProfile
 from llamactor.runtime.engine.promptcache import SAVE_BELOW_FRACTION, PromptCache, common_prefix
 from llamactor.runtime.engine.sampling import build_chain
@@ -91,21 +91,10 @@ class Context:
     def __init__(self, model: Model, opts: ContextOptions, hooks: GroupHooks | None = None, group: int = 0) -> None:
         self.model = model
         self.opts = opts
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = opts.n_ctx
-        params.n_batch = opts.n_batch
-        params.n_ubatch = opts.n_ubatch
-        params.n_seq_max = opts.n_seq_max
-        params.n_threads = opts.n_threads
-        params.n_threads_batch = opts.n_threads_batch
-        params.kv_unified = opts.kv_unified
-        params.flash_attn_type = opts.flash_attn
-        params.type_k = opts.type_k
-        params.type_v = opts.type_v
-        params.no_perf = True
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            raise EngineError("llama.cpp could not create a context (out of memory or bad sizes)")
+        self.ptr = open_context(model, "a context", n_ctx=opts.n_ctx, n_batch=opts.n_batch, n_ubatch=opts.n_ubatch,
+                                n_seq_max=opts.n_seq_max, n_threads=opts.n_threads,
+                                n_threads_batch=opts.n_threads_batch, kv_unified=opts.kv_unified,
+                                flash_attn_type=opts.flash_attn, type_k=opts.type_k, type_v=opts.type_v)
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)

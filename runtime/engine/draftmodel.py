@@ -25,7 +25,7 @@ import numpy as np
 
 from llamactor.protocol.errors import ConfigError, EngineError
 from llamactor.runtime.engine.batch import OwnedBatch
-from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.engine.speculative import (
     SPEC_NGRAM,
@@ -80,19 +80,10 @@ class DraftContext:
         model: Model = spec.draft_model
         self.model = model
         self.n_vocab_target = n_vocab_target  # a draft stops at a token the target does not have
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = spec.n_ctx_draft or ctx_opts.n_ctx
-        params.n_batch = ctx_opts.n_batch
-        params.n_ubatch = ctx_opts.n_ubatch
-        params.n_seq_max = ctx_opts.n_seq_max
-        params.n_threads = ctx_opts.n_threads
-        params.n_threads_batch = ctx_opts.n_threads_batch
-        params.kv_unified = ctx_opts.kv_unified
-        params.flash_attn_type = ctx_opts.flash_attn
-        params.no_perf = True
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            raise EngineError("llama.cpp could not create the draft context (out of memory or bad sizes)")
+        self.ptr = open_context(model, "the draft context", n_ctx=spec.n_ctx_draft or ctx_opts.n_ctx,
+                                n_batch=ctx_opts.n_batch, n_ubatch=ctx_opts.n_ubatch, n_seq_max=ctx_opts.n_seq_max,
+                                n_threads=ctx_opts.n_threads, n_threads_batch=ctx_opts.n_threads_batch,
+                                kv_unified=ctx_opts.kv_unified, flash_attn_type=ctx_opts.flash_attn)
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)

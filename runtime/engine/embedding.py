@@ -39,7 +39,7 @@ import numpy as np
 
 from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.protocol.errors import ConfigError, EngineError
-from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.model import Model, open_context
 
 POOLING_CODES = {
     "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
@@ -69,21 +69,12 @@ class EmbeddingContext:
         if opts.pooling and opts.pooling not in POOLING_CODES:
             raise ConfigError(f"--pooling must be one of {', '.join(POOLING_CODES)}, got {opts.pooling!r}")
         self.model = model
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = opts.n_batch  # stateless sequences: one batch worth of cells is all it needs
-        params.n_batch = opts.n_batch
-        params.n_ubatch = opts.n_batch
-        params.n_seq_max = opts.n_seq_max
-        params.n_threads = opts.n_threads
-        params.n_threads_batch = opts.n_threads
-        params.kv_unified = True
-        params.embeddings = True
-        params.pooling_type = POOLING_CODES[opts.pooling] if opts.pooling else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
-        params.flash_attn_type = opts.flash_attn
-        params.no_perf = True
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            raise EngineError("llama.cpp could not create the embedding context (out of memory or bad sizes)")
+        pooling = POOLING_CODES[opts.pooling] if opts.pooling else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+        # stateless sequences: one batch worth of cells is all it needs
+        self.ptr = open_context(model, "the embedding context", n_ctx=opts.n_batch, n_batch=opts.n_batch,
+                                n_ubatch=opts.n_batch, n_seq_max=opts.n_seq_max, n_threads=opts.n_threads,
+                                n_threads_batch=opts.n_threads, kv_unified=True, embeddings=True,
+                                pooling_type=pooling, flash_attn_type=opts.flash_attn)
         self.memory = llama_cpp.llama_get_memory(self.ptr)  # NULL for encoder-only models (BERT)
         self.pooling = POOLING_NAMES[llama_cpp.llama_pooling_type(self.ptr)]
         if self.pooling == "rank" and not has_classifier_head(model.path):

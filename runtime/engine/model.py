@@ -16,7 +16,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from llamactor.protocol.errors import ConfigError, RequestError
+from llamactor.protocol.errors import ConfigError, EngineError, RequestError
 
 PIECE_BUFFER_BYTES = 256
 _backend_lock = threading.Lock()
@@ -180,3 +180,16 @@ class Model:
         for t in tokens:
             if not isinstance(t, int) or not 0 <= t < self.n_vocab:
                 raise RequestError(f"token id {t!r} is outside the vocabulary [0, {self.n_vocab})")
+
+
+def open_context(model: Model, what: str, **settings: Any) -> Any:
+    """A llama_context over ``model``: llama.cpp's default parameters with ``settings`` set and
+    perf counters off; EngineError naming ``what`` when llama.cpp cannot create it."""
+    params = llama_cpp.llama_context_default_params()
+    for name, value in settings.items():
+        setattr(params, name, value)
+    params.no_perf = True
+    ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+    if not ptr:
+        raise EngineError(f"llama.cpp could not create {what} (out of memory or bad sizes)")
+    return ptr
