@@ -164,9 +164,21 @@ async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] |
         async with anyio.create_task_group() as tg:
 
             async def on_signal() -> None:
+                """The first SIGTERM/SIGINT drains: no new requests (503), the ones in flight get
+                up to --shutdown-timeout to finish; a second signal stops at once."""
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for _ in signals:
                         break
+                    async with anyio.create_task_group() as drain:
+
+                        async def drain_then_stop() -> None:
+                            await rt.drain(cfg.shutdown_timeout)
+                            drain.cancel_scope.cancel()
+
+                        drain.start_soon(drain_then_stop)
+                        async for _ in signals:
+                            log.warning("stopping_now", reason="second signal")
+                            drain.cancel_scope.cancel()
                 stop.set()
 
             tg.start_soon(on_signal)

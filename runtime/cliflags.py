@@ -575,6 +575,8 @@ GROUPS: tuple[Group, ...] = (
             env="LLAMACTOR_COHORT_MAX_GENERATE_MS", parse=float,
             help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)"),
         opt("--queue-size", field="queue_size", env="LLAMACTOR_QUEUE_SIZE", parse=int),
+        opt("--shutdown-timeout", field="shutdown_timeout", value="S", env="LLAMACTOR_SHUTDOWN_TIMEOUT", parse=float,
+            help="on SIGTERM: stop admitting (503) and give the requests in flight this long to finish (30)"),
         switch("--profile", field="profile", env="LLAMACTOR_PIPE_PROF"),
         opt("--record-trace", field="record_trace", value="FILE", env="LLAMACTOR_RECORD_TRACE",
             help="write arrivals and decode-step timings as JSON lines, for `llamactor replay` (BE-5)"),

@@ -134,7 +134,8 @@ class Api:
         state = self.rt.health()
         if state == "ok":
             return _json({"status": "ok"})
-        message = {"loading": "Loading model", "unhealthy": "a group is down past its restart limit"}.get(
+        message = {"loading": "Loading model", "unhealthy": "a group is down past its restart limit",
+                   "draining": "the server is shutting down: it finishes the requests it has"}.get(
             state, "the server is shutting down"
         )
         return error_response(Unavailable(message))

@@ -72,6 +72,7 @@ class RuntimeConfig:
     prefill_budget: int = 0  # stall-free/adaptive: prompt tokens per step while streams generate (0 = default)
     target_itl_ms: float = 0.0  # stall-free/adaptive: inter-token target the prompt budget keeps (0 = default)
     target_ttft_ms: float = 0.0  # adaptive: first-token target it orders prompts by (0 = default, 2000)
+    shutdown_timeout: float = 30.0  # SIGTERM: seconds the requests in flight get to finish (issue 14)
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
     trace_steps: bool = False  # record an engine step trace per group (tests)
     record_trace: str | None = None  # --record-trace FILE (BE-5): JSON lines of arrivals and steps, for replay
@@ -165,7 +166,7 @@ class RuntimeConfig:
         if self.queue_size < 0:
             raise ConfigError(f"queue size must be >= 0, got {self.queue_size}")
         targets: dict[str, float] = {"--prefill-budget": self.prefill_budget, "--target-itl-ms": self.target_itl_ms,
-                                     "--target-ttft-ms": self.target_ttft_ms}
+                                     "--target-ttft-ms": self.target_ttft_ms, "--shutdown-timeout": self.shutdown_timeout}
         for flag, target in targets.items():
             if target < 0:
                 raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")

@@ -63,6 +63,7 @@ log = structlog.get_logger("llamactor.runtime")
 _SUBMIT_ARGS = frozenset({"max_tokens", "n", "stop", "id_slot", "cache_prompt", "ignore_eos", "add_special", "lora"})
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 SLOT_ACTION_TIMEOUT_S = 60.0
+DRAIN_POLL_S = 0.05  # how often a drain looks whether the last request has finished
 
 
 class RuntimeState(enum.Enum):
@@ -92,6 +93,7 @@ class RuntimeCore:
         self.coordinator: PhaseCoordinator | None = None
         self.metrics: Metrics | None = None
         self.started_at = 0.0
+        self.draining = False  # drain(): no new requests, the ones in flight finish
         self.admission: Admission | None = None
         self.embeddings: EmbeddingService | None = None  # embed/rerank admission (API-10, API-11)
         self.adapters = LoraAdapters()  # LoRA adapters and their global scales (EN-1)
@@ -257,13 +259,41 @@ class RuntimeCore:
             raise Closed("the runtime is shutting down")
 
     def health(self) -> str:
-        """"loading", "ok", "unhealthy" or "closed" (API-1)."""
+        """"loading", "ok", "unhealthy", "draining" or "closed" (API-1)."""
         if self.state in (RuntimeState.CREATED, RuntimeState.LOADING):
             return "loading"
         if self.state is not RuntimeState.READY:
             return "closed"
+        if self.draining:
+            return "draining"
         assert self.supervisor is not None
         return "ok" if self.supervisor.snapshot().healthy else "unhealthy"
+
+    # ---- graceful drain (issue 14) ------------------------------------------------------
+
+    def in_flight(self) -> int:
+        """Requests queued or holding slots (0 when nothing is left to finish)."""
+        if self.supervisor is None or self.state is not RuntimeState.READY:
+            return 0
+        snap = self.supervisor.snapshot()
+        return snap.queue_depth + sum(snap.busy)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop admitting (new requests get 503, /health says so) and wait up to ``timeout_s``
+        for the requests in flight to finish. True when they all did."""
+        self.draining = True
+        log.info("draining", in_flight=self.in_flight(), timeout_s=timeout_s)
+        with anyio.move_on_after(timeout_s):
+            while self.in_flight():
+                await anyio.sleep(DRAIN_POLL_S)
+        left = self.in_flight()
+        log.info("drained" if not left else "drain_timeout", in_flight=left)
+        return not left
+
+    def _require_admitting(self) -> None:
+        self._require_ready()
+        if self.draining:
+            raise Unavailable("the server is shutting down: it finishes the requests it has and takes no new ones")
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -360,7 +390,7 @@ class RuntimeCore:
         supervisor's mailbox is full. Later failures (queue full, engine error) arrive as the
         stream's first event; ``RequestHandle.first`` turns them into exceptions.
         """
-        self._require_ready()
+        self._require_admitting()
         assert self.admission is not None and self.supervisor is not None
         task, recv = await self.admission.admit(
             prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
@@ -451,13 +481,13 @@ class RuntimeCore:
         Needs a runtime opened with ``embedding=True``; ``normalize`` defaults to the config's
         ``embd_normalize`` (2: unit euclidean norm). Raises RequestError naming the bad input.
         """
-        self._require_ready()
+        self._require_admitting()
         assert self.embeddings is not None
         return await self.embeddings.embed(inputs, normalize=normalize)
 
     async def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[Ranked]:
         """Score ``documents`` against ``query`` (rank pooling only); best first, at most ``top_n``."""
-        self._require_ready()
+        self._require_admitting()
         assert self.embeddings is not None
         return await self.embeddings.rerank(query, documents, top_n=top_n)
 
