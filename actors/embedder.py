@@ -162,15 +162,7 @@ class EmbeddingActor(Actor[EmbedMsg]):
 
     def _drain(self) -> bool:
         """Take queued jobs without waiting, up to ``max_jobs``; False once the mailbox is closed."""
-        while len(self._jobs) < self.max_jobs:
-            try:
-                msg = self._inbox_recv.receive_nowait()
-            except anyio.WouldBlock:
-                return True
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                return False
-            self._take(msg)
-        return True
+        return self.drain_queued(self._take, lambda: len(self._jobs) < self.max_jobs)
 
     def _pack(self) -> list[tuple[_Job, int]]:
         """Inputs for one decode, round-robin over the jobs in arrival order; drops jobs whose

@@ -208,14 +208,7 @@ class GroupActor(Actor[GroupMsg]):
 
     def _drain(self) -> bool:
         """Handle every queued message without waiting; False once the mailbox is closed."""
-        while True:
-            try:
-                msg = self._inbox_recv.receive_nowait()
-            except anyio.WouldBlock:
-                return True
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                return False
-            self._handle(msg)
+        return self.drain_queued(self._handle)
 
     def _handle(self, msg: GroupMsg) -> None:
         match msg:

@@ -9,6 +9,7 @@ tokens on both servers. The engine turns these into a llama.cpp sampler chain
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgspec
 
@@ -177,12 +178,8 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
         raise ParamError("logit_bias bans every token of the vocabulary: nothing could be sampled")
     if not p.dry_sequence_breakers:
         raise ParamError("dry_sequence_breakers must be a non-empty array of strings")
-    if len(p.dry_sequence_breakers) > MAX_DRY_BREAKERS:
-        raise ParamError(f"dry_sequence_breakers has {len(p.dry_sequence_breakers)} entries, at most {MAX_DRY_BREAKERS}")
-    for b in p.dry_sequence_breakers:
-        if not b or len(b) > MAX_DRY_BREAKER_CHARS or "\x00" in b:
-            raise ParamError(f"each dry_sequence_breakers entry must be 1 to {MAX_DRY_BREAKER_CHARS} characters "
-                             f"without NUL, got {b!r}")
+    _check_words("dry_sequence_breakers", "entry", "entries", p.dry_sequence_breakers, MAX_DRY_BREAKERS,
+                 MAX_DRY_BREAKER_CHARS)
     sampler_names(p.samplers)  # every name known
     _check_speculative(p)
     _check_triggers(p)
@@ -206,12 +203,17 @@ def _check_triggers(p: SamplingParams) -> None:
         raise ParamError("grammar_lazy needs a grammar and at least one grammar_triggers word")
     if p.grammar_triggers and not p.grammar_lazy:
         raise ParamError("grammar_triggers are only meaningful with grammar_lazy")
-    if len(p.grammar_triggers) > MAX_GRAMMAR_TRIGGERS:
-        raise ParamError(f"grammar_triggers has {len(p.grammar_triggers)} words, at most {MAX_GRAMMAR_TRIGGERS}")
-    for word in p.grammar_triggers:
-        if not word or len(word) > MAX_GRAMMAR_TRIGGER_CHARS or "\x00" in word:
-            raise ParamError(f"each grammar_triggers word must be 1 to {MAX_GRAMMAR_TRIGGER_CHARS} characters "
-                             f"without NUL, got {word!r}")
+    _check_words("grammar_triggers", "word", "words", p.grammar_triggers, MAX_GRAMMAR_TRIGGERS,
+                 MAX_GRAMMAR_TRIGGER_CHARS)
+
+
+def _check_words(field: str, one: str, many: str, words: Sequence[str], max_words: int, max_chars: int) -> None:
+    """At most ``max_words`` entries, each 1 to ``max_chars`` characters without NUL."""
+    if len(words) > max_words:
+        raise ParamError(f"{field} has {len(words)} {many}, at most {max_words}")
+    for word in words:
+        if not word or len(word) > max_chars or "\x00" in word:
+            raise ParamError(f"each {field} {one} must be 1 to {max_chars} characters without NUL, got {word!r}")
 
 
 def _range(name: str, value: float, low: float, high: float) -> None:

@@ -17,7 +17,7 @@ import pathlib
 import gguf
 import numpy as np
 
-from tinymodel import ARCHITECTURE, HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER
+from tinymodel import ARCHITECTURE, HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, write_out
 
 RANK = 4
 ALPHA = float(RANK)  # alpha / rank = 1: the scale is the whole multiplier
@@ -47,8 +47,4 @@ def write_tiny_lora(path: str | os.PathLike, *, seed: int = 1) -> pathlib.Path:
             base = f"blk.{layer}.{name}.weight"
             writer.add_tensor(base + ".lora_a", (rng.standard_normal((RANK, in_features)) * LORA_STD).astype(np.float32))
             writer.add_tensor(base + ".lora_b", (rng.standard_normal((out_features, RANK)) * LORA_STD).astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_out(writer, {}, path)

@@ -210,7 +210,12 @@ def write_tiny_model(path: str | os.PathLike, *, seed: int = 0, fim: bool = Fals
     if fim:
         for kind, text in FIM_TOKENS.items():
             writer.add_uint32(f"tokenizer.ggml.fim_{kind}_token_id", tokens.index(text))
-    for name, tensor in _weights(np.random.default_rng(seed), len(tokens), len(specials)).items():
+    return write_out(writer, _weights(np.random.default_rng(seed), len(tokens), len(specials)), path)
+
+
+def write_out(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: pathlib.Path) -> pathlib.Path:
+    """Add ``tensors`` and write the header, metadata and tensors of a test GGUF file."""
+    for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -40,10 +40,4 @@ def write_tiny_reranker(path: str | os.PathLike, *, seed: int = 1) -> pathlib.Pa
     writer.add_classifier_output_labels(list(LABELS))
     tm._add_tokenizer(writer, tokens, types, merges)
     writer.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
-    for name, tensor in tensors.items():
-        writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return tm.write_out(writer, tensors, path)

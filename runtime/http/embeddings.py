@@ -42,11 +42,17 @@ if TYPE_CHECKING:
 ENCODING_FORMATS = ("float", "base64")
 
 
-async def openai_embeddings(rt: Runtime, req: EmbeddingRequest, model_id: str, request: Request) -> Any:
+def _service(rt: Runtime, *, rerank: bool = False) -> Any:
+    """The runtime's embedding service; 501 before any field is checked, as llama-server answers."""
     rt._require_ready()
     service = rt.embeddings
     assert service is not None
-    service.require()  # 501 before any field is checked, as llama-server answers
+    service.require_rerank() if rerank else service.require()
+    return service
+
+
+async def openai_embeddings(rt: Runtime, req: EmbeddingRequest, model_id: str, request: Request) -> Any:
+    service = _service(rt)
     if req.input is None:
         if req.content is None:
             raise RequestError("\"input\" or \"content\" must be provided")
@@ -67,10 +73,7 @@ async def openai_embeddings(rt: Runtime, req: EmbeddingRequest, model_id: str, r
 
 
 async def native_embeddings(rt: Runtime, req: EmbeddingRequest, request: Request) -> list[NativeEmbedding]:
-    rt._require_ready()
-    service = rt.embeddings
-    assert service is not None
-    service.require()
+    service = _service(rt)
     field = "input" if req.input is not None else "content"
     raw = req.input if req.input is not None else req.content
     if raw is None:
@@ -83,10 +86,7 @@ async def native_embeddings(rt: Runtime, req: EmbeddingRequest, request: Request
 
 
 async def rerank(rt: Runtime, req: RerankRequest, model_id: str, request: Request) -> Any:
-    rt._require_ready()
-    service = rt.embeddings
-    assert service is not None
-    service.require_rerank()  # 501 before any field is checked, as llama-server answers
+    service = _service(rt, rerank=True)
     if req.query is None:
         raise RequestError("\"query\" must be provided")
     tei = req.texts is not None and req.documents is None

@@ -108,6 +108,18 @@ class Actor(Generic[M]):
             raise value
         return value
 
+    def drain_queued(self, handle: Callable[[M], None], more: Callable[[], bool] = lambda: True) -> bool:
+        """Handle queued messages without waiting, while ``more()``; False once the mailbox is closed."""
+        while more():
+            try:
+                msg = self._inbox_recv.receive_nowait()
+            except anyio.WouldBlock:
+                return True
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return False
+            handle(msg)
+        return True
+
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(
             self.name, self._inbox_send.statistics().current_buffer_used, self.mailbox_size, self._finished.is_set()
