@@ -72,16 +72,21 @@ def to_chat(body: Any) -> ChatCompletionRequest:
 
 
 def _system_text(system: Any) -> str:
-    if isinstance(system, str):
-        return system
-    if isinstance(system, list):
+    return _text_blocks(system, "system", " must be a text block")
+
+
+def _text_blocks(content: Any, where: str, not_text: str) -> str:
+    """A string, or the text of an array of text blocks (RequestError ``{where}[k]{not_text}`` otherwise)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
         parts = []
-        for j, block in enumerate(system):
+        for k, block in enumerate(content):
             if not isinstance(block, Mapping) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-                raise RequestError(f"system[{j}] must be a text block")
+                raise RequestError(f"{where}[{k}]{not_text}")
             parts.append(block["text"])
         return "".join(parts)
-    raise RequestError("system must be a string or an array of text blocks")
+    raise RequestError(f"{where} must be a string or an array of text blocks")
 
 
 def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
@@ -136,18 +141,7 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
 
 
 def _result_text(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, block in enumerate(content):
-            if not isinstance(block, Mapping) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-                raise RequestError(f"{where}[{k}]: only text blocks are supported in a tool_result")
-            parts.append(block["text"])
-        return "".join(parts)
-    raise RequestError(f"{where} must be a string or an array of text blocks")
+    return "" if content is None else _text_blocks(content, where, ": only text blocks are supported in a tool_result")
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
