@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from llamactor.actors import eviction
+from llamactor.actors import eviction, prefixshare
 from llamactor.actors.costs import StepCosts
 from llamactor.actors.delivery import failure, hooked_send, send_event, send_final, send_step
 from llamactor.actors.loraturns import LoraTurns
@@ -136,6 +136,7 @@ class GroupActor(Actor[GroupMsg]):
         while True:
             if not self._drain():
                 return
+            self._settle()
             plan = self.policy.plan(self._view(), self.grant)
             if self.lora_turns is not None:
                 plan = self.lora_turns.narrow(plan, self._lora_of)
@@ -227,7 +228,7 @@ class GroupActor(Actor[GroupMsg]):
             SlotView(s.local, s.phase.value, s.prompt_left, s.order, s.parent.local if s.parent is not None else -1,
                      s.task.arrived if s.task is not None else 0.0, len(s.prompt), s.n_decoded, s.t_prompt_done)
             for s in self.slots
-            if s.phase is not Phase.IDLE and not s.finished
+            if s.phase is not Phase.IDLE and not s.finished and s.follows is None  # followers wait (EN-6)
         )
         return GroupView(
             self.group,
@@ -262,8 +263,10 @@ class GroupActor(Actor[GroupMsg]):
             self._refuse(task, members, exc)
             return
         parent.children = members[1:]
-        parent.n_past = parent.n_cached = self.engine.reuse_prefix(parent, prompt, task.cache_prompt,
-                                                                   self.prompt_cache, task.lora)
+        keep = self.engine.reuse_prefix(parent, prompt, task.cache_prompt, self.prompt_cache, task.lora)
+        if task.cache_prompt:
+            keep = self._share(parent, keep)
+        parent.n_past = parent.n_cached = keep
         self._tasks[task.id] = members
         self.metrics.groups[self.group].requests_processing += 1
         self.metrics.queue_time(self.group, now - task.arrived)
@@ -273,6 +276,41 @@ class GroupActor(Actor[GroupMsg]):
             except Exception:  # noqa: BLE001 - a closed or failing stream is ended by the next step's delivery
                 pass
         self._tell_coordinator(PhaseKind.ARRIVED, parent)
+
+    # ---- prefix sharing across slots (EN-6) ----------------------------------------------
+
+    def _share(self, s: Slot, keep: int) -> int:
+        """Borrow a longer prefix of ``s``'s prompt from another slot of the group: now if one
+        holds it, or (``s`` follows it) once the slot that is prefilling it got there."""
+        assert s.task is not None
+        donor, n, wait = prefixshare.choose(s, s.prompt, keep, self.slots, s.task.lora)
+        if donor is None:
+            return keep
+        if wait:
+            s.follows, s.share_upto = donor, n
+            return keep
+        return self._copy_prefix(s, donor, n)
+
+    def _settle(self, leader: Slot | None = None) -> None:
+        """Copy the shared prefix into every follower whose leader got there (or, with
+        ``leader``, into that slot's followers now: the leader's request is ending)."""
+        for s in self.slots:
+            if s.follows is None or (leader is not None and s.follows is not leader):
+                continue
+            if leader is None and not prefixshare.ready(s):
+                continue
+            n = prefixshare.lendable(s)
+            donor, s.follows = s.follows, None
+            if n > s.n_past:
+                s.n_past = s.n_cached = self._copy_prefix(s, donor, n)
+
+    def _copy_prefix(self, s: Slot, donor: Slot, n: int) -> int:
+        assert self.engine is not None
+        got = self.engine.share_prefix(s, donor, n)
+        counters = self.metrics.groups[self.group]
+        counters.prefix_shares += 1
+        counters.prefix_tokens_shared += got
+        return got
 
     def _refuse(self, task: Task, members: list[Slot], exc: Exception) -> None:
         """A request failed before it started: error event, slots back to the table."""
@@ -300,8 +338,10 @@ class GroupActor(Actor[GroupMsg]):
         if self.recorder is not None:
             self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
         for s in members:
-            # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds).
+            # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds):
+            # prompts that wait for this one's prefix copy what it has now (EN-6).
             if self.engine is not None:
+                self._settle(leader=s)
                 self.engine.release(s)
             s.reset()
         ids = [s.id for s in members]

@@ -29,6 +29,8 @@ class GroupCounters:
     n_draft_accepted: int = 0  # of those, accepted
     n_drafts: int = 0  # verification steps (drafts verified)
     drafts_by_accepted: list[int] = field(default_factory=list)  # [a]: drafts that had a tokens accepted
+    prefix_shares: int = 0  # prompts that copied a prefix from another slot's KV (EN-6)
+    prefix_tokens_shared: int = 0  # prompt tokens copied that way instead of prefilled
 
     def accepted_per_pos(self) -> list[int]:
         """Accepted tokens per draft position (llama-server's ``n_accepted_per_pos``): a draft

@@ -171,12 +171,46 @@ class Context:
         if cache_prompt and slot.cache and same:
             # at most len(prompt) - 1: the last prompt token is decoded again for its logits
             keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
-        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1):
-            # Some memories (SWA, recurrent) cannot cut a sequence in the middle.
+        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1) or not self._window_kept(slot, keep):
+            # Some memories (recurrent) cannot cut a sequence in the middle; a sliding window
+            # may have lost what the kept prefix needs.
             llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
             keep = 0
         del slot.cache[keep:]
         return keep
+
+    def _window_kept(self, slot: Slot, keep: int) -> bool:
+        """With a sliding-window (SWA) cache, llama.cpp reuses the cells of positions that fell
+        out of a sequence's window, oldest first; a kept prefix of ``keep`` tokens is usable
+        only if the window before ``keep`` is still there (llama-server's ``pos_min`` test).
+        Always true without SWA."""
+        n_swa = self.model.n_swa
+        if n_swa <= 0 or keep == 0:
+            return True
+        pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, slot.local)
+        return 0 <= pos_min <= max(0, keep - n_swa)
+
+    def share_prefix(self, dst: Slot, src: Slot, n: int) -> int:
+        """EN-6: make ``dst`` hold the KV of the first ``n`` tokens ``src`` holds; return how
+        many it holds after (``n``, or 0 when a sliding window lost what they need).
+
+        Unified KV (one stream): the cells get ``dst``'s sequence id too; nothing is copied and
+        no cell is used twice. Split KV: llama.cpp copies ``src``'s whole stream at the next
+        decode (it copies streams only whole), then the tail past ``n`` is dropped."""
+        mem = self.memory
+        llama_cpp.llama_memory_seq_rm(mem, dst.local, -1, -1)
+        dst.cache.clear()
+        if self.opts.kv_unified:
+            llama_cpp.llama_memory_seq_cp(mem, src.local, dst.local, 0, n)
+        else:
+            llama_cpp.llama_memory_seq_cp(mem, src.local, dst.local, -1, -1)
+            llama_cpp.llama_memory_seq_rm(mem, dst.local, n, -1)
+        if not self._window_kept(dst, n):
+            llama_cpp.llama_memory_seq_rm(mem, dst.local, -1, -1)
+            return 0
+        dst.cache.extend(src.cache[:n])
+        dst.lora = src.lora
+        return n
 
     def erase(self, slot: Slot) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)

@@ -96,6 +96,7 @@ class Model:
         self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self.vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.n_swa: int = llama_cpp.llama_model_n_swa(self.ptr)  # sliding-window size, 0 without SWA
         self._pieces: dict[int, bytes] = {}
         self._eog = [bool(llama_cpp.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)]
         self.name = path.name

@@ -38,6 +38,7 @@ class Slot:
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
         "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated", "lora", "spec",
+        "follows", "share_upto",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
@@ -69,6 +70,10 @@ class Slot:
         self.kept_logits: np.ndarray | None = None
         self.finished = False
         self.truncated = False  # its context was shifted (EN-4)
+        # EN-6: a prompt that waits for another slot of the group to prefill their common
+        # prefix (its first ``share_upto`` tokens), then copies that KV instead of prefilling it
+        self.follows: Slot | None = None
+        self.share_upto = 0
 
     @property
     def prompt_left(self) -> int:

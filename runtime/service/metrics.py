@@ -181,6 +181,16 @@ class _CounterCollector:
         yield restarts
         yield down
         yield failed
+        for name, doc, value in (
+            ("prefix_shares", "Prompts that copied a common prefix from another slot's KV (EN-6)",
+             lambda c: c.prefix_shares),
+            ("prefix_tokens_shared", "Prompt tokens copied from another slot's KV instead of prefilled",
+             lambda c: c.prefix_tokens_shared),
+        ):
+            fam = CounterMetricFamily(f"llamactor:{name}", doc, labels=["group"])
+            for g, c in enumerate(gs):
+                fam.add_metric([str(g)], value(c))
+            yield fam
         if self.m.prompt_cache is not None:
             stats = self.m.prompt_cache()
             for name, doc, value, kind in (
