@@ -228,6 +228,9 @@ GROUPS: tuple[Group, ...] = (
         opt("--keep", field="n_keep", parse=int, help="prompt tokens a context shift keeps (-1 all)"),
         opt("-cram", "--cache-ram", field="cache_ram_mib", env="LLAMA_ARG_CACHE_RAM", parse=int,
             help="host-memory prompt cache in MiB (0 off, -1 no limit)"),
+        switch("--cache-idle-slots", neg=("--no-cache-idle-slots",), field="cache_idle_slots",
+               env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+               help="save a slot's KV to the --cache-ram cache whenever a new prompt would lose part of it"),
         switch("--cache-prompt", neg=("--no-cache-prompt",), field="cache_prompt", env="LLAMA_ARG_CACHE_PROMPT",
                help="default of the request field cache_prompt"),
         opt("-r", "--reverse-prompt", field="stop", value="PROMPT", many=True,
@@ -418,7 +421,6 @@ GROUPS: tuple[Group, ...] = (
           "the prompt cache is each slot's KV plus the host-memory cache (--cache-ram); no SWA checkpoints", (
         opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS"),
         opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
-        switch("--cache-idle-slots", neg=("--no-cache-idle-slots",), env="LLAMA_ARG_CACHE_IDLE_SLOTS"),
         opt("-sps", "--slot-prompt-similarity", value="SIMILARITY",
             help="slots are chosen by the longest cached prefix"),
     )),

@@ -91,6 +91,22 @@ async def test_prompt_cache_restores_the_evicted_state_bit_for_bit(make_config):
         assert rt.prompt_cache is None and cached == 0
 
 
+@pytest.mark.parametrize("idle", [True, False])
+async def test_prompt_cache_keeps_a_history_that_shares_the_system_text(make_config, idle):
+    """--cache-idle-slots (llama-server's default): conversation B takes A's slot and keeps more
+    than half of it (their common system text), yet A's next turn finds its whole history in
+    the host cache. --no-cache-idle-slots saves only below half (llama-server's f_keep < 0.5):
+    A gets the system text back, nothing more."""
+    system = [7, 8, 9, 10] * 24
+    async with Runtime.open(make_config(parallel=1, n_ctx=1024, cache_idle_slots=idle)) as rt:
+        a1 = [*system, 30, 31, 32, 33]
+        first = await rt.complete(a1, max_tokens=8, temperature=0, ignore_eos=True)
+        await rt.complete([*system, 50, 51, 52, 53], max_tokens=8, temperature=0, ignore_eos=True)
+        a2 = a1 + list(first.choices[0].tokens) + [20, 21]
+        second = await rt.complete(a2, max_tokens=8, temperature=0, ignore_eos=True)
+    assert second.n_cached == (len(a1) + 8 - 1 if idle else len(system))
+
+
 async def test_prompt_cache_serves_any_group(make_config):
     """EN-5 with pipeline groups: a state saved by group 0 is restored into group 1."""
     async with Runtime.open(make_config(parallel=2, pipeline_groups=2, n_ctx=2048)) as rt:

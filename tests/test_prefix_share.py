@@ -136,7 +136,7 @@ async def test_shared_prefix_over_http(make_config):
     """Through the bundled server: concurrent /completion requests with one system text report
     the shared tokens in ``timings.cache_n`` and /metrics counts them."""
     system = "You are a careful assistant. " * 40
-    async with open_server(make_config(parallel=4)) as (rt, url):
+    async with open_server(make_config(parallel=4, cache_ram_mib=0)) as (rt, url):  # no host cache: slots only
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             first = await client.post("/completion", json={"prompt": system + "Hello there", "n_predict": 4})
             n_system = first.json()["timings"]["prompt_n"]

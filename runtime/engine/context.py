@@ -37,7 +37,7 @@ from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.profiler import GroupProfile
-from llamactor.runtime.engine.promptcache import SAVE_BELOW_FRACTION, PromptCache, common_prefix
+from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
 from llamactor.runtime.engine.sampling import build_chain
 from llamactor.runtime.engine.slot import Phase, Slot
 from llamactor.runtime.engine.draftmodel import make_drafter
@@ -150,8 +150,9 @@ class Context:
                      prompt_cache: PromptCache | None = None, lora: LoraSet = NO_LORA) -> int:
         """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
 
-        With a host-memory prompt cache (EN-5): if the new prompt keeps less than half of what
-        the slot holds (another conversation takes the slot), the slot's state is saved first;
+        With a host-memory prompt cache (EN-5): if the new prompt loses part of what the slot
+        holds (``PromptCache.worth_saving``: another conversation takes the slot), the slot's
+        state is saved first;
         then a cached state that serves the prompt better is restored into the slot.
         KV computed under another LoRA set than the request's ``lora`` is never reused (EN-1,
         llama-server clears a slot's cache when its adapters change).
@@ -160,7 +161,7 @@ class Context:
         same = slot.lora == lora
         if cache_prompt and prompt_cache is not None:
             held = np.asarray(slot.cache, dtype=np.int32)
-            if len(held) and (not same or common_prefix(held, prompt) < SAVE_BELOW_FRACTION * len(held)):
+            if len(held) and (not same or prompt_cache.worth_saving(len(held), common_prefix(held, prompt))):
                 prompt_cache.save(self.ptr, slot.local, held, slot.lora)
             restored = prompt_cache.restore(self.ptr, slot.local, prompt, held if same else held[:0], lora)
             if restored is not None:

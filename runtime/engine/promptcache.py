@@ -30,7 +30,7 @@ from llamactor.protocol.lora import NO_LORA, LoraSet
 
 MIB = 1024 * 1024
 MIN_KEEP_FRACTION = 0.25  # a cached prompt is restored only if the new prompt keeps this much of it
-SAVE_BELOW_FRACTION = 0.5  # a slot's KV is saved when the new prompt keeps less than this of it
+SAVE_BELOW_FRACTION = 0.5  # --no-cache-idle-slots: a slot's KV is saved when a new prompt keeps less than this
 
 
 @dataclass
@@ -60,9 +60,11 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class PromptCache:
-    def __init__(self, limit_mib: int) -> None:
-        """``limit_mib``: the byte budget in MiB (llama-server's -cram); -1 means no limit."""
+    def __init__(self, limit_mib: int, save_idle: bool = True) -> None:
+        """``limit_mib``: the byte budget in MiB (llama-server's -cram); -1 means no limit.
+        ``save_idle``: llama-server's ``--cache-idle-slots`` (see ``worth_saving``)."""
         self.limit_bytes = 0 if limit_mib < 0 else limit_mib * MIB
+        self.save_idle = save_idle
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
         self._next = 0
         self._bytes = 0
@@ -73,6 +75,16 @@ class PromptCache:
                                 self._bytes, self.limit_bytes, self.saves, self.hits, self.tokens_reused)
 
     # ---- the two operations a group calls around a slot's reuse -------------------------
+
+    def worth_saving(self, n_held: int, n_kept: int) -> bool:
+        """Whether a slot holding ``n_held`` tokens, of which a new prompt keeps ``n_kept``,
+        is saved first. With ``--cache-idle-slots`` (llama-server's default, which saves every
+        idle slot when a task starts): whenever anything would be lost, so a conversation
+        whose slot went to another one that shares its system text still finds its history
+        here. Without: only when less than half is kept (llama-server's ``f_keep < 0.5``)."""
+        if self.save_idle:
+            return n_kept < n_held
+        return n_kept < SAVE_BELOW_FRACTION * n_held
 
     def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray, lora: LoraSet = NO_LORA) -> bool:
         """Copy sequence ``seq``'s KV (holding ``tokens``, computed under ``lora``) into the

@@ -108,6 +108,7 @@ class RuntimeConfig:
     context_shift: bool = False  # --context-shift (EN-4): off by default, as in llama-server
     n_keep: int = 0  # --keep: default of the request field n_keep (context shift keeps these prompt tokens)
     cache_ram_mib: int = 8192  # --cache-ram (EN-5): host-memory prompt cache in MiB; 0 off, -1 no limit
+    cache_idle_slots: bool = True  # --cache-idle-slots: save a slot's KV there before any of it is lost
     # LoRA adapters (EN-1): (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
     lora: tuple[tuple[str, float], ...] = ()
     lora_init_without_apply: bool = False  # --lora-init-without-apply: global scales start at 0

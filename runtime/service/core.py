@@ -171,7 +171,7 @@ class RuntimeCore:
         )
         metrics = self.metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
 
-        prompt_cache = self.prompt_cache = PromptCache(cfg.cache_ram_mib) if cfg.cache_ram_mib else None
+        prompt_cache = self.prompt_cache = PromptCache(cfg.cache_ram_mib, cfg.cache_idle_slots) if cfg.cache_ram_mib else None
         recorder = self.recorder = await self._start_recorder(cfg, policy_cls.name, policy_options)
 
         def make_group(g: int) -> GroupActor:
