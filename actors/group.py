@@ -89,6 +89,7 @@ class GroupActor(Actor[GroupMsg]):
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
         self.lora_turns = LoraTurns() if model.adapters else None  # EN-1: one LoRA set per step
+        self.step_started = 0.0  # perf_counter() while a decode step runs, else 0 (the engine's watchdog)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -155,11 +156,14 @@ class GroupActor(Actor[GroupMsg]):
             t0 = time.perf_counter()
             if prof is not None:
                 prof.started_step = t0
+            self.step_started = t0
             try:
                 res = await anyio.to_thread.run_sync(self.engine.step, plan, self.slots, prof, limiter=self._limiter)
             except KvCacheFull:
                 self._make_room()
                 continue
+            finally:
+                self.step_started = 0.0
             t1 = time.perf_counter()
             self.costs.learn(res, (t1 - t0) * 1e3)
             if self.recorder is not None:

@@ -68,6 +68,10 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     lora: LoraSet = NO_LORA  # the adapters its decode steps apply (EN-1), resolved at admission
     sink: EventSink  # the send end of the request's bounded result stream
     arrived: float = 0.0  # time.perf_counter() at submit
+    # Resume after an engine restart (issue 14): per choice, the tokens already delivered. The
+    # group replays them after the prompt one decode step at a time (teacher forcing: the same
+    # numerics as the run that produced them), sampling nothing and sending no Token event.
+    replay: tuple[tuple[int, ...], ...] = ()
 
 
 # ---- Supervisor mailbox ---------------------------------------------------------------

@@ -137,10 +137,10 @@ async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] |
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from llamactor.runtime.api import Runtime
+    from llamactor.runtime.api import make_runtime
     from llamactor.runtime.http.app import build_app
 
-    rt = Runtime(cfg)
+    rt = make_runtime(cfg)
     stop = anyio.Event()
     failed: list[BaseException] = []
 

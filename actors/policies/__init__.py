@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from llamactor.actors.policies.adaptive import AdaptivePolicy
 from llamactor.actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
@@ -36,15 +37,23 @@ def resolve_policy(spec: str) -> type[Policy]:
     if ":" not in spec:
         raise ConfigError(f"unknown scheduler {spec!r}; built-in: {', '.join(sorted(BUILTIN))}, "
                           f"or module:Class, or path/to/file.py:Class")
-    target, _, attr = spec.rpartition(":")
-    try:
-        module = _load_file(target) if target.endswith(".py") else _load_module(target)
-        cls = getattr(module, attr)
-    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
-        raise ConfigError(f"cannot load scheduler {spec!r}: {exc}") from exc
+    cls = load_object(spec, "scheduler")
     if not (isinstance(cls, type) and callable(getattr(cls, "plan", None))):
         raise ConfigError(f"scheduler {spec!r} is not a policy class (needs a plan() method)")
     return cls
+
+
+def load_object(spec: str, what: str) -> Any:
+    """The object ``package.module:name`` or ``path/to/file.py:name`` names (ConfigError naming
+    ``what`` if it cannot be loaded): custom policies, and the engine process's hooks."""
+    target, _, attr = spec.rpartition(":")
+    if not target:
+        raise ConfigError(f"{what} {spec!r} must be module:name or path/to/file.py:name")
+    try:
+        module = _load_file(target) if target.endswith(".py") else _load_module(target)
+        return getattr(module, attr)
+    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
+        raise ConfigError(f"cannot load {what} {spec!r}: {exc}") from exc
 
 
 def _load_module(name: str) -> ModuleType:

@@ -248,6 +248,8 @@ class Context:
             prompt=task.prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
         )
         slot.stream = TextStream(task.stop)
+        if task.replay:  # resume (issue 14): these tokens were delivered before the engine died
+            slot.replay = list(reversed(task.replay[slot.index]))
         spec = self.opts.spec
         if spec is not None:  # EN-2: the request's speculative.* fields over the server's
             p = task.params
@@ -295,8 +297,8 @@ class Context:
             # verify that spans two ubatches could, with a sliding-window (SWA) cache, reuse cells
             # the rolled-back positions made look old (llama.cpp masks SWA cells by the highest
             # position decoded so far).
-            drafts = self.drafter.propose([slots[local] for local in generate], self.n_draft_room - n - len(generate),
-                                          self.n_ctx_seq)
+            drafts = self.drafter.propose([slots[local] for local in generate if not slots[local].replay],
+                                          self.n_draft_room - n - len(generate), self.n_ctx_seq)
         for local in generate:
             s = slots[local]
             self._tok[n] = s.next_token
@@ -495,7 +497,13 @@ class Context:
         if task.lora and params.grammar:
             self._check_lora_logits(i, logits)
         logprob: float | None
-        if params.n_probs and params.post_sampling_probs:
+        top: tuple[TopProb, ...]
+        replayed = bool(s.replay)
+        if replayed:  # resume: the token delivered before; the sampler still sees it (penalties, grammar)
+            token = s.replay.pop()
+            llama_cpp.llama_sampler_accept(s.sampler, token)
+            logprob, top = None, ()
+        elif params.n_probs and params.post_sampling_probs:
             token, logprob, top = self._sample_post(s, i, logits, params.n_probs)
         else:
             token = self._sample(s, i, logits)
@@ -530,10 +538,11 @@ class Context:
             # API-14, llama-server's rule: past the time limit, stop once this token's text has a newline
             text += s.stream.flush()
             finish = "length"
-        if s.n_decoded > 1:
+        if s.n_decoded > 1 and not replayed:
             res.gaps.append(now - s.t_last)
         s.t_last = now
-        res.events.append((task, Token(s.index, text, token, logprob, top)))
+        if not replayed:  # a replayed token's text went out before; its Done (if it ends) is sent again
+            res.events.append((task, Token(s.index, text, token, logprob, top)))
         if finish:
             s.finished = True
             res.finished.append(s)

@@ -54,6 +54,7 @@ class LoadOptions:
     split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER
     tensor_split: tuple[float, ...] = ()
     devices: ctypes.Array[Any] | None = None
+    vocab_only: bool = False  # the tokenizer and metadata without weights (the API process, issue 14)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Model:
         params.n_gpu_layers = options.n_gpu_layers
         params.use_mmap = options.use_mmap
         params.split_mode = options.split_mode
+        params.vocab_only = options.vocab_only
         if options.tensor_split:
             self._tensor_split = (ctypes.c_float * llama_cpp.llama_max_devices())(*options.tensor_split)
             params.tensor_split = self._tensor_split

@@ -38,7 +38,7 @@ class Slot:
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
         "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated", "lora", "spec",
-        "follows", "share_upto",
+        "follows", "share_upto", "replay",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
@@ -74,6 +74,7 @@ class Slot:
         # prefix (its first ``share_upto`` tokens), then copies that KV instead of prefilling it
         self.follows: Slot | None = None
         self.share_upto = 0
+        self.replay: list[int] = []  # delivered tokens still to replay after a resume, last first
 
     @property
     def prompt_left(self) -> int:

@@ -135,7 +135,8 @@ class Api:
         if state == "ok":
             return _json({"status": "ok"})
         message = {"loading": "Loading model", "unhealthy": "a group is down past its restart limit",
-                   "draining": "the server is shutting down: it finishes the requests it has"}.get(
+                   "draining": "the server is shutting down: it finishes the requests it has",
+                   "restarting": "engine restarting: the requests in flight resume when it is back"}.get(
             state, "the server is shutting down"
         )
         return error_response(Unavailable(message))
@@ -209,7 +210,7 @@ class Api:
         return _json({"content": self.rt.detokenize(req.tokens)})
 
     async def slots(self, request: Request) -> Response:
-        return _json(self.rt.slots())
+        return _json(await self.rt.fetch_slots())
 
     async def slot_action(self, request: Request) -> Response:
         self.rt._require_ready()
@@ -245,7 +246,7 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         self.rt._require_ready()
-        return Response(self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
+        return Response(await self.rt.fetch_metrics(), media_type="text/plain; version=0.0.4")
 
     # ---- embeddings and rerank (API-10, API-11): shapes in ``http.embeddings`` ---------------
 

@@ -73,6 +73,13 @@ class RuntimeConfig:
     target_itl_ms: float = 0.0  # stall-free/adaptive: inter-token target the prompt budget keeps (0 = default)
     target_ttft_ms: float = 0.0  # adaptive: first-token target it orders prompts by (0 = default, 2000)
     shutdown_timeout: float = 30.0  # SIGTERM: seconds the requests in flight get to finish (issue 14)
+    # the engine in a child process (issue 14): it may die; the API process restarts it and
+    # resumes every request in flight (README "Engine process")
+    isolate: bool = False  # --isolate (the server's default) / Runtime.open(..., isolate=True)
+    watchdog_s: float = 0.0  # --watchdog-s: a decode step running this long is a dead engine (0: off)
+    engine_max_restarts: int = 5  # engine restarts allowed within restart_window_s, then requests fail
+    resume_max: int = 3  # times one request may be resumed before it fails
+    engine_hooks: str = ""  # module:Class of GroupHooks made in the engine process (tests, chaos)
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
     trace_steps: bool = False  # record an engine step trace per group (tests)
     record_trace: str | None = None  # --record-trace FILE (BE-5): JSON lines of arrivals and steps, for replay

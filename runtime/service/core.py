@@ -468,6 +468,10 @@ class RuntimeCore:
         assert self.supervisor is not None
         return self.supervisor.slot_rows()
 
+    async def fetch_slots(self) -> list[dict[str, Any]]:
+        """``slots()``, also when the engine runs in a child process (the HTTP app uses this)."""
+        return self.slots()
+
     async def slot_action(self, slot: int, action: str, path: str = "") -> dict[str, Any]:
         self._require_ready()
         assert self.supervisor is not None
@@ -494,6 +498,10 @@ class RuntimeCore:
     def metrics_text(self) -> bytes:
         assert self.metrics is not None
         return self.metrics.render()
+
+    async def fetch_metrics(self) -> bytes:
+        """``metrics_text()``, also when the engine runs in a child process (the HTTP app uses this)."""
+        return self.metrics_text()
 
     def live_snapshot(self) -> LiveSnapshot:
         """Groups, slots, phases, queue and counters as one frozen snapshot (API-17).

@@ -1,0 +1,538 @@
+"""The engine in a child process (issue 14): the API side.
+
+``IsolatedCore`` is a ``RuntimeCore`` whose engine (model weights, groups, coordinator,
+supervisor) runs in a child process (``runtime.service.engineproc``); this process keeps
+admission (a vocabulary-only copy of the model tokenizes and checks requests), the HTTP app or
+the embedding app's event loop, and a **journal** of every request in flight: its task (prompt
+tokens, sampling settings, budget) and, per choice, the tokens already delivered.
+
+When the engine process dies (an abort inside llama.cpp, a segfault, the OOM killer, the
+watchdog) or stops answering, nothing in flight fails: ``/health`` says 503 "engine
+restarting", new requests wait in the journal (bounded by ``--queue-size``: 503 + Retry-After
+past it), the engine is started again (backoff; past ``engine_max_restarts`` within
+``restart_window_s`` requests fail with a clear error and /health stays 503), and every
+journaled request is submitted again with ``replay``: the tokens already delivered, which the
+group replays after the prompt one decode step at a time (teacher forcing) without sending
+them again, so the client's stream only pauses and a greedy stream continues byte for byte.
+A seeded request continues with a seed derived from its seed and its delivered count. A
+request resumes at most ``resume_max`` times.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import Process, SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from llamactor.protocol import enginelink as link
+from llamactor.protocol.errors import (
+    ConfigError, EngineError, LlamactorError, NotSupported, Overloaded, RequestError, Unavailable,
+)
+from llamactor.protocol.events import Done, Event, Failed, Progress, Token
+from llamactor.protocol.live import LiveSnapshot
+from llamactor.protocol.messages import Task
+from llamactor.protocol.sampling import DEFAULT_SEED
+from llamactor.runtime.engine.model import LoadOptions, Model
+from llamactor.runtime.service import live
+from llamactor.runtime.service.admission import Admission
+from llamactor.runtime.service.chat import ChatTemplate
+from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.core import RuntimeCore, RuntimeState, chat_template_source
+from llamactor.runtime.service.embeddings import EmbeddingService
+from llamactor.runtime.service.handles import RequestHandle
+from llamactor.runtime.service.lora import LoraAdapters
+
+log = structlog.get_logger("llamactor.isolated")
+
+READY_TIMEOUT_S = 600.0  # loading a large model over ggml-rpc takes a while
+CALL_TIMEOUT_S = 60.0
+BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # before restart k (the first one at once)
+SILENCE_S = 10.0  # no frame at all for this long (heartbeats come every second): the engine is stuck
+LIVE_REFRESH_S = 0.25
+
+
+class EngineState(enum.Enum):
+    STARTING = "starting"
+    UP = "up"
+    RESTARTING = "restarting"
+    DOWN = "down"  # past the restart limit
+
+
+@dataclass
+class Entry:
+    """One request in flight, as the journal keeps it."""
+
+    task: Task  # with this process's stream
+    delivered: list[list[int]]  # per choice: token ids sent to the client
+    done: set[int] = field(default_factory=set)  # choices whose Done was sent
+    resumes: int = 0
+    sent: bool = False  # submitted to the current engine process
+
+
+@dataclass
+class EngineCounters:
+    restarts: int = 0
+    resumed: int = 0  # requests submitted again after a restart
+    watchdog_kills: int = 0
+    last_exit: str = ""
+
+
+def wire(task: Task, delivered: list[list[int]], resumes: int) -> link.WireTask:
+    """The task as the engine gets it; a resumed one replays what was delivered."""
+    params = task.params
+    if resumes and params.seed != DEFAULT_SEED and not params.greedy:
+        # seeded sampling goes on with a seed of its own: the replay does not advance the RNG
+        params = msgspec.structs.replace(params, seed=(params.seed * 1_000_003 + sum(map(len, delivered))) % 2**32)
+    return link.WireTask(
+        id=task.id, prompt=task.prompt.tobytes(), params=params, n_predict=task.n_predict, stop=task.stop,
+        n=task.n, id_slot=task.id_slot, cache_prompt=task.cache_prompt, ignore_eos=task.ignore_eos,
+        n_keep=task.n_keep, n_discard=task.n_discard, return_progress=task.return_progress and not resumes,
+        lora=task.lora, replay=tuple(tuple(d) for d in delivered) if resumes else (),
+    )
+
+
+def exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    from llamactor.runtime.service.engineproc import WATCHDOG_EXIT
+
+    return "the watchdog (a decode step hung)" if code == WATCHDOG_EXIT else f"exit code {code}"
+
+
+class EngineProcess:
+    """Starts the engine process, talks to it, restarts it when it dies."""
+
+    def __init__(self, core: IsolatedCore) -> None:
+        self.core = core
+        self.config = core.config
+        self.state = EngineState.STARTING
+        self.counters = EngineCounters()
+        self.process: Process | None = None
+        self.stream: SocketStream | None = None
+        self._calls: dict[int, tuple[anyio.Event, list[Any]]] = {}
+        self._call_ids = 0
+        self.folder = tempfile.mkdtemp(prefix="llamactor-engine-")
+        self._config_path = os.path.join(self.folder, "config.pickle")
+        with open(self._config_path, "wb") as f:
+            pickle.dump(replace(self.config, isolate=False), f)
+        self._closing = False
+        self._failures: list[float] = []
+        self.steps_seen = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep an engine process serving until ``close``. The first start's failure is the
+        runtime's (a config the engine cannot load will not load on retry either)."""
+        first = True
+        while not self._closing:
+            try:
+                await self._serve_once(task_status if first else None)
+            except (ConfigError, EngineError):
+                if first:
+                    raise
+            first = False
+            if self._closing:
+                return
+            now = time.monotonic()
+            self._failures = [t for t in self._failures if now - t < self.config.restart_window_s] + [now]
+            if len(self._failures) > self.config.engine_max_restarts:
+                self.state = EngineState.DOWN
+                log.error("engine_down", restarts=len(self._failures) - 1, window_s=self.config.restart_window_s)
+                self.core.fail_journal(f"the engine process died {len(self._failures)} times within "
+                                       f"{self.config.restart_window_s:g} s; it is not restarted again "
+                                       f"(last: {self.counters.last_exit})")
+                return
+            self.state = EngineState.RESTARTING
+            self.counters.restarts += 1
+            delay = BACKOFF_S[min(len(self._failures) - 1, len(BACKOFF_S) - 1)]
+            log.warning("engine_restarting", attempt=self.counters.restarts, delay_s=delay,
+                        in_flight=len(self.core.journal))
+            await anyio.sleep(delay)
+
+    async def _serve_once(self, task_status: TaskStatus[None] | None) -> None:
+        sock = os.path.join(self.folder, f"engine-{self.counters.restarts}.sock")
+        async with await anyio.create_unix_listener(sock) as listener:
+            process = self.process = await anyio.open_process(
+                [sys.executable, "-m", "llamactor.runtime.service.engineproc", sock, self._config_path],
+                stdin=None, stdout=None, stderr=None,
+            )
+            try:
+                with anyio.fail_after(READY_TIMEOUT_S):
+                    async with anyio.create_task_group() as tg:
+                        accepted: list[SocketStream] = []
+
+                        async def accept() -> None:
+                            accepted.append(await listener.accept())
+                            tg.cancel_scope.cancel()
+
+                        async def died() -> None:
+                            await process.wait()
+                            tg.cancel_scope.cancel()
+
+                        tg.start_soon(accept)
+                        tg.start_soon(died)
+                    if not accepted:
+                        raise await self._not_ready(process)
+                    stream = accepted[0]
+                    reader = BufferedByteReceiveStream(stream)
+                    try:
+                        hello = link.decode_from_engine(await self._receive(reader))
+                    except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+                        await stream.aclose()
+                        raise await self._not_ready(process) from None
+                    assert isinstance(hello, link.Ready)
+            except BaseException:
+                await self._kill(process)
+                raise
+            self.stream = stream
+            self.state = EngineState.UP
+            log.info("engine_ready", pid=hello.pid, restarts=self.counters.restarts)
+            if task_status is not None:
+                task_status.started()
+            try:
+                await self.core.resubmit()
+                await self._pump(reader, process)
+            finally:
+                self.stream = None
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+                if self._closing:  # it saw its socket close: let it stop its runtime cleanly
+                    with anyio.move_on_after(10, shield=True):
+                        await process.wait()
+                else:
+                    self.state = EngineState.RESTARTING
+                await self._kill(process)
+                self._fail_calls()
+                self.core.engine_lost()
+                if not self._closing:
+                    self._died(process.returncode, hello.pid)
+
+    def _died(self, code: int | None, pid: int) -> None:
+        from llamactor.runtime.service.engineproc import WATCHDOG_EXIT
+
+        self.counters.last_exit = exit_reason(code)
+        if code == WATCHDOG_EXIT:
+            self.counters.watchdog_kills += 1
+        log.error("engine_died", pid=pid, reason=self.counters.last_exit, in_flight=len(self.core.journal))
+
+    async def _not_ready(self, process: Process) -> LlamactorError:
+        """The engine ended (or is ending) before it said it was ready: why, as an error."""
+        with anyio.move_on_after(10):
+            await process.wait()
+        code = process.returncode
+        self.counters.last_exit = exit_reason(code)
+        cls = ConfigError if code == 2 else EngineError
+        return cls(f"the engine process ended before it was ready ({self.counters.last_exit}); see its log above")
+
+    async def _pump(self, reader: BufferedByteReceiveStream, process: Process) -> None:
+        """Frames from the engine until it goes away (EOF) or falls silent past SILENCE_S."""
+        while True:
+            try:
+                with anyio.fail_after(SILENCE_S):
+                    body = await self._receive(reader)
+            except TimeoutError:
+                log.error("engine_silent", seconds=SILENCE_S, action="killed")
+                return
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            msg = link.decode_from_engine(body)
+            if isinstance(msg, link.Events):
+                self.core.on_events(msg)
+            elif isinstance(msg, link.Reply):
+                waiter = self._calls.pop(msg.call_id, None)
+                if waiter is not None:
+                    waiter[1].append(msg)
+                    waiter[0].set()
+            elif isinstance(msg, link.Beat):
+                self.steps_seen = msg.steps
+
+    @staticmethod
+    async def _receive(reader: BufferedByteReceiveStream) -> bytes:
+        header = await reader.receive_exactly(link.HEADER.size)
+        return await reader.receive_exactly(link.HEADER.unpack(header)[0])
+
+    async def _kill(self, process: Process) -> None:
+        if process.returncode is None:
+            try:
+                process.kill()
+            except ProcessLookupError:
+                pass
+        with anyio.CancelScope(shield=True):
+            await process.wait()
+
+    async def close(self) -> None:
+        self._closing = True
+        process, stream = self.process, self.stream
+        if stream is not None:
+            await stream.aclose()  # the engine's reader ends: it stops its runtime and exits
+        if process is not None:
+            with anyio.move_on_after(10):
+                await process.wait()
+            await self._kill(process)
+
+    # ---- talking to it ---------------------------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self.state is EngineState.UP and self.stream is not None
+
+    async def send(self, msg: link.ToEngine) -> bool:
+        """Send one message; False when there is no engine to send it to (it is restarting)."""
+        stream = self.stream
+        if stream is None:
+            return False
+        try:
+            await stream.send(link.frame(msg))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        return True
+
+    async def call(self, method: str, *args: Any) -> Any:
+        if not self.up:
+            raise Unavailable(f"the engine is {self.state.value}")
+        self._call_ids += 1
+        cid = self._call_ids
+        done = anyio.Event()
+        out: list[Any] = []
+        self._calls[cid] = (done, out)
+        if not await self.send(link.Call(cid, method, tuple(args))):
+            self._calls.pop(cid, None)
+            raise Unavailable(f"the engine is {self.state.value}")
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            await done.wait()
+        if not out:
+            raise Unavailable("the engine process died during the call")
+        reply: link.Reply = out[0]
+        if reply.error:
+            raise (RequestError if reply.kind in {"RequestError", "NotFound", "SlotBusy"} else EngineError)(reply.error)
+        return reply.value
+
+    def _fail_calls(self) -> None:
+        calls, self._calls = self._calls, {}
+        for done, _ in calls.values():
+            done.set()
+
+
+class IsolatedCore(RuntimeCore):
+    """``RuntimeCore`` with its engine in a child process (``Runtime.open(..., isolate=True)``)."""
+
+    def __init__(self, config: RuntimeConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.journal: dict[int, Entry] = {}
+        self.engine: EngineProcess | None = None
+        self._live: LiveSnapshot | None = None
+        self._live_wanted = 0.0
+        self._tg: Any = None
+
+    async def _start(self) -> None:
+        cfg = self.config = self.config.validated()
+        self._stack = AsyncExitStack()
+        assert cfg.model is not None
+        model = await anyio.to_thread.run_sync(Model, cfg.model, LoadOptions(vocab_only=True))
+        self.model = model
+        self._stack.callback(model.close)
+        self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
+        self.admission = Admission(model, cfg, self.tokenize, self.adapters)
+        await self.admission.check_defaults()
+        self.chat_template = ChatTemplate(
+            chat_template_source(cfg, model), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
+        )
+        self.embeddings = EmbeddingService(model, None, normalize=cfg.embd_normalize)
+        engine = self.engine = EngineProcess(self)
+        self._stack.callback(shutil.rmtree, engine.folder, True)
+        tg = self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.callback(tg.cancel_scope.cancel)
+        self._stack.push_async_callback(engine.close)  # first on the way out: the engine stops cleanly
+        await tg.start(engine.run)
+        tg.start_soon(self._refresh_live)
+        self.started_at = time.time()
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def health(self) -> str:
+        state = super().health() if self.state is not RuntimeState.READY or self.draining else "ok"
+        if state != "ok":
+            return state
+        assert self.engine is not None
+        if self.engine.state is EngineState.DOWN:
+            return "unhealthy"
+        return "ok" if self.engine.up else "restarting"
+
+    def in_flight(self) -> int:
+        return len(self.journal)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def submit(self, prompt: str | Sequence[int], **kwargs: Any) -> RequestHandle:
+        self._require_admitting()
+        assert self.admission is not None and self.engine is not None
+        if self.engine.state is EngineState.DOWN:
+            raise Unavailable(f"the engine process is down ({self.engine.counters.last_exit})")
+        waiting = sum(1 for e in self.journal.values() if not e.sent)
+        if not self.engine.up and waiting >= self.config.queue_size:
+            raise Overloaded(f"the engine is restarting and {waiting} requests wait for it")
+        task, recv = await self.admission.admit(
+            prompt, max_tokens=kwargs.pop("max_tokens", -1), n=kwargs.pop("n", 1), stop=kwargs.pop("stop", None),
+            id_slot=kwargs.pop("id_slot", -1), cache_prompt=kwargs.pop("cache_prompt", None),
+            ignore_eos=kwargs.pop("ignore_eos", None), add_special=kwargs.pop("add_special", True),
+            params=kwargs.pop("params", None), n_keep=kwargs.pop("n_keep", None), n_discard=kwargs.pop("n_discard", 0),
+            return_progress=kwargs.pop("return_progress", False), lora=kwargs.pop("lora", None), sampling=kwargs,
+        )
+        if task.n_predict == 0:
+            task.sink.close()
+            return RequestHandle(task, recv, self._cancel)
+        entry = Entry(task, [[] for _ in range(task.n)])
+        self.journal[task.id] = entry
+        if self.engine.up:
+            entry.sent = await self.engine.send(link.Submit(wire(task, entry.delivered, 0)))
+        return RequestHandle(task, recv, self._cancel)
+
+    def _cancel(self, task_id: int) -> None:
+        entry = self.journal.pop(task_id, None)
+        if entry is not None and entry.sent and self.engine is not None and self._tg is not None:
+            self._tg.start_soon(self.engine.send, link.Cancel(task_id))
+
+    def on_events(self, msg: link.Events) -> None:
+        """One engine step's events: journal them, then pass them on to each request's stream."""
+        journal = self.journal
+        for task_id, event in msg.events:
+            entry = journal.get(task_id)
+            if entry is None:
+                continue  # cancelled meanwhile
+            if isinstance(event, Token):
+                entry.delivered[event.index].append(event.token)
+            elif isinstance(event, Done):
+                if event.index in entry.done:
+                    continue  # a resumed choice that had finished ends again: sent once already
+                entry.done.add(event.index)
+            elif isinstance(event, Progress) and entry.resumes:
+                continue
+            try:
+                entry.task.sink.send_nowait(event)
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._cancel(task_id)  # the client left
+        for task_id in msg.ended:
+            entry = journal.pop(task_id, None)
+            if entry is not None:
+                entry.task.sink.close()
+
+    def engine_lost(self) -> None:
+        """The engine died: what was sent to it is unsent now; it goes again after the restart."""
+        for entry in self.journal.values():
+            entry.sent = False
+
+    async def resubmit(self) -> None:
+        """After a (re)start: send every journaled request, resuming those that were running."""
+        assert self.engine is not None
+        for task_id, entry in list(self.journal.items()):
+            if entry.sent or task_id not in self.journal:
+                continue
+            started = any(entry.delivered) or entry.done
+            if started:
+                if entry.resumes >= self.config.resume_max:
+                    self._end(task_id, Failed(f"the engine process died {entry.resumes + 1} times while serving "
+                                              f"this request; it is not resumed again", "server_error"))
+                    continue
+                entry.resumes += 1
+                self.engine.counters.resumed += 1
+            entry.sent = await self.engine.send(link.Submit(wire(entry.task, entry.delivered, entry.resumes)))
+            if not entry.sent:
+                return  # it died again: the next start sends the rest
+
+    def fail_journal(self, message: str) -> None:
+        for task_id in list(self.journal):
+            self._end(task_id, Failed(message, "unavailable_error"))
+
+    def _end(self, task_id: int, event: Failed) -> None:
+        entry = self.journal.pop(task_id, None)
+        if entry is None:
+            return
+        try:
+            entry.task.sink.send_nowait(event)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        entry.task.sink.close()
+
+    # ---- what the engine knows -------------------------------------------------------------
+
+    def slots(self) -> list[dict[str, Any]]:
+        raise NotSupported("with the engine in a child process the slots are read with await rt.fetch_slots()")
+
+    async def fetch_slots(self) -> list[dict[str, Any]]:
+        self._require_ready()
+        assert self.engine is not None
+        return await self.engine.call("slots")
+
+    async def slot_action(self, slot: int, action: str, path: str = "") -> dict[str, Any]:
+        self._require_ready()
+        assert self.engine is not None
+        return await self.engine.call("slot_action", slot, action, path)
+
+    async def fetch_metrics(self) -> bytes:
+        assert self.engine is not None
+        body = b""
+        if self.engine.up:
+            try:
+                body = await self.engine.call("metrics_text")
+            except LlamactorError:
+                body = b""
+        return body + self.engine_metrics()
+
+    def metrics_text(self) -> bytes:
+        return self.engine_metrics()
+
+    def engine_metrics(self) -> bytes:
+        assert self.engine is not None
+        c = self.engine.counters
+        lines = [
+            ("llamactor:engine_restarts_total", "counter", "Restarts of the engine process", c.restarts),
+            ("llamactor:requests_resumed_total", "counter", "Requests resumed after an engine restart", c.resumed),
+            ("llamactor:watchdog_kills_total", "counter", "Engine processes ended by the watchdog", c.watchdog_kills),
+            ("llamactor:engine_up", "gauge", "1 while the engine process serves", int(self.engine.up)),
+            ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the API process",
+             len(self.journal)),
+        ]
+        out = []
+        for name, kind, doc, value in lines:
+            base = name.removesuffix("_total")
+            out.append(f"# HELP {base} {doc}\n# TYPE {base} {kind}\n{name} {float(value)}\n")
+        return "".join(out).encode()
+
+    def live_snapshot(self) -> LiveSnapshot:
+        self._live_wanted = time.monotonic()
+        snap = self._live
+        if snap is None or self.engine is None or not self.engine.up:
+            return live.idle_snapshot(self.config, self.health())
+        return snap
+
+    async def _refresh_live(self) -> None:
+        """Keep a recent live-view snapshot while someone looks at it (``/live`` reads it sync)."""
+        while True:
+            await anyio.sleep(LIVE_REFRESH_S)
+            if self.engine is None or not self.engine.up or time.monotonic() - self._live_wanted > 5.0:
+                continue
+            try:
+                self._live = msgspec.convert(await self.engine.call("live_snapshot"), LiveSnapshot)
+            except (LlamactorError, msgspec.ValidationError, TimeoutError):
+                self._live = None

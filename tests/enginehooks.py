@@ -1,0 +1,48 @@
+"""Hooks made inside the engine process (``engine_hooks="…/enginehooks.py:Class"``): tests of
+issue 14 perturb an engine they cannot reach otherwise. Standalone (loaded by file path in the
+child). ``LLAMACTOR_TEST_MARKS`` names a folder where each engine process leaves a mark, so a
+hook can act in the first engine only."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _first_engine() -> bool:
+    """True in the first engine process of a test (it leaves a mark; later ones see it)."""
+    marks = Path(os.environ["LLAMACTOR_TEST_MARKS"])
+    n = len(list(marks.glob("engine-*")))
+    (marks / f"engine-{os.getpid()}").touch()
+    return n == 0
+
+
+class _Quiet:
+    def on_assign(self, group: int, task: Any) -> None: ...
+    def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None: ...
+    def before_sample(self, group: int, task: Any) -> None: ...
+    def before_send(self, group: int, task: Any) -> None: ...
+    def after_step(self, group: Any, result: Any) -> None: ...
+
+
+class HangOnce(_Quiet):
+    """The first engine's 30th decode step never returns (a hung ggml-rpc worker)."""
+
+    def __init__(self) -> None:
+        self.hang = _first_engine()
+        self.steps = 0
+
+    def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
+        self.steps += 1
+        if self.hang and self.steps == 30:
+            time.sleep(3600)
+
+
+class SlowRestart(_Quiet):
+    """Engines after the first take a while to start (requests pile up meanwhile)."""
+
+    def __init__(self) -> None:
+        if not _first_engine():
+            time.sleep(float(os.environ.get("LLAMACTOR_TEST_START_S", "2")))

@@ -1,0 +1,185 @@
+"""Issue 14: the engine in a child process; requests survive its death (AC-2, SPEC section 9).
+
+The engine process is killed (SIGKILL, as the OOM killer or a llama.cpp abort ends it) or hangs
+(the watchdog); the API process restarts it and resumes every request in flight by replaying
+its delivered tokens one decode step at a time, so greedy streams continue byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import httpx
+import msgspec
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Mount, Route
+
+from conftest import serve_runtime, wait_until
+from llamactor.protocol.errors import ConfigError
+from llamactor.protocol.events import Done, Token
+from llamactor.protocol.messages import Submit
+from llamactor.runtime import Runtime
+from llamactor.runtime.service.handles import collect
+
+HOOKS = str(Path(__file__).with_name("enginehooks.py"))
+PROMPTS = [[5 + j, 6, 7, 8, 9, 10 + j] * 4 for j in range(8)]
+N_PREDICT = 240
+KILL_AT = 80
+
+
+async def _streams(rt, kill: bool) -> tuple[list[list[int]], list[str]]:
+    """The 8 prompts at once, greedy; with ``kill``, the engine process gets SIGKILL once the
+    first stream has ``KILL_AT`` tokens."""
+    handles = [await rt.submit(p, max_tokens=N_PREDICT, temperature=0, ignore_eos=True) for p in PROMPTS]
+    tokens: list[list[int]] = [[] for _ in PROMPTS]
+    texts = [""] * len(PROMPTS)
+
+    async def read(i: int) -> None:
+        async for ev in handles[i]:
+            if isinstance(ev, Token):
+                tokens[i].append(ev.token)
+                texts[i] += ev.text
+                if kill and i == 0 and len(tokens[0]) == KILL_AT:
+                    os.kill(rt.engine.process.pid, signal.SIGKILL)
+            elif isinstance(ev, Done):
+                assert ev.text == texts[i] and ev.n_predicted == N_PREDICT
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(PROMPTS)):
+            tg.start_soon(read, i)
+    return tokens, texts
+
+
+async def test_replayed_tokens_continue_the_stream_in_process(make_config):
+    """The engine side of a resume: a task carrying delivered tokens replays them (no events)
+    and continues exactly where the uninterrupted run went; Done has the whole text."""
+    async with Runtime.open(make_config(parallel=2)) as rt:
+        full = await rt.complete(PROMPTS[0], max_tokens=64, temperature=0, ignore_eos=True)
+        ref = list(full.choices[0].tokens)
+        task, recv = await rt.admission.admit(PROMPTS[0], max_tokens=64, n=1, stop=None, id_slot=-1, cache_prompt=False,
+                                              ignore_eos=True, add_special=True, params=None,
+                                              sampling={"temperature": 0})
+        task = msgspec.structs.replace(task, replay=(tuple(ref[:20]),))
+        rt.supervisor.try_tell(Submit(task))
+        with recv:
+            events = [ev async for ev in recv]
+    assert [ev.token for ev in events if isinstance(ev, Token)] == ref[20:]
+    assert events[-1].text == full.choices[0].text and events[-1].n_predicted == 64
+
+
+async def test_killed_engine_resumes_every_stream_byte_for_byte(make_config):
+    """Check 1: 8 concurrent greedy streams, SIGKILL mid-stream: all 8 complete, each identical
+    to an uninterrupted run (tokens and text); /health went 503 and back to 200; /metrics counts
+    the restart and the 8 resumes."""
+    cfg = make_config(parallel=8)
+    async with Runtime.open(cfg, isolate=True) as rt:
+        ref_tokens, ref_texts = await _streams(rt, kill=False)
+    async with Runtime.open(cfg, isolate=True) as rt, serve_runtime(rt) as url:
+        seen: list[int] = []
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client, anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while True:
+                    seen.append((await client.get("/health")).status_code)
+                    await anyio.sleep(0.01)
+
+            tg.start_soon(watch)
+            tokens, texts = await _streams(rt, kill=True)
+            await wait_until(lambda: seen and seen[-1] == 200)
+            tg.cancel_scope.cancel()
+        metrics = (await rt.fetch_metrics()).decode()
+    assert tokens == ref_tokens and texts == ref_texts
+    assert 503 in seen and seen[-1] == 200
+    assert "llamactor:engine_restarts_total 1.0" in metrics
+    assert "llamactor:requests_resumed_total 8.0" in metrics
+    assert "llamacpp:tokens_predicted_total" in metrics  # the engine's own counters come through
+
+
+async def test_watchdog_restarts_a_hung_engine(make_config, tmp_path, monkeypatch):
+    """Check 3: a decode step that never returns (injected in the first engine's 30th step):
+    the watchdog ends that engine within its limit, the requests complete."""
+    monkeypatch.setenv("LLAMACTOR_TEST_MARKS", str(tmp_path))
+    cfg = make_config(parallel=4, watchdog_s=1.0, engine_hooks=f"{HOOKS}:HangOnce")
+    async with Runtime.open(cfg, isolate=True) as rt:
+        with anyio.fail_after(60):
+            outs = [await collect(await rt.submit(p, max_tokens=64, temperature=0, ignore_eos=True))
+                    for p in PROMPTS[:4]]
+        counters = rt.engine.counters
+    assert all(o.n_predicted == 64 for o in outs)
+    assert counters.watchdog_kills == 1 and counters.restarts == 1 and "watchdog" in counters.last_exit
+
+
+async def test_requests_wait_for_a_restarting_engine_then_overflow_gets_503(make_config, tmp_path, monkeypatch):
+    """Check 4: requests that arrive while the engine restarts are served after it, none lost;
+    past the queue bound they get 503 + Retry-After."""
+    monkeypatch.setenv("LLAMACTOR_TEST_MARKS", str(tmp_path))
+    monkeypatch.setenv("LLAMACTOR_TEST_START_S", "3")
+    cfg = make_config(parallel=2, queue_size=3, engine_hooks=f"{HOOKS}:SlowRestart")
+    async with Runtime.open(cfg, isolate=True) as rt, serve_runtime(rt) as url:
+        os.kill(rt.engine.process.pid, signal.SIGKILL)
+        await wait_until(lambda: rt.health() == "restarting")
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            answers: list[httpx.Response] = []
+
+            async def one(i: int) -> None:
+                answers.append(await client.post("/completion", json={"prompt": PROMPTS[i], "n_predict": 8}))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+                await wait_until(lambda: len(rt.journal) == 3)
+                over = await client.post("/completion", json={"prompt": PROMPTS[3], "n_predict": 8})
+                assert rt.health() == "restarting"
+    assert over.status_code == 503 and over.headers["Retry-After"] == "1"
+    assert "restarting" in over.json()["error"]["message"]
+    assert sorted(r.status_code for r in answers) == [200, 200, 200]
+    assert all(r.json()["tokens_predicted"] == 8 for r in answers)
+
+
+async def test_an_embedding_app_keeps_serving_while_the_engine_restarts(make_config):
+    """Check 6: a Starlette app embedding the runtime keeps answering its own routes while the
+    engine is killed, and the runtime's requests resume."""
+    cfg = make_config(parallel=4)
+    async with Runtime.open(cfg, isolate=True) as rt:
+        ref = await collect(await rt.submit(PROMPTS[1], max_tokens=200, temperature=0, ignore_eos=True))
+        app = Starlette(routes=[Route("/own", lambda request: PlainTextResponse("still here")),
+                                Mount("/llm", app=rt.asgi_app())])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app", timeout=60) as client:
+            body = {"prompt": PROMPTS[1], "n_predict": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+            tokens: list[int] = []
+            own: list[int] = []
+            async with client.stream("POST", "/llm/completion", json=body) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    tokens += chunk.get("tokens") or []
+                    if len(tokens) == 50 and rt.engine.counters.restarts == 0 and not own:
+                        os.kill(rt.engine.process.pid, signal.SIGKILL)
+                        await wait_until(lambda: rt.health() == "restarting")
+                        own.append((await client.get("/own")).status_code)
+    assert own == [200]
+    assert tokens == list(ref.choices[0].tokens)
+    assert rt.engine.counters.restarts == 1
+
+
+async def test_hooks_need_the_engine_in_this_process(make_config):
+    from faults import Faults
+
+    with pytest.raises(ConfigError, match="engine_hooks"):
+        async with Runtime.open(make_config(), hooks=Faults(), isolate=True):
+            pass
+
+
+async def test_a_broken_engine_config_fails_the_start(make_config):
+    with pytest.raises(ConfigError, match="engine process ended before it was ready"):
+        async with Runtime.open(make_config(engine_hooks="no_such_module:Hooks"), isolate=True):
+            pass
+
