@@ -3,7 +3,8 @@
     engine ──Ready──► API              first, once its model is loaded and its actors run
     API ──Submit──► engine             a request (a Task without its stream), maybe a resume
     API ──Cancel──► engine             the client left
-    API ──Call──► engine               anything else (slots, metrics, live view, embeddings …)
+    API ──Call──► engine               anything else (slots, metrics, the live view, slot files)
+    API ──Embed──► engine              embeddings and rerank (answered by EmbedDone)
     engine ──Events──► API             every event of one decode step, all requests together
     engine ──Reply──► API              the answer to a Call
     engine ──Beat──► API               once a second: the engine's event loop is alive
@@ -43,13 +44,40 @@ class WireTask(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     return_progress: bool = False
     lora: LoraSet = NO_LORA
     replay: tuple[tuple[int, ...], ...] = ()
+    replay_in_prompt: bool = False
 
     def tokens(self) -> np.ndarray:
         return np.frombuffer(self.prompt, dtype=np.int32)
 
 
+class EmbedderInfo(msgspec.Struct, frozen=True):
+    pooling: str
+    n_embd: int
+    max_input_tokens: int
+
+
 class Ready(msgspec.Struct, frozen=True, tag=True):
     pid: int
+    embedder: EmbedderInfo | None = None  # the engine serves embeddings (--embedding)
+
+
+class Embed(msgspec.Struct, frozen=True, tag=True):
+    """Embed token-id inputs (int32 bytes each) with the engine's embedding actor."""
+
+    job_id: int
+    inputs: tuple[bytes, ...]
+    normalize: int
+
+
+class EmbedDone(msgspec.Struct, frozen=True, tag=True):
+    """An ``Embed``'s answer: per input a float32 array as (bytes, shape); or an error."""
+
+    job_id: int
+    vectors: tuple[tuple[bytes, tuple[int, ...]], ...] = ()
+    n_tokens: tuple[int, ...] = ()
+    pooling: str = ""
+    error: str = ""
+    kind: str = ""
 
 
 class Submit(msgspec.Struct, frozen=True, tag=True):
@@ -86,8 +114,8 @@ class Beat(msgspec.Struct, frozen=True, tag=True):
     steps: int  # decode steps so far, all groups: progress the API process can watch
 
 
-ToEngine = Submit | Cancel | Call
-FromEngine = Ready | Events | Reply | Beat
+ToEngine = Submit | Cancel | Call | Embed
+FromEngine = Ready | Events | Reply | Beat | EmbedDone
 
 _encoder = msgspec.msgpack.Encoder()
 _to_engine = msgspec.msgpack.Decoder(ToEngine)

@@ -72,6 +72,9 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     # group replays them after the prompt one decode step at a time (teacher forcing: the same
     # numerics as the run that produced them), sampling nothing and sending no Token event.
     replay: tuple[tuple[int, ...], ...] = ()
+    # ``--resume fast``: the delivered tokens were appended to ``prompt`` (prefilled at once,
+    # numerically not bit-identical); the group only primes the sampler and text stream with them
+    replay_in_prompt: bool = False
 
 
 # ---- Supervisor mailbox ---------------------------------------------------------------

@@ -183,3 +183,87 @@ async def test_a_broken_engine_config_fails_the_start(make_config):
         async with Runtime.open(make_config(engine_hooks="no_such_module:Hooks"), isolate=True):
             pass
 
+
+
+async def test_embeddings_and_rerank_are_served_by_the_engine_process(make_config, tmp_path):
+    """--embedding with the engine in a child process: /v1/embeddings and Runtime.embed give the
+    in-process vectors; rerank too (a tiny reranker)."""
+    import numpy as np
+
+    from tinyreranker import write_tiny_reranker
+
+    cfg = make_config(parallel=2, embedding=True, pooling="mean")
+    texts = ["the quick brown fox", "hello there"]
+    async with Runtime.open(cfg) as rt:
+        ref = await rt.embed(texts)
+    async with Runtime.open(cfg, isolate=True) as rt, serve_runtime(rt) as url:
+        out = await rt.embed(texts)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.post("/v1/embeddings", json={"input": texts[0]})
+    assert out.n_tokens == ref.n_tokens and out.pooling == "mean"
+    for a, b in zip(out.vectors, ref.vectors):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert r.status_code == 200
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], ref.vectors[0], atol=1e-6)
+    reranker = write_tiny_reranker(tmp_path / "rr.gguf")
+    rcfg = make_config(model=reranker, parallel=2, embedding=True)
+    docs = ["a cat sat", "the fox ran", "a cat sat"]
+    async with Runtime.open(rcfg) as rt:
+        want = await rt.rerank("where is the cat", docs)
+    async with Runtime.open(rcfg, isolate=True) as rt:
+        got = await rt.rerank("where is the cat", docs)
+    assert [x.index for x in got] == [x.index for x in want]
+    np.testing.assert_allclose([x.score for x in got], [x.score for x in want], atol=1e-5)
+
+
+async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_config):
+    """Check 2: the model split over a loopback ggml-rpc worker and the local CPU; the worker is
+    killed mid-run (the engine aborts with it) and started again on its port: the restarted
+    engine waits for it, loads, and the streams complete byte for byte; this process never exits."""
+    import subprocess
+
+    from test_rpc import LLAMACTOR, _wait_port, stop
+
+    from conftest import free_port
+
+    port = free_port()
+
+    def worker() -> subprocess.Popen:
+        proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(port, proc)
+        return proc
+
+    cfg = make_config(parallel=4, rpc_servers=(f"127.0.0.1:{port}",), devices=("RPC0", "CPU"),
+                      tensor_split=(1.0, 1.0), watchdog_s=10.0)
+    prompts = PROMPTS[:4]
+    procs = [worker()]
+    try:
+        async with Runtime.open(cfg, isolate=True) as rt:
+            ref = [list((await collect(await rt.submit(p, max_tokens=120, temperature=0, ignore_eos=True)))
+                        .choices[0].tokens) for p in prompts]
+            handles = [await rt.submit(p, max_tokens=120, temperature=0, ignore_eos=True) for p in prompts]
+            tokens: list[list[int]] = [[] for _ in prompts]
+
+            async def restart_worker() -> None:
+                stop(procs[-1])
+                await wait_until(lambda: rt.health() == "restarting", timeout_s=30)
+                await anyio.sleep(1.0)  # the new engine waits for the worker meanwhile
+                procs.append(await anyio.to_thread.run_sync(worker))
+
+            async def read(i: int, tg) -> None:
+                async for ev in handles[i]:
+                    if isinstance(ev, Token):
+                        tokens[i].append(ev.token)
+                        if i == 0 and len(tokens[0]) == 40:
+                            tg.start_soon(restart_worker)
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(prompts)):
+                        tg.start_soon(read, i, tg)
+            assert rt.engine.counters.restarts >= 1 and rt.health() == "ok"
+        assert tokens == [list(seq) for seq in ref]
+    finally:
+        for p in procs:
+            stop(p)

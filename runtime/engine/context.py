@@ -249,7 +249,14 @@ class Context:
         )
         slot.stream = TextStream(task.stop)
         if task.replay:  # resume (issue 14): these tokens were delivered before the engine died
-            slot.replay = list(reversed(task.replay[slot.index]))
+            delivered = task.replay[slot.index]
+            if task.replay_in_prompt:  # --resume fast: prefilled with the prompt; prime what samples
+                for token in delivered:
+                    llama_cpp.llama_sampler_accept(slot.sampler, token)
+                    slot.stream.push(self.model.piece(token))
+                slot.n_decoded = len(delivered)
+            else:  # exact: replayed one decode step at a time after the prompt (``_emit``)
+                slot.replay = list(reversed(delivered))
         spec = self.opts.spec
         if spec is not None:  # EN-2: the request's speculative.* fields over the server's
             p = task.params

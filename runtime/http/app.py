@@ -158,6 +158,7 @@ class Api:
             "pipeline_groups": cfg.pipeline_groups,
             "kv_unified": cfg.kv_unified,
             "scheduler": cfg.scheduler,
+            "engine": self.rt.engine_status(),  # issue 14: in this process, or a child process and its state
             "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
             "default_generation_settings": default_generation_settings(cfg),
             **self._server_props(),

@@ -79,7 +79,10 @@ class RuntimeConfig:
     watchdog_s: float = 0.0  # --watchdog-s: a decode step running this long is a dead engine (0: off)
     engine_max_restarts: int = 5  # engine restarts allowed within restart_window_s, then requests fail
     resume_max: int = 3  # times one request may be resumed before it fails
+    resume: str = "exact"  # --resume exact (replay delivered tokens step by step) | fast (as one prompt)
     engine_hooks: str = ""  # module:Class of GroupHooks made in the engine process (tests, chaos)
+    rpc_fallback: str = ""  # "local": a ggml-rpc worker gone for rpc_wait_s -> load the model locally
+    rpc_wait_s: float = 30.0
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
     trace_steps: bool = False  # record an engine step trace per group (tests)
     record_trace: str | None = None  # --record-trace FILE (BE-5): JSON lines of arrivals and steps, for replay

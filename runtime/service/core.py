@@ -269,6 +269,10 @@ class RuntimeCore:
         assert self.supervisor is not None
         return "ok" if self.supervisor.snapshot().healthy else "unhealthy"
 
+    def engine_status(self) -> dict[str, Any]:
+        """Where the engine runs and how it is (``/props``' ``engine``): here, in this process."""
+        return {"isolated": False, "state": "up" if self.state is RuntimeState.READY else self.state.value}
+
     # ---- graceful drain (issue 14) ------------------------------------------------------
 
     def in_flight(self) -> int:

@@ -160,6 +160,10 @@ class EmbeddingService:
                     f"{field}[{i}] has {len(t)} tokens; one input may have at most {max_tokens} "
                     f"(the embedding batch: raise --ubatch-size)")
 
+    async def run_tokens(self, actor: EmbeddingActor, tokens: list[list[int]], normalize: int) -> Embedded:
+        """Embed already admitted token-id inputs (the engine process's side of an isolated runtime)."""
+        return await self._run(actor, tokens, normalize)
+
     async def _run(self, actor: EmbeddingActor, tokens: list[list[int]], normalize: int) -> Embedded:
         """Queue one job and wait for its answer; leaving early (cancellation) drops the job."""
         self._ids += 1

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import anyio
+import numpy as np
 import structlog
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -82,7 +83,9 @@ class EngineSide:
         self._flush.set()
 
     async def run(self) -> None:
-        await self.stream.send(link.frame(link.Ready(os.getpid())))
+        actor = self.rt.embeddings.actor if self.rt.embeddings is not None else None
+        info = link.EmbedderInfo(actor.pooling, actor.n_embd, actor.max_input_tokens) if actor is not None else None
+        await self.stream.send(link.frame(link.Ready(os.getpid(), info)))
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._write)
             tg.start_soon(self._beat)
@@ -104,6 +107,8 @@ class EngineSide:
                 self._submit(msg.task)
             elif isinstance(msg, link.Cancel):
                 self._cancel(msg.task_id)
+            elif isinstance(msg, link.Embed):
+                tg.start_soon(self._embed, msg)
             else:
                 tg.start_soon(self._call, msg)
 
@@ -112,7 +117,7 @@ class EngineSide:
         task = Task(id=w.id, prompt=w.tokens(), params=w.params, n_predict=w.n_predict, stop=w.stop, n=w.n,
                     id_slot=w.id_slot, cache_prompt=w.cache_prompt, ignore_eos=w.ignore_eos, n_keep=w.n_keep,
                     n_discard=w.n_discard, return_progress=w.return_progress, lora=w.lora, sink=sink,
-                    arrived=time.perf_counter(), replay=w.replay)
+                    arrived=time.perf_counter(), replay=w.replay, replay_in_prompt=w.replay_in_prompt)
         assert self.rt.supervisor is not None
         try:
             self.rt.supervisor.try_tell(SupSubmit(task))
@@ -137,6 +142,19 @@ class EngineSide:
             reply = link.Reply(msg.call_id, value)
         except Exception as exc:  # noqa: BLE001 - the caller gets it back
             reply = link.Reply(msg.call_id, None, str(exc), type(exc).__name__)
+        await self._send(link.frame(reply))
+
+    async def _embed(self, msg: link.Embed) -> None:
+        service = self.rt.embeddings
+        try:
+            assert service is not None and service.actor is not None
+            inputs = [np.frombuffer(b, dtype=np.int32).tolist() for b in msg.inputs]
+            done = await service.run_tokens(service.actor, inputs, msg.normalize)
+            vectors = tuple((np.ascontiguousarray(v, dtype=np.float32).tobytes(), tuple(np.shape(v)))
+                            for v in done.vectors)
+            reply = link.EmbedDone(msg.job_id, vectors, done.n_tokens, done.pooling)
+        except Exception as exc:  # noqa: BLE001 - the API process raises it for its request
+            reply = link.EmbedDone(msg.job_id, error=str(exc), kind=type(exc).__name__)
         await self._send(link.frame(reply))
 
     async def _write(self) -> None:

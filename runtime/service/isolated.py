@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import numpy as np
 import structlog
 from anyio.abc import Process, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -45,6 +46,7 @@ from llamactor.protocol.errors import (
 )
 from llamactor.protocol.events import Done, Event, Failed, Progress, Token
 from llamactor.protocol.live import LiveSnapshot
+from llamactor.protocol.embedding import EmbedJob, Embedded
 from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import DEFAULT_SEED
 from llamactor.runtime.engine.model import LoadOptions, Model
@@ -64,6 +66,8 @@ CALL_TIMEOUT_S = 60.0
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # before restart k (the first one at once)
 SILENCE_S = 10.0  # no frame at all for this long (heartbeats come every second): the engine is stuck
 LIVE_REFRESH_S = 0.25
+RPC_PROBE_S = 0.5  # how often a missing ggml-rpc worker is probed
+RPC_LOG_EVERY_S = 5.0
 
 
 class EngineState(enum.Enum):
@@ -82,6 +86,7 @@ class Entry:
     done: set[int] = field(default_factory=set)  # choices whose Done was sent
     resumes: int = 0
     sent: bool = False  # submitted to the current engine process
+    lost_at: float = 0.0  # perf_counter() when its engine died: its next token ends the pause
 
 
 @dataclass
@@ -90,19 +95,23 @@ class EngineCounters:
     resumed: int = 0  # requests submitted again after a restart
     watchdog_kills: int = 0
     last_exit: str = ""
+    resume_ms: list[float] = field(default_factory=list)  # per resumed request: resubmit to next token
 
 
-def wire(task: Task, delivered: list[list[int]], resumes: int) -> link.WireTask:
-    """The task as the engine gets it; a resumed one replays what was delivered."""
+def wire(task: Task, delivered: list[list[int]], resumes: int, fast: bool = False) -> link.WireTask:
+    """The task as the engine gets it; a resumed one replays what was delivered (``fast``, one
+    choice only: as part of its prompt)."""
     params = task.params
+    fast = fast and resumes > 0 and task.n == 1
+    prompt = np.concatenate([task.prompt, np.asarray(delivered[0], dtype=np.int32)]) if fast else task.prompt
     if resumes and params.seed != DEFAULT_SEED and not params.greedy:
         # seeded sampling goes on with a seed of its own: the replay does not advance the RNG
         params = msgspec.structs.replace(params, seed=(params.seed * 1_000_003 + sum(map(len, delivered))) % 2**32)
     return link.WireTask(
-        id=task.id, prompt=task.prompt.tobytes(), params=params, n_predict=task.n_predict, stop=task.stop,
+        id=task.id, prompt=prompt.tobytes(), params=params, n_predict=task.n_predict, stop=task.stop,
         n=task.n, id_slot=task.id_slot, cache_prompt=task.cache_prompt, ignore_eos=task.ignore_eos,
         n_keep=task.n_keep, n_discard=task.n_discard, return_progress=task.return_progress and not resumes,
-        lora=task.lora, replay=tuple(tuple(d) for d in delivered) if resumes else (),
+        lora=task.lora, replay=tuple(tuple(d) for d in delivered) if resumes else (), replay_in_prompt=fast,
     )
 
 
@@ -119,6 +128,18 @@ def exit_reason(code: int | None) -> str:
     return "the watchdog (a decode step hung)" if code == WATCHDOG_EXIT else f"exit code {code}"
 
 
+async def reachable(endpoint: str) -> bool:
+    """Whether a ggml-rpc worker (HOST:PORT) accepts a connection now."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with anyio.fail_after(1.0):
+            stream = await anyio.connect_tcp(host.strip("[]"), int(port))
+    except (OSError, TimeoutError, ValueError):
+        return False
+    await stream.aclose()
+    return True
+
+
 class EngineProcess:
     """Starts the engine process, talks to it, restarts it when it dies."""
 
@@ -130,12 +151,15 @@ class EngineProcess:
         self.process: Process | None = None
         self.stream: SocketStream | None = None
         self._calls: dict[int, tuple[anyio.Event, list[Any]]] = {}
+        self._embeds: dict[int, tuple[anyio.Event, list[Any]]] = {}
+        self.embedder: link.EmbedderInfo | None = None  # from the engine's Ready
         self._call_ids = 0
         self.folder = tempfile.mkdtemp(prefix="llamactor-engine-")
         self._config_path = os.path.join(self.folder, "config.pickle")
         with open(self._config_path, "wb") as f:
             pickle.dump(replace(self.config, isolate=False), f)
         self._closing = False
+        self._local = False  # --rpc-fallback local took effect
         self._failures: list[float] = []
         self.steps_seen = 0
 
@@ -169,6 +193,35 @@ class EngineProcess:
             log.warning("engine_restarting", attempt=self.counters.restarts, delay_s=delay,
                         in_flight=len(self.core.journal))
             await anyio.sleep(delay)
+            if self.config.rpc_servers and not self._local:
+                await self._wait_for_workers()
+
+    async def _wait_for_workers(self) -> None:
+        """ggml-rpc (issue 14): a worker that went away takes the engine with it, and a new
+        engine cannot load the model until it is back. Probe every worker until all answer,
+        saying what we wait for; with ``--rpc-fallback local``, give up after ``--rpc-wait-s``
+        and load the whole model in the engine process instead."""
+        servers = list(self.config.rpc_servers)
+        started = time.monotonic()
+        said = 0.0
+        while True:
+            missing = [s for s in servers if not await reachable(s)]
+            if not missing:
+                if said:
+                    log.info("rpc_workers_back", waited_s=round(time.monotonic() - started, 2))
+                return
+            waited = time.monotonic() - started
+            if self.config.rpc_fallback == "local" and waited >= self.config.rpc_wait_s:
+                log.warning("rpc_fallback_local", missing=missing, waited_s=round(waited, 1),
+                            action="the engine loads the whole model locally")
+                self._local = True
+                with open(self._config_path, "wb") as f:
+                    pickle.dump(replace(self.config, isolate=False, rpc_servers=(), devices=(), tensor_split=()), f)
+                return
+            if waited - said >= RPC_LOG_EVERY_S or not said:
+                log.warning("waiting_for_rpc_workers", missing=missing, waited_s=round(waited, 1))
+                said = max(waited, 1e-9)
+            await anyio.sleep(RPC_PROBE_S)
 
     async def _serve_once(self, task_status: TaskStatus[None] | None) -> None:
         sock = os.path.join(self.folder, f"engine-{self.counters.restarts}.sock")
@@ -206,6 +259,7 @@ class EngineProcess:
                 await self._kill(process)
                 raise
             self.stream = stream
+            self.embedder = hello.embedder
             self.state = EngineState.UP
             log.info("engine_ready", pid=hello.pid, restarts=self.counters.restarts)
             if task_status is not None:
@@ -261,6 +315,11 @@ class EngineProcess:
                 self.core.on_events(msg)
             elif isinstance(msg, link.Reply):
                 waiter = self._calls.pop(msg.call_id, None)
+                if waiter is not None:
+                    waiter[1].append(msg)
+                    waiter[0].set()
+            elif isinstance(msg, link.EmbedDone):
+                waiter = self._embeds.pop(msg.job_id, None)
                 if waiter is not None:
                     waiter[1].append(msg)
                     waiter[0].set()
@@ -328,10 +387,61 @@ class EngineProcess:
             raise (RequestError if reply.kind in {"RequestError", "NotFound", "SlotBusy"} else EngineError)(reply.error)
         return reply.value
 
+    async def embed(self, msg: link.Embed) -> link.EmbedDone:
+        """Send an ``Embed`` and wait for its answer (Unavailable when the engine dies meanwhile)."""
+        done = anyio.Event()
+        out: list[Any] = []
+        self._embeds[msg.job_id] = (done, out)
+        if not await self.send(msg):
+            self._embeds.pop(msg.job_id, None)
+            raise Unavailable(f"the engine is {self.state.value}")
+        await done.wait()
+        if not out:
+            raise Unavailable("the engine process died while embedding; retry")
+        return out[0]
+
     def _fail_calls(self) -> None:
         calls, self._calls = self._calls, {}
-        for done, _ in calls.values():
+        embeds, self._embeds = self._embeds, {}
+        for done, _ in [*calls.values(), *embeds.values()]:
             done.set()
+
+
+class RemoteEmbedder:
+    """The engine process's embedding actor, as ``EmbeddingService`` uses it (``try_tell`` a
+    job, the answer on the job's stream). Embeddings are not journaled: one whose engine dies
+    fails with a 503, and the client retries (they are cheap and have no stream to resume)."""
+
+    def __init__(self, engine: EngineProcess, info: link.EmbedderInfo, tg: Any) -> None:
+        self.engine = engine
+        self.pooling = info.pooling
+        self.n_embd = info.n_embd
+        self.max_input_tokens = info.max_input_tokens
+        self._tg = tg
+
+    def try_tell(self, job: EmbedJob) -> None:
+        if not self.engine.up:
+            raise Unavailable(f"the engine is {self.engine.state.value}")
+        self._tg.start_soon(self._run, job)
+
+    async def _run(self, job: EmbedJob) -> None:
+        sink = job.sink
+        try:
+            done = await self.engine.embed(link.Embed(job.id, tuple(np.asarray(t, dtype=np.int32).tobytes()
+                                                                    for t in job.inputs), job.normalize))
+            if done.error:
+                kind = "invalid_request_error" if done.kind in {"RequestError", "NotFound"} else "server_error"
+                event: Any = Failed(done.error, kind)
+            else:
+                vectors = tuple(np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors)
+                event = Embedded(vectors, done.n_tokens, done.pooling)
+        except LlamactorError as exc:
+            event = Failed(str(exc), "unavailable_error")
+        try:
+            sink.send_nowait(event)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        sink.close()
 
 
 class IsolatedCore(RuntimeCore):
@@ -358,13 +468,14 @@ class IsolatedCore(RuntimeCore):
         self.chat_template = ChatTemplate(
             chat_template_source(cfg, model), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
         )
-        self.embeddings = EmbeddingService(model, None, normalize=cfg.embd_normalize)
         engine = self.engine = EngineProcess(self)
         self._stack.callback(shutil.rmtree, engine.folder, True)
         tg = self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.callback(tg.cancel_scope.cancel)
         self._stack.push_async_callback(engine.close)  # first on the way out: the engine stops cleanly
         await tg.start(engine.run)
+        remote = RemoteEmbedder(engine, engine.embedder, tg) if engine.embedder is not None else None
+        self.embeddings = EmbeddingService(model, remote, normalize=cfg.embd_normalize)  # type: ignore[arg-type]
         tg.start_soon(self._refresh_live)
         self.started_at = time.time()
 
@@ -381,6 +492,15 @@ class IsolatedCore(RuntimeCore):
 
     def in_flight(self) -> int:
         return len(self.journal)
+
+    def engine_status(self) -> dict[str, Any]:
+        assert self.engine is not None
+        e = self.engine
+        process = e.process
+        return {"isolated": True, "state": e.state.value, "pid": process.pid if process is not None else None,
+                "restarts": e.counters.restarts, "requests_resumed": e.counters.resumed,
+                "watchdog_kills": e.counters.watchdog_kills, "last_exit": e.counters.last_exit,
+                "requests_in_flight": len(self.journal)}
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -422,10 +542,14 @@ class IsolatedCore(RuntimeCore):
                 continue  # cancelled meanwhile
             if isinstance(event, Token):
                 entry.delivered[event.index].append(event.token)
+                if entry.lost_at:
+                    self._resumed(entry)
             elif isinstance(event, Done):
                 if event.index in entry.done:
                     continue  # a resumed choice that had finished ends again: sent once already
                 entry.done.add(event.index)
+                if entry.resumes and event.n_prompt != len(entry.task.prompt):  # --resume fast
+                    event = msgspec.structs.replace(event, n_prompt=len(entry.task.prompt))
             elif isinstance(event, Progress) and entry.resumes:
                 continue
             try:
@@ -437,10 +561,22 @@ class IsolatedCore(RuntimeCore):
             if entry is not None:
                 entry.task.sink.close()
 
+    def _resumed(self, entry: Entry) -> None:
+        """A resumed request's first new token: how long its stream paused (restart, prompt, replay)."""
+        pause_ms = (time.perf_counter() - entry.lost_at) * 1e3
+        entry.lost_at = 0.0
+        assert self.engine is not None
+        self.engine.counters.resume_ms.append(pause_ms)
+        log.info("request_resumed", task=entry.task.id, mode=self.config.resume, resumes=entry.resumes,
+                 replayed=sum(map(len, entry.delivered)), pause_ms=round(pause_ms, 1))
+
     def engine_lost(self) -> None:
         """The engine died: what was sent to it is unsent now; it goes again after the restart."""
+        now = time.perf_counter()
         for entry in self.journal.values():
             entry.sent = False
+            if any(entry.delivered) and not entry.lost_at:
+                entry.lost_at = now  # its stream pauses from here until its next token
 
     async def resubmit(self) -> None:
         """After a (re)start: send every journaled request, resuming those that were running."""
@@ -456,7 +592,8 @@ class IsolatedCore(RuntimeCore):
                     continue
                 entry.resumes += 1
                 self.engine.counters.resumed += 1
-            entry.sent = await self.engine.send(link.Submit(wire(entry.task, entry.delivered, entry.resumes)))
+            entry.sent = await self.engine.send(link.Submit(wire(entry.task, entry.delivered, entry.resumes,
+                                                                 self.config.resume == "fast")))
             if not entry.sent:
                 return  # it died again: the next start sends the rest
 
