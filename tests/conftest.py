@@ -34,7 +34,7 @@ def make_config(tiny_model: Path):
 
     def make(**overrides: Any) -> RuntimeConfig:
         base = RuntimeConfig(model=tiny_model, n_ctx=TEST_N_CTX, parallel=4, threads=TEST_THREADS, n_batch=512,
-                             n_ubatch=512)
+                             n_ubatch=512, isolate=False)  # in this process: hooks reach it; tests of issue 14 isolate
         return replace(base, **overrides)
 
     return make

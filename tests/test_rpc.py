@@ -121,13 +121,15 @@ def test_cli_worker_errors_and_list_devices(tiny_model: Path, workers):
 
 
 def test_worker_death_ends_server_instead_of_hanging(tiny_model: Path):
-    """Issue 6: a worker dying mid-run makes llama.cpp abort the server process (documented);
-    it must not hang, so a process supervisor (ops/llamactor.service) can restart it."""
+    """Issue 6, with the engine in the server's process (--no-isolate): a worker dying mid-run
+    makes llama.cpp abort the process; it must not hang, so a process supervisor
+    (ops/llamactor.service) can restart it. With the engine isolated (the default) the server
+    waits for the worker and resumes instead (tests/test_isolation.py)."""
     worker, endpoint = start_worker()
     port = free_port()
     server = subprocess.Popen(
         [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-np", "2", "-t", "1",
-         "--rpc", endpoint, "--device", "RPC0,CPU"],
+         "--rpc", endpoint, "--device", "RPC0,CPU", "--no-isolate"],  # isolated: tests/test_isolation.py
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:

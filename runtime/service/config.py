@@ -75,7 +75,7 @@ class RuntimeConfig:
     shutdown_timeout: float = 30.0  # SIGTERM: seconds the requests in flight get to finish (issue 14)
     # the engine in a child process (issue 14): it may die; the API process restarts it and
     # resumes every request in flight (README "Engine process")
-    isolate: bool = False  # --isolate (the server's default) / Runtime.open(..., isolate=True)
+    isolate: bool = True  # the engine in a child process (issue 14); False: in this process (hooks, tests)
     watchdog_s: float = 0.0  # --watchdog-s: a decode step running this long is a dead engine (0: off)
     engine_max_restarts: int = 5  # engine restarts allowed within restart_window_s, then requests fail
     resume_max: int = 3  # times one request may be resumed before it fails

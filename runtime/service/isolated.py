@@ -42,7 +42,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import (
-    ConfigError, EngineError, LlamactorError, NotSupported, Overloaded, RequestError, Unavailable,
+    ConfigError, EngineError, LlamactorError, Overloaded, RequestError, Unavailable,
 )
 from llamactor.protocol.events import Done, Event, Failed, Progress, Token
 from llamactor.protocol.live import LiveSnapshot
@@ -451,8 +451,8 @@ class IsolatedCore(RuntimeCore):
         super().__init__(config, **kwargs)
         self.journal: dict[int, Entry] = {}
         self.engine: EngineProcess | None = None
-        self._live: LiveSnapshot | None = None
-        self._live_wanted = 0.0
+        self._cache: dict[str, Any] = {}  # engine answers that sync methods return (``_refresh``)
+        self._wanted: dict[str, float] = {}
         self._tg: Any = None
 
     async def _start(self) -> None:
@@ -476,7 +476,7 @@ class IsolatedCore(RuntimeCore):
         await tg.start(engine.run)
         remote = RemoteEmbedder(engine, engine.embedder, tg) if engine.embedder is not None else None
         self.embeddings = EmbeddingService(model, remote, normalize=cfg.embd_normalize)  # type: ignore[arg-type]
-        tg.start_soon(self._refresh_live)
+        tg.start_soon(self._refresh)
         self.started_at = time.time()
 
     # ---- state -----------------------------------------------------------------------------
@@ -614,7 +614,10 @@ class IsolatedCore(RuntimeCore):
     # ---- what the engine knows -------------------------------------------------------------
 
     def slots(self) -> list[dict[str, Any]]:
-        raise NotSupported("with the engine in a child process the slots are read with await rt.fetch_slots()")
+        """The slot rows as last read from the engine (at most ``LIVE_REFRESH_S`` old while they
+        are asked for; the first call may see none): ``await rt.fetch_slots()`` reads them now."""
+        self._require_ready()
+        return list(self._cached("slots") or [])
 
     async def fetch_slots(self) -> list[dict[str, Any]]:
         self._require_ready()
@@ -637,7 +640,9 @@ class IsolatedCore(RuntimeCore):
         return body + self.engine_metrics()
 
     def metrics_text(self) -> bytes:
-        return self.engine_metrics()
+        """The engine's metrics as last read (see ``slots``) and this process's; ``await
+        rt.fetch_metrics()`` reads the engine's now (the HTTP app does)."""
+        return (self._cached("metrics_text") or b"") + self.engine_metrics()
 
     def engine_metrics(self) -> bytes:
         assert self.engine is not None
@@ -657,19 +662,30 @@ class IsolatedCore(RuntimeCore):
         return "".join(out).encode()
 
     def live_snapshot(self) -> LiveSnapshot:
-        self._live_wanted = time.monotonic()
-        snap = self._live
+        snap = self._cached("live_snapshot")
         if snap is None or self.engine is None or not self.engine.up:
             return live.idle_snapshot(self.config, self.health())
         return snap
 
-    async def _refresh_live(self) -> None:
-        """Keep a recent live-view snapshot while someone looks at it (``/live`` reads it sync)."""
+    def _cached(self, method: str) -> Any:
+        """The last answer of an engine call that sync callers read; asking keeps it fresh."""
+        self._wanted[method] = time.monotonic()
+        return self._cache.get(method)
+
+    async def _refresh(self) -> None:
+        """Re-read, every ``LIVE_REFRESH_S``, the engine answers sync callers asked for in the
+        last 5 s (the live view's snapshot, slots, metrics)."""
         while True:
             await anyio.sleep(LIVE_REFRESH_S)
-            if self.engine is None or not self.engine.up or time.monotonic() - self._live_wanted > 5.0:
+            if self.engine is None or not self.engine.up:
+                self._cache.clear()
                 continue
-            try:
-                self._live = msgspec.convert(await self.engine.call("live_snapshot"), LiveSnapshot)
-            except (LlamactorError, msgspec.ValidationError, TimeoutError):
-                self._live = None
+            now = time.monotonic()
+            for method, asked in list(self._wanted.items()):
+                if now - asked > 5.0:
+                    continue
+                try:
+                    value = await self.engine.call(method)
+                    self._cache[method] = msgspec.convert(value, LiveSnapshot) if method == "live_snapshot" else value
+                except (LlamactorError, msgspec.ValidationError, TimeoutError):
+                    self._cache.pop(method, None)
