@@ -49,6 +49,14 @@ def free_port() -> int:
 @asynccontextmanager
 async def serve_runtime(rt: Runtime) -> AsyncIterator[str]:
     """Serve an open runtime with Hypercorn on a free loopback port; yields the base URL."""
+    async with serve_app(rt.asgi_app()) as url:
+        yield url
+
+
+@asynccontextmanager
+async def serve_app(app: Any, ready_path: str = "/health") -> AsyncIterator[str]:
+    """Serve any ASGI app with Hypercorn on a free loopback port (really streaming, unlike
+    httpx's ASGITransport, which collects a whole response first); yields the base URL."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
@@ -60,13 +68,13 @@ async def serve_runtime(rt: Runtime) -> AsyncIterator[str]:
     cfg.graceful_timeout = 0.5
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: serve(rt.asgi_app(), cfg, shutdown_trigger=stop.wait))
+        tg.start_soon(lambda: serve(app, cfg, shutdown_trigger=stop.wait))
         url = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient() as client:
             with anyio.fail_after(10):
                 while True:
                     try:
-                        await client.get(url + "/health")
+                        await client.get(url + ready_path)
                         break
                     except httpx.TransportError:
                         await anyio.sleep(0.01)

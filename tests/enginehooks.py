@@ -46,3 +46,10 @@ class SlowRestart(_Quiet):
     def __init__(self) -> None:
         if not _first_engine():
             time.sleep(float(os.environ.get("LLAMACTOR_TEST_START_S", "2")))
+
+
+class Slow(_Quiet):
+    """Every decode step takes a few milliseconds more, so a test can act while requests run."""
+
+    def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
+        time.sleep(0.003)

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from conftest import serve_runtime, wait_until
+from conftest import serve_app, serve_runtime, wait_until
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.events import Done, Token
 from llamactor.protocol.messages import Submit
@@ -28,6 +28,7 @@ from llamactor.runtime import Runtime
 from llamactor.runtime.service.handles import collect
 
 HOOKS = str(Path(__file__).with_name("enginehooks.py"))
+SLOW = f"{HOOKS}:Slow"
 PROMPTS = [[5 + j, 6, 7, 8, 9, 10 + j] * 4 for j in range(8)]
 N_PREDICT = 240
 KILL_AT = 80
@@ -77,7 +78,7 @@ async def test_killed_engine_resumes_every_stream_byte_for_byte(make_config):
     """Check 1: 8 concurrent greedy streams, SIGKILL mid-stream: all 8 complete, each identical
     to an uninterrupted run (tokens and text); /health went 503 and back to 200; /metrics counts
     the restart and the 8 resumes."""
-    cfg = make_config(parallel=8)
+    cfg = make_config(parallel=8, engine_hooks=SLOW)  # the streams are still running when it dies
     async with Runtime.open(cfg, isolate=True) as rt:
         ref_tokens, ref_texts = await _streams(rt, kill=False)
     async with Runtime.open(cfg, isolate=True) as rt, serve_runtime(rt) as url:
@@ -99,6 +100,32 @@ async def test_killed_engine_resumes_every_stream_byte_for_byte(make_config):
     assert "llamactor:engine_restarts_total 1.0" in metrics
     assert "llamactor:requests_resumed_total 8.0" in metrics
     assert "llamacpp:tokens_predicted_total" in metrics  # the engine's own counters come through
+
+
+async def test_fast_resume_prefills_the_delivered_tokens_with_the_prompt(make_config):
+    """--resume fast: the delivered tokens join the prompt (one prefill instead of one step per
+    token); every stream still ends with its whole budget and a Done whose text is what was
+    streamed; the pause of each resumed request is measured."""
+    async with Runtime.open(make_config(parallel=8, resume="fast", engine_hooks=SLOW), isolate=True) as rt:
+        tokens, texts = await _streams(rt, kill=True)  # _streams checks Done.text and n_predicted
+        pauses = rt.engine.counters.resume_ms
+    assert all(len(t) == N_PREDICT for t in tokens)
+    assert len(pauses) == 8 and all(p > 0 for p in pauses)
+
+
+async def test_a_request_resumes_at_most_resume_max_times(make_config):
+    from llamactor.protocol.errors import LlamactorError
+
+    async with Runtime.open(make_config(parallel=2, resume_max=0, engine_hooks=SLOW), isolate=True) as rt:
+        handle = await rt.submit(PROMPTS[0], max_tokens=400, temperature=0, ignore_eos=True)
+        n = 0
+        with pytest.raises(LlamactorError, match="died 1 times while serving this request"):
+            async for ev in handle:
+                n += isinstance(ev, Token)
+                if n == 20:
+                    os.kill(rt.engine.process.pid, signal.SIGKILL)
+        after = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0))  # the engine is back
+    assert after.n_predicted == 8
 
 
 async def test_watchdog_restarts_a_hung_engine(make_config, tmp_path, monkeypatch):
@@ -145,13 +172,12 @@ async def test_requests_wait_for_a_restarting_engine_then_overflow_gets_503(make
 async def test_an_embedding_app_keeps_serving_while_the_engine_restarts(make_config):
     """Check 6: a Starlette app embedding the runtime keeps answering its own routes while the
     engine is killed, and the runtime's requests resume."""
-    cfg = make_config(parallel=4)
+    cfg = make_config(parallel=4, engine_hooks=SLOW)
     async with Runtime.open(cfg, isolate=True) as rt:
         ref = await collect(await rt.submit(PROMPTS[1], max_tokens=200, temperature=0, ignore_eos=True))
         app = Starlette(routes=[Route("/own", lambda request: PlainTextResponse("still here")),
                                 Mount("/llm", app=rt.asgi_app())])
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app", timeout=60) as client:
+        async with serve_app(app, "/own") as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             body = {"prompt": PROMPTS[1], "n_predict": 200, "temperature": 0, "ignore_eos": True, "stream": True}
             tokens: list[int] = []
             own: list[int] = []
@@ -165,9 +191,10 @@ async def test_an_embedding_app_keeps_serving_while_the_engine_restarts(make_con
                         os.kill(rt.engine.process.pid, signal.SIGKILL)
                         await wait_until(lambda: rt.health() == "restarting")
                         own.append((await client.get("/own")).status_code)
+        counters = rt.engine.counters
     assert own == [200]
     assert tokens == list(ref.choices[0].tokens)
-    assert rt.engine.counters.restarts == 1
+    assert counters.restarts == 1 and counters.resumed == 1  # it was still running when the engine died
 
 
 async def test_hooks_need_the_engine_in_this_process(make_config):
@@ -235,7 +262,7 @@ async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_con
         return proc
 
     cfg = make_config(parallel=4, rpc_servers=(f"127.0.0.1:{port}",), devices=("RPC0", "CPU"),
-                      tensor_split=(1.0, 1.0), watchdog_s=10.0)
+                      tensor_split=(1.0, 1.0), watchdog_s=10.0, engine_hooks=SLOW)
     prompts = PROMPTS[:4]
     procs = [worker()]
     try:
@@ -267,3 +294,36 @@ async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_con
     finally:
         for p in procs:
             stop(p)
+
+
+async def test_rpc_fallback_local_loads_the_model_here_when_the_worker_stays_away(make_config):
+    """--rpc-fallback local: the worker dies and does not come back; after --rpc-wait-s the new
+    engine loads the whole model locally and the streams complete (the split and the local
+    model decode alike, RPC-3, so greedy output is unchanged)."""
+    import subprocess
+
+    from conftest import free_port
+    from test_rpc import LLAMACTOR, _wait_port, stop
+
+    port = free_port()
+    proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port, proc)
+        cfg = make_config(parallel=2, rpc_servers=(f"127.0.0.1:{port}",), devices=("RPC0", "CPU"),
+                          tensor_split=(1.0, 1.0), rpc_fallback="local", rpc_wait_s=1.0, engine_hooks=SLOW)
+        async with Runtime.open(cfg, isolate=True) as rt:
+            ref = list((await collect(await rt.submit(PROMPTS[2], max_tokens=80, temperature=0, ignore_eos=True)))
+                       .choices[0].tokens)
+            handle = await rt.submit(PROMPTS[2], max_tokens=80, temperature=0, ignore_eos=True)
+            tokens: list[int] = []
+            with anyio.fail_after(60):
+                async for ev in handle:
+                    if isinstance(ev, Token):
+                        tokens.append(ev.token)
+                        if len(tokens) == 20:
+                            stop(proc)
+            assert rt.engine._local and rt.health() == "ok"
+        assert tokens == ref
+    finally:
+        stop(proc)

@@ -66,6 +66,7 @@ CALL_TIMEOUT_S = 60.0
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # before restart k (the first one at once)
 SILENCE_S = 10.0  # no frame at all for this long (heartbeats come every second): the engine is stuck
 LIVE_REFRESH_S = 0.25
+KILL_GRACE_S = 0.5  # an engine whose socket closed gets this long to exit by itself
 RPC_PROBE_S = 0.5  # how often a missing ggml-rpc worker is probed
 RPC_LOG_EVERY_S = 5.0
 
@@ -332,6 +333,11 @@ class EngineProcess:
         return await reader.receive_exactly(link.HEADER.unpack(header)[0])
 
     async def _kill(self, process: Process) -> None:
+        """Make sure the engine process is gone. One whose socket closed is usually exiting:
+        give it a moment first (killing a zombie makes Python's ``Popen.send_signal`` reap it
+        behind asyncio's back, which then reports exit code 255 instead of the real one)."""
+        with anyio.move_on_after(KILL_GRACE_S, shield=True):
+            await process.wait()
         if process.returncode is None:
             try:
                 process.kill()
