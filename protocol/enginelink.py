@@ -21,33 +21,23 @@ import msgspec
 import numpy as np
 
 from llamactor.protocol.events import Event
-from llamactor.protocol.lora import NO_LORA, LoraSet
-from llamactor.protocol.sampling import SamplingParams
+from llamactor.protocol.messages import REQUEST_FIELDS, Cancel, Request  # Cancel: the supervisor's, passed on
 
 HEADER = struct.Struct(">I")
 
 
-class WireTask(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+class WireTask(Request, frozen=True, kw_only=True):
     """``messages.Task`` without its stream: what the engine needs to serve it."""
 
     id: int
     prompt: bytes  # int32 token ids, native byte order (both ends are one machine)
-    params: SamplingParams
-    n_predict: int
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    id_slot: int = -1
-    cache_prompt: bool = True
-    ignore_eos: bool = False
-    n_keep: int = 0
-    n_discard: int = 0
-    return_progress: bool = False
-    lora: LoraSet = NO_LORA
-    replay: tuple[tuple[int, ...], ...] = ()
-    replay_in_prompt: bool = False
 
     def tokens(self) -> np.ndarray:
         return np.frombuffer(self.prompt, dtype=np.int32)
+
+    def fields(self) -> dict[str, Any]:
+        """The ``Request`` fields, to build a ``Task`` from."""
+        return {name: getattr(self, name) for name in REQUEST_FIELDS}
 
 
 class EmbedderInfo(msgspec.Struct, frozen=True):
@@ -82,10 +72,6 @@ class EmbedDone(msgspec.Struct, frozen=True, tag=True):
 
 class Submit(msgspec.Struct, frozen=True, tag=True):
     task: WireTask
-
-
-class Cancel(msgspec.Struct, frozen=True, tag=True):
-    task_id: int
 
 
 class Call(msgspec.Struct, frozen=True, tag=True):

@@ -46,15 +46,10 @@ else:
     EventSink = Any
 
 
-class Task(msgspec.Struct, frozen=True, kw_only=True):
-    """One validated, tokenized generation request. Created once by the Runtime facade.
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """What a validated generation request asks for, wherever it travels: a ``Task`` in the
+    engine's mailboxes, a ``WireTask`` over the link to an engine process (issue 14)."""
 
-    ``sink`` is the send end of the request's bounded result stream (anyio); the group that
-    serves the task is the only writer. ``n`` choices share one prompt prefill (PG-10).
-    """
-
-    id: int
-    prompt: npt.NDArray[np.int32]  # token ids
     params: SamplingParams
     n_predict: int
     stop: tuple[str, ...] = ()
@@ -66,8 +61,6 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
     return_progress: bool = False  # send Progress events while the prompt is processed
     lora: LoraSet = NO_LORA  # the adapters its decode steps apply (EN-1), resolved at admission
-    sink: EventSink  # the send end of the request's bounded result stream
-    arrived: float = 0.0  # time.perf_counter() at submit
     # Resume after an engine restart (issue 14): per choice, the tokens already delivered. The
     # group replays them after the prompt one decode step at a time (teacher forcing: the same
     # numerics as the run that produced them), sampling nothing and sending no Token event.
@@ -75,6 +68,22 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     # ``--resume fast``: the delivered tokens were appended to ``prompt`` (prefilled at once,
     # numerically not bit-identical); the group only primes the sampler and text stream with them
     replay_in_prompt: bool = False
+
+
+REQUEST_FIELDS = Request.__struct_fields__
+
+
+class Task(Request, frozen=True, kw_only=True):
+    """One validated, tokenized generation request. Created once by the Runtime facade.
+
+    ``sink`` is the send end of the request's bounded result stream (anyio); the group that
+    serves the task is the only writer. ``n`` choices share one prompt prefill (PG-10).
+    """
+
+    id: int
+    prompt: npt.NDArray[np.int32]  # token ids
+    sink: EventSink  # the send end of the request's bounded result stream
+    arrived: float = 0.0  # time.perf_counter() at submit
 
 
 # ---- Supervisor mailbox ---------------------------------------------------------------

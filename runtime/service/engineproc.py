@@ -33,7 +33,6 @@ from llamactor.actors.policies import load_object
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
 from llamactor.protocol.events import Event, Failed
-from llamactor.protocol.messages import Cancel as SupCancel
 from llamactor.protocol.messages import Submit as SupSubmit
 from llamactor.protocol.messages import Task
 from llamactor.runtime.service.config import RuntimeConfig
@@ -106,7 +105,7 @@ class EngineSide:
             if isinstance(msg, link.Submit):
                 self._submit(msg.task)
             elif isinstance(msg, link.Cancel):
-                self._cancel(msg.task_id)
+                self._cancel(msg)
             elif isinstance(msg, link.Embed):
                 tg.start_soon(self._embed, msg)
             else:
@@ -114,10 +113,7 @@ class EngineSide:
 
     def _submit(self, w: link.WireTask) -> None:
         sink: Any = RemoteSink(w.id, self)  # duck-types the stream's send_nowait/close
-        task = Task(id=w.id, prompt=w.tokens(), params=w.params, n_predict=w.n_predict, stop=w.stop, n=w.n,
-                    id_slot=w.id_slot, cache_prompt=w.cache_prompt, ignore_eos=w.ignore_eos, n_keep=w.n_keep,
-                    n_discard=w.n_discard, return_progress=w.return_progress, lora=w.lora, sink=sink,
-                    arrived=time.perf_counter(), replay=w.replay, replay_in_prompt=w.replay_in_prompt)
+        task = Task(id=w.id, prompt=w.tokens(), sink=sink, arrived=time.perf_counter(), **w.fields())
         assert self.rt.supervisor is not None
         try:
             self.rt.supervisor.try_tell(SupSubmit(task))
@@ -125,10 +121,10 @@ class EngineSide:
             sink.send_nowait(Failed(str(exc), "unavailable_error"))
             sink.close()
 
-    def _cancel(self, task_id: int) -> None:
+    def _cancel(self, msg: link.Cancel) -> None:
         if self.rt.supervisor is not None:
             try:
-                self.rt.supervisor.try_tell(SupCancel(task_id))
+                self.rt.supervisor.try_tell(msg)
             except LlamactorError:
                 pass
 

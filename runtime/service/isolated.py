@@ -47,7 +47,7 @@ from llamactor.protocol.errors import (
 from llamactor.protocol.events import Done, Event, Failed, Progress, Token
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.embedding import EmbedJob, Embedded
-from llamactor.protocol.messages import Task
+from llamactor.protocol.messages import REQUEST_FIELDS, Task
 from llamactor.protocol.sampling import DEFAULT_SEED
 from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.service import live
@@ -108,12 +108,10 @@ def wire(task: Task, delivered: list[list[int]], resumes: int, fast: bool = Fals
     if resumes and params.seed != DEFAULT_SEED and not params.greedy:
         # seeded sampling goes on with a seed of its own: the replay does not advance the RNG
         params = msgspec.structs.replace(params, seed=(params.seed * 1_000_003 + sum(map(len, delivered))) % 2**32)
-    return link.WireTask(
-        id=task.id, prompt=prompt.tobytes(), params=params, n_predict=task.n_predict, stop=task.stop,
-        n=task.n, id_slot=task.id_slot, cache_prompt=task.cache_prompt, ignore_eos=task.ignore_eos,
-        n_keep=task.n_keep, n_discard=task.n_discard, return_progress=task.return_progress and not resumes,
-        lora=task.lora, replay=tuple(tuple(d) for d in delivered) if resumes else (), replay_in_prompt=fast,
-    )
+    fields = {name: getattr(task, name) for name in REQUEST_FIELDS}
+    fields.update(params=params, return_progress=task.return_progress and not resumes,
+                  replay=tuple(tuple(d) for d in delivered) if resumes else (), replay_in_prompt=fast)
+    return link.WireTask(id=task.id, prompt=prompt.tobytes(), **fields)
 
 
 def exit_reason(code: int | None) -> str:
