@@ -1,7 +1,9 @@
 """Embedding llamactor in your own Starlette app.
 
 The runtime lives inside the app's lifespan and event loop; its OpenAI-compatible API is
-mounted under /llm, and the app's own route calls the runtime directly.
+mounted under /llm, and the app's own route calls the runtime directly. The engine runs in a
+child process (the default): if llama.cpp aborts, the app keeps serving and the runtime's
+requests resume once the engine is back (``RuntimeConfig(isolate=False)`` keeps it in-process).
 
     python examples/embed_app.py [model.gguf]      # then: curl localhost:8000/hello?name=Ada
 """
