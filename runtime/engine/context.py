@@ -243,9 +243,12 @@ class Context:
         """Prepare a newly assigned slot's sampler and text stream (in the group's thread)."""
         task = slot.task
         assert task is not None
+        prompt = task.prompt
+        if task.replay_in_prompt:  # --resume fast: the delivered tokens are accepted below, once
+            prompt = prompt[: len(prompt) - len(task.replay[slot.index])]
         slot.sampler = build_chain(
             self.model, task.params, n_ctx=self.n_ctx_seq, seed_offset=slot.index,
-            prompt=task.prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
+            prompt=prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
         )
         slot.stream = TextStream(task.stop)
         if task.replay:  # resume (issue 14): these tokens were delivered before the engine died

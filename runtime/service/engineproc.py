@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import signal
 import sys
 import time
 from typing import Any
@@ -76,7 +77,7 @@ class EngineSide:
         self.outbox: list[tuple[int, Event]] = []
         self.ended: list[int] = []
         self._flush = anyio.Event()
-        self.sinks: dict[int, RemoteSink] = {}
+        self._send_lock = anyio.Lock()
 
     def wake(self) -> None:
         self._flush.set()
@@ -163,7 +164,8 @@ class EngineSide:
 
     async def _send(self, data: bytes) -> None:
         try:
-            await self.stream.send(data)
+            async with self._send_lock:  # writer, beats, replies: one frame at a time
+                await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the reader sees the end and stops the process
 
@@ -205,6 +207,10 @@ async def serve(socket_path: str, config: RuntimeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     socket_path, config_path = argv
+    # The API process decides when the engine stops (it closes the socket); a Ctrl-C or a
+    # service manager's SIGTERM meant for the server must not cut the requests it drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with open(config_path, "rb") as f:
         config: RuntimeConfig = pickle.load(f)  # written by the API process that started us
     configure_logging()

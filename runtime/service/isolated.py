@@ -41,6 +41,7 @@ from anyio.abc import Process, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol import enginelink as link
+from llamactor.protocol import errors
 from llamactor.protocol.errors import (
     ConfigError, EngineError, LlamactorError, Overloaded, RequestError, Unavailable,
 )
@@ -114,6 +115,12 @@ def wire(task: Task, delivered: list[list[int]], resumes: int, fast: bool = Fals
     return link.WireTask(id=task.id, prompt=prompt.tobytes(), **fields)
 
 
+def error_class(kind: str) -> type[LlamactorError]:
+    """The llamactor error class an engine reply names (so HTTP answers with its status)."""
+    cls = getattr(errors, kind, None)
+    return cls if isinstance(cls, type) and issubclass(cls, LlamactorError) else EngineError
+
+
 def exit_reason(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -158,6 +165,7 @@ class EngineProcess:
         with open(self._config_path, "wb") as f:
             pickle.dump(replace(self.config, isolate=False), f)
         self._closing = False
+        self._send_lock = anyio.Lock()
         self._local = False  # --rpc-fallback local took effect
         self._failures: list[float] = []
         self.steps_seen = 0
@@ -171,9 +179,10 @@ class EngineProcess:
         while not self._closing:
             try:
                 await self._serve_once(task_status if first else None)
-            except (ConfigError, EngineError):
+            except Exception as exc:  # noqa: BLE001 - a restart that fails counts as a death
                 if first:
                     raise
+                log.error("engine_start_failed", error=f"{type(exc).__name__}: {exc}")
             first = False
             if self._closing:
                 return
@@ -228,6 +237,7 @@ class EngineProcess:
             process = self.process = await anyio.open_process(
                 [sys.executable, "-m", "llamactor.runtime.service.engineproc", sock, self._config_path],
                 stdin=None, stdout=None, stderr=None,
+                start_new_session=True,  # signals to the terminal's or service's group go to the API only
             )
             try:
                 with anyio.fail_after(READY_TIMEOUT_S):
@@ -264,8 +274,10 @@ class EngineProcess:
             if task_status is not None:
                 task_status.started()
             try:
-                await self.core.resubmit()
-                await self._pump(reader, process)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.core.resubmit)  # while the engine's frames are read
+                    await self._pump(reader, process)
+                    tg.cancel_scope.cancel()
             finally:
                 self.stream = None
                 with anyio.CancelScope(shield=True):
@@ -306,6 +318,7 @@ class EngineProcess:
                     body = await self._receive(reader)
             except TimeoutError:
                 log.error("engine_silent", seconds=SILENCE_S, action="killed")
+                self.counters.watchdog_kills += 1
                 return
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
@@ -353,6 +366,7 @@ class EngineProcess:
             with anyio.move_on_after(10):
                 await process.wait()
             await self._kill(process)
+        self.core.fail_journal("the runtime is shutting down")  # their engine is gone: none waits
 
     # ---- talking to it ---------------------------------------------------------------------
 
@@ -366,7 +380,8 @@ class EngineProcess:
         if stream is None:
             return False
         try:
-            await stream.send(link.frame(msg))
+            async with self._send_lock:  # one frame at a time: concurrent sends would interleave
+                await stream.send(link.frame(msg))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return False
         return True
@@ -388,7 +403,7 @@ class EngineProcess:
             raise Unavailable("the engine process died during the call")
         reply: link.Reply = out[0]
         if reply.error:
-            raise (RequestError if reply.kind in {"RequestError", "NotFound", "SlotBusy"} else EngineError)(reply.error)
+            raise error_class(reply.kind)(reply.error)
         return reply.value
 
     async def embed(self, msg: link.Embed) -> link.EmbedDone:
@@ -434,13 +449,11 @@ class RemoteEmbedder:
             done = await self.engine.embed(link.Embed(job.id, tuple(np.asarray(t, dtype=np.int32).tobytes()
                                                                     for t in job.inputs), job.normalize))
             if done.error:
-                kind = "invalid_request_error" if done.kind in {"RequestError", "NotFound"} else "server_error"
-                event: Any = Failed(done.error, kind)
-            else:
-                vectors = tuple(np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors)
-                event = Embedded(vectors, done.n_tokens, done.pooling)
+                raise error_class(done.kind)(done.error)
+            vectors = tuple(np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors)
+            event: Any = Embedded(vectors, done.n_tokens, done.pooling)
         except LlamactorError as exc:
-            event = Failed(str(exc), "unavailable_error")
+            event = Failed(str(exc), exc.kind)
         try:
             sink.send_nowait(event)
         except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -511,11 +524,7 @@ class IsolatedCore(RuntimeCore):
     async def submit(self, prompt: str | Sequence[int], **kwargs: Any) -> RequestHandle:
         self._require_admitting()
         assert self.admission is not None and self.engine is not None
-        if self.engine.state is EngineState.DOWN:
-            raise Unavailable(f"the engine process is down ({self.engine.counters.last_exit})")
-        waiting = sum(1 for e in self.journal.values() if not e.sent)
-        if not self.engine.up and waiting >= self.config.queue_size:
-            raise Overloaded(f"the engine is restarting and {waiting} requests wait for it")
+        self._check_admission()
         task, recv = await self.admission.admit(
             prompt, max_tokens=kwargs.pop("max_tokens", -1), n=kwargs.pop("n", 1), stop=kwargs.pop("stop", None),
             id_slot=kwargs.pop("id_slot", -1), cache_prompt=kwargs.pop("cache_prompt", None),
@@ -526,16 +535,41 @@ class IsolatedCore(RuntimeCore):
         if task.n_predict == 0:
             task.sink.close()
             return RequestHandle(task, recv, self._cancel)
+        try:  # again: the engine may have gone down, or others filled the queue, during admission
+            self._check_admission()
+        except LlamactorError:
+            task.sink.close()
+            recv.close()
+            raise
         entry = Entry(task, [[] for _ in range(task.n)])
         self.journal[task.id] = entry
+        handle = RequestHandle(task, recv, self._cancel)
         if self.engine.up:
-            entry.sent = await self.engine.send(link.Submit(wire(task, entry.delivered, 0)))
-        return RequestHandle(task, recv, self._cancel)
+            entry.sent = True  # claimed before the await: a resubmit running meanwhile skips it
+            try:
+                entry.sent = await self.engine.send(link.Submit(wire(task, entry.delivered, 0)))
+            except BaseException:
+                handle.close()  # cancelled meanwhile: nothing is left behind in the journal
+                raise
+        return handle
+
+    def _check_admission(self) -> None:
+        assert self.engine is not None
+        if self.engine.state is EngineState.DOWN:
+            raise Unavailable(f"the engine process is down ({self.engine.counters.last_exit})")
+        waiting = sum(1 for e in self.journal.values() if not e.sent)
+        if not self.engine.up and waiting >= self.config.queue_size:
+            raise Overloaded(f"the engine is restarting and {waiting} requests wait for it")
 
     def _cancel(self, task_id: int) -> None:
         entry = self.journal.pop(task_id, None)
-        if entry is not None and entry.sent and self.engine is not None and self._tg is not None:
-            self._tg.start_soon(self.engine.send, link.Cancel(task_id))
+        if entry is None or not entry.sent or self.engine is None or self._tg is None:
+            return
+        if self.state is RuntimeState.READY and self.engine.up:
+            try:
+                self._tg.start_soon(self.engine.send, link.Cancel(task_id))
+            except RuntimeError:
+                pass  # the runtime is closing: its engine goes with it
 
     def on_events(self, msg: link.Events) -> None:
         """One engine step's events: journal them, then pass them on to each request's stream."""
@@ -545,6 +579,8 @@ class IsolatedCore(RuntimeCore):
             if entry is None:
                 continue  # cancelled meanwhile
             if isinstance(event, Token):
+                if event.index in entry.done:
+                    continue  # a resumed choice that had finished (n > 1) sends nothing more
                 entry.delivered[event.index].append(event.token)
                 if entry.lost_at:
                     self._resumed(entry)
@@ -560,6 +596,7 @@ class IsolatedCore(RuntimeCore):
                 entry.task.sink.send_nowait(event)
             except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._cancel(task_id)  # the client left
+                entry.task.sink.close()
         for task_id in msg.ended:
             entry = journal.pop(task_id, None)
             if entry is not None:
@@ -589,17 +626,19 @@ class IsolatedCore(RuntimeCore):
             if entry.sent or task_id not in self.journal:
                 continue
             started = any(entry.delivered) or entry.done
-            if started:
-                if entry.resumes >= self.config.resume_max:
-                    self._end(task_id, Failed(f"the engine process died {entry.resumes + 1} times while serving "
-                                              f"this request; it is not resumed again", "server_error"))
-                    continue
-                entry.resumes += 1
-                self.engine.counters.resumed += 1
-            entry.sent = await self.engine.send(link.Submit(wire(entry.task, entry.delivered, entry.resumes,
+            if started and entry.resumes >= self.config.resume_max:
+                self._end(task_id, Failed(f"the engine process died {entry.resumes + 1} times while serving "
+                                          f"this request; it is not resumed again", "server_error"))
+                continue
+            resumes = entry.resumes + 1 if started else entry.resumes
+            entry.sent = True  # claimed before the await (see submit)
+            entry.sent = await self.engine.send(link.Submit(wire(entry.task, entry.delivered, resumes,
                                                                  self.config.resume == "fast")))
             if not entry.sent:
                 return  # it died again: the next start sends the rest
+            if started:
+                entry.resumes = resumes
+                self.engine.counters.resumed += 1
 
     def fail_journal(self, message: str) -> None:
         for task_id in list(self.journal):
