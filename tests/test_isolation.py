@@ -128,6 +128,49 @@ async def test_a_request_resumes_at_most_resume_max_times(make_config):
     assert after.n_predicted == 8
 
 
+async def test_n_choices_logprobs_and_stop_strings_survive_a_resume(make_config):
+    """n = 2 choices with logprobs and a stop string, the engine killed mid-stream: each choice
+    ends once, with its budget or its stop string, its Done text equal to what was streamed for
+    it, and tokens after the resume still carry logprobs."""
+    from llamactor.protocol.events import Done
+
+    async with Runtime.open(make_config(parallel=4, engine_hooks=SLOW), isolate=True) as rt:
+        ref = await collect(await rt.submit(PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2,
+                                            n_probs=2))
+        stop = _late_substring(ref.choices[0].text)  # a stop string the run reaches late, after the kill
+        handle = await rt.submit(PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2, n_probs=2,
+                                 stop=[stop])
+        texts = ["", ""]
+        dones: dict[int, Done] = {}
+        after: list[float | None] = []
+        killed = False
+        async for ev in handle:
+            if isinstance(ev, Token):
+                texts[ev.index] += ev.text
+                if killed:
+                    after.append(ev.logprob)
+                if not killed and len(texts[0]) > 40:
+                    killed = True
+                    os.kill(rt.engine.process.pid, signal.SIGKILL)
+            elif isinstance(ev, Done):
+                assert ev.index not in dones
+                dones[ev.index] = ev
+        assert rt.engine.counters.resumed == 1
+    assert sorted(dones) == [0, 1]
+    for i in (0, 1):
+        assert dones[i].text == texts[i] and dones[i].finish_reason == "stop" and dones[i].stopping_word == stop
+        assert texts[i] == ref.choices[i].text[: ref.choices[i].text.index(stop)]
+    assert after and all(lp is not None for lp in after)
+
+
+def _late_substring(text: str, size: int = 6) -> str:
+    """A piece of ``text`` whose first occurrence is in its last third."""
+    for k in range(len(text) - size, len(text) * 2 // 3, -1):
+        if text.index(text[k:k + size]) == k and text[k:k + size].strip():
+            return text[k:k + size]
+    raise AssertionError(f"no late unique piece in {text!r}")
+
+
 async def test_watchdog_restarts_a_hung_engine(make_config, tmp_path, monkeypatch):
     """Check 3: a decode step that never returns (injected in the first engine's 30th step):
     the watchdog ends that engine within its limit, the requests complete."""
