@@ -159,3 +159,32 @@ async def test_shared_prefix_over_http(make_config):
 
 async def _append(results: list[dict], coro) -> None:
     results.append(await coro)
+
+
+def test_choose_borrows_only_same_lora_whole_prefixes_worth_a_copy():
+    """The donor rules (``prefixshare.choose``): a slot under another LoRA set never lends (its KV
+    was computed with other weights); n > 1 children and waiting followers never lend; a share
+    must save MIN_SHARE tokens over what the slot keeps; a slot still prefilling a longer common
+    prefix is waited for."""
+    import numpy as np
+
+    from llamactor.actors.prefixshare import MIN_SHARE, choose
+    from llamactor.runtime.engine.slot import Phase, Slot
+
+    prompt = np.asarray([*PREFIX, 7, 8], dtype=np.int32)
+    me = Slot(0, 0)
+    idle = Slot(1, 1)
+    idle.cache = list(PREFIX[:200])
+    assert choose(me, prompt, 0, [me, idle], ()) == (idle, 200, False)
+    assert choose(me, prompt, 200 - MIN_SHARE + 1, [me, idle], ()) == (None, 0, False)  # not worth a copy
+    assert choose(me, prompt, 0, [me, idle], ((0, 1.0),)) == (None, 0, False)  # another LoRA set
+    child = Slot(2, 2)
+    child.cache, child.parent = list(PREFIX), idle
+    follower = Slot(3, 3)
+    follower.cache, follower.follows = list(PREFIX), idle
+    assert choose(me, prompt, 0, [me, child, follower], ()) == (None, 0, False)
+    leader = Slot(4, 4)
+    leader.phase, leader.task = Phase.PREFILL, object()  # type: ignore[assignment]
+    leader.prompt = np.asarray([*PREFIX, 9], dtype=np.int32)
+    leader.cache, leader.n_past = list(PREFIX[:64]), 64
+    assert choose(me, prompt, 0, [me, idle, leader], ()) == (leader, len(PREFIX), True)
