@@ -165,10 +165,6 @@ class ChatResult:
     workload = "chat"
     headline = ratio_keys("later_ttft_p50_ms", "first_ttft_p50_ms", "prompt_processed", "tok_s")
 
-    @property
-    def elapsed_s(self) -> float:
-        return self.makespan_s
-
     def notes(self) -> list[str]:
         out = []
         if self.skipped:

@@ -104,10 +104,6 @@ class ClosedLoopResult:
 
     headline = ratio_keys("tok_s", "tpot_p50_ms")
 
-    @property
-    def elapsed_s(self) -> float:
-        return self.wall_s
-
     def notes(self) -> list[str]:
         """Workload-specific reasons to doubt the figures."""
         if self.prompt_mismatches:

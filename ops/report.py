@@ -110,11 +110,18 @@ def notes(runs: list[Run]) -> list[str]:
             out.append(f"{where}: client counted {cc.client_tokens} generated tokens, the server "
                        f"{cc.server_tokens} (another client on this server?)")
         out += [f"{where}: {text}" for text in res.notes()]
-        wall = res.elapsed_s
+        wall = elapsed_s(res)
         if wall > 0 and res.client_cpu_s / wall > CLIENT_CPU_WARN_FRACTION:
             out.append(f"{where}: the client used {res.client_cpu_s / wall:.0%} of a core; figures may be "
                        "client-bound")
     return out
+
+
+def elapsed_s(res: Any) -> float:
+    """How long a run's measured phase took: its makespan (open-loop and phased workloads) or
+    its wall time (closed loop)."""
+    makespan = getattr(res, "makespan_s", None)
+    return float(makespan if makespan is not None else res.wall_s)
 
 
 def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str:

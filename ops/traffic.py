@@ -321,10 +321,6 @@ class PoissonResult:
     workload = "poisson"
     headline = ratio_keys("tok_s", "goodput_rps")
 
-    @property
-    def elapsed_s(self) -> float:
-        return self.makespan_s
-
     def notes(self) -> list[str]:
         if self.lag_max_ms is not None and self.lag_max_ms > LAG_WARN_MS:
             return [f"a request left {self.lag_max_ms:.0f} ms after its arrival time: the client could not keep "

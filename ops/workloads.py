@@ -108,10 +108,6 @@ class MixedResult:
     workload = "mixed"
     headline = ratio_keys("gap_p99_ms", "gap_max_ms", "arrival_ttft_p50_ms", "makespan_s")
 
-    @property
-    def elapsed_s(self) -> float:
-        return self.makespan_s
-
     def notes(self) -> list[str]:
         """Workload-specific reasons to doubt the figures."""
         if self.arrivals_during_streams < len(self.arrivals_s):
@@ -186,10 +182,6 @@ class CohortResult:
 
     workload = "cohort"
     headline = ratio_keys("all_prefilled_s", "gen_tok_s", "makespan_s")
-
-    @property
-    def elapsed_s(self) -> float:
-        return self.makespan_s
 
     def notes(self) -> list[str]:
         return []
