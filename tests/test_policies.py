@@ -310,6 +310,25 @@ def test_adaptive_keeps_streams_on_track_within_the_itl_target():
     assert plan.prefill == ((4, 101),)  # the waiting prompts' share of n_batch, 508 / 5, is larger
 
 
+def test_adaptive_spends_the_streams_slack_on_a_queue():
+    """Two requests waiting: a step may take what every stream on track can afford without its
+    mean gap passing the target, counting the gaps it wins back in its next 16 generation-only
+    steps: 200 * 10 - 9 * 180 + (200 - 180) * 16 = 700 ms, so (700 - 180) / 2 = 260 prompt tokens,
+    more than the share of n_batch (508 * 2 / 6 = 169). One request waiting keeps the share."""
+    streams = [_stream(i, i + 1, gap_ms=180.0) for i in range(4)]
+    queue = [_prompt(4, 5, 200), _prompt(5, 6, 200)]
+    plan = BUILTIN["adaptive"]().plan(_view(streams + queue, ms_tok=2.0, ms_step=180.0), None)
+    assert plan.prefill[0] == (4, 200) and plan.prefill[1][0] == 5 and plan.generate == (0, 1, 2, 3)
+    assert plan.prefill[1][1] in (59, 60)  # times are float seconds: 259.99... tokens round down
+    plan = BUILTIN["adaptive"]().plan(_view(streams + queue[:1], ms_tok=2.0, ms_step=180.0), None)
+    assert plan.prefill == ((4, 101),)  # 508 // 5: the lone prompt's share, no slack spent on it
+    late = [_stream(i, i + 1, gap_ms=400.0) for i in range(2)]  # over the target: not counted ...
+    tight = [_stream(2, 3, n=40, gap_ms=199.0), _stream(3, 4, n=40, gap_ms=199.0)]  # ... these bind
+    plan = BUILTIN["adaptive"]().plan(_view(late + tight + queue, ms_tok=2.0, ms_step=180.0), None)
+    # slack 200 * 40 - 39 * 199 + 320 = 559 ms: (559 - 180) / 2 = 189 > the share 508 * 2 / 6 = 169
+    assert sum(k for _, k in plan.prefill) in (188, 189)
+
+
 def test_adaptive_hurries_a_prompt_that_would_miss_its_target():
     """1800 tokens at 160 a step of 200 ms take 2.25 s > 2 s: the whole batch, streams included."""
     slots = [_stream(i, i + 1) for i in range(4)] + [_prompt(4, 5, 1500, waited_s=0.2)]

@@ -13,7 +13,10 @@ and a stream should keep its time per output token under ``target_itl_ms``.
   throughput and mean TTFT are what is left to win). Otherwise the prompt tokens that fit in
   ``target_itl_ms`` by the group's measured step costs, or the waiting prompts' share of
   n_batch against the streams if larger, raised to the whole n_batch when a prompt that can
-  still make its target would miss it at that budget.
+  still make its target would miss it at that budget. With more than one request waiting,
+  a step may also take as long as every stream on track can afford without its mean gap
+  passing the target (its *slack*): each step a queue waits delays all of its requests, and
+  a queue of several is what a wave of arrivals (a closed loop's next round) builds up.
 - Order: prompts that can still make their target, shortest remaining first (the fewest late
   first tokens); then the hopeless ones, oldest first. A prompt that has waited
   ``STARVE_FACTOR`` times the target goes first whatever its length, so none starves.
@@ -32,6 +35,7 @@ DEFAULT_TARGET_TTFT_MS = 2000.0  # the goodput benchmark's default first-token t
 MIN_PREFILL_CHUNK = 32  # prompt tokens a step always has room for while prompts wait
 COLD_BUDGET = 128  # before any step cost is measured
 STARVE_FACTOR = 10.0  # a prompt waiting this many TTFT targets is served first
+FUTURE_GAPS = 16  # generation steps a stream is counted on to win back slack spent now
 
 
 class AdaptivePolicy(Policy):
@@ -69,7 +73,27 @@ class AdaptivePolicy(Policy):
                      room * len(waiting) // (len(waiting) + len(generate)))
         if budget < room and self.late(view, waiting, budget):
             return room
+        if budget < room and len({s.order for s in waiting}) > 1:
+            spend = (self.slack_ms(view, per_step) - per_step) / per_token
+            if spend > budget:
+                return room if spend >= room else int(spend)
         return budget
+
+    def slack_ms(self, view: GroupView, per_step: float) -> float:
+        """The longest next step that keeps every stream on track within the inter-token target
+        on average: ``target * n - elapsed`` for a stream with n tokens ``elapsed`` ms after its
+        first, plus what it wins back in its next ``FUTURE_GAPS`` generation-only steps (``inf``
+        with no stream on track)."""
+        regain = max(self.target_itl_ms - per_step, 0.0) * FUTURE_GAPS
+        slack = float("inf")
+        for s in view.slots:
+            if s.phase != "generate" or s.n_generated < 1:
+                continue
+            elapsed = (view.now - s.first_token_at) * 1e3
+            if s.n_generated >= 2 and elapsed / (s.n_generated - 1) > self.target_itl_ms:
+                continue  # already late: the burst rule above speaks for it
+            slack = min(slack, self.target_itl_ms * s.n_generated - elapsed + regain)
+        return slack
 
     def on_track(self, view: GroupView) -> int:
         """Streams whose mean gap so far is within the inter-token target."""
