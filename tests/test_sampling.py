@@ -166,3 +166,51 @@ async def test_grammar_with_ignore_eos_keeps_serving(make_config):
         for seed in range(3):
             c = await rt.complete(PROMPT, max_tokens=8, grammar='root ::= "yes" | "no"', ignore_eos=True, seed=seed)
             assert c.choices[0].text in ("yes", "no") and c.n_predicted == 8
+
+
+def test_greedy_argmax_is_the_chains_token(tiny_model):
+    """The greedy fast path (numpy's arg-max of the biased logits, ``sampling.argmax_biases``)
+    picks the token llama.cpp's chain picks: ties (the first maximum), positive, negative and
+    -inf biases, a token biased twice, the end-of-generation ban of ``ignore_eos``; and any
+    stateful sampler (penalties, DRY, XTC, a grammar) or a temperature keeps the chain."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    from llamactor.protocol.sampling import SamplingParams
+    from llamactor.runtime.engine.model import Model
+    from llamactor.runtime.engine.sampling import argmax_biases, biased_argmax, build_chain
+
+    model = Model(tiny_model)
+    n = model.n_vocab
+    rng = np.random.default_rng(0)
+    cases = [
+        (SamplingParams(temperature=0), False),
+        (SamplingParams(temperature=0), True),
+        (SamplingParams(temperature=0, logit_bias=((3, 5.0), (7, float("-inf")), (3, 2.5), (11, -1.0))), False),
+        (SamplingParams(temperature=0, logit_bias=((0, 1.0),)), True),
+    ]
+    for params, ignore_eos in cases:
+        biases = argmax_biases(model, params, ignore_eos=ignore_eos)
+        assert biases is not None
+        chain = build_chain(model, params, n_ctx=64, ignore_eos=ignore_eos)
+        try:
+            for trial in range(200):
+                logits = rng.standard_normal(n).astype(np.float32)
+                if trial % 3 == 0:  # ties: the first of the maxima wins in both
+                    top = rng.choice(n, 4, replace=False)
+                    logits[top] = logits.max() + 1.0
+                if trial % 5 == 0:  # a biased token near the top
+                    logits[3] = logits.max() - 3.0
+                data = (llama_cpp.llama_token_data * n)()
+                for j in range(n):
+                    data[j].id, data[j].logit, data[j].p = j, float(logits[j]), 0.0
+                arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+                llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+                assert biased_argmax(logits, biases) == data[arr.selected].id, (params, ignore_eos, trial)
+        finally:
+            llama_cpp.llama_sampler_free(chain)
+    for stateful in ({"repeat_penalty": 1.3}, {"frequency_penalty": 0.5}, {"dry_multiplier": 1.0},
+                     {"xtc_probability": 0.5}, {"grammar": 'root ::= "a"'}, {"temperature": 0.7}):
+        assert argmax_biases(model, SamplingParams(**{"temperature": 0, **stateful})) is None, stateful

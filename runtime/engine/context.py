@@ -38,7 +38,7 @@ from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.profiler import GroupProfile
 from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
-from llamactor.runtime.engine.sampling import build_chain
+from llamactor.runtime.engine.sampling import argmax_biases, biased_argmax, build_chain
 from llamactor.runtime.engine.slot import Phase, Slot
 from llamactor.runtime.engine.draftmodel import make_drafter
 from llamactor.runtime.engine.speculative import Drafter, SpecOptions, SpecState
@@ -250,6 +250,7 @@ class Context:
             self.model, task.params, n_ctx=self.n_ctx_seq, seed_offset=slot.index,
             prompt=prompt if task.params.penalized else (), ignore_eos=task.ignore_eos,
         )
+        slot.argmax = argmax_biases(self.model, task.params, ignore_eos=task.ignore_eos)
         slot.stream = TextStream(task.stop)
         if task.replay:  # resume (issue 14): these tokens were delivered before the engine died
             delivered = task.replay[slot.index]
@@ -454,6 +455,10 @@ class Context:
             self._emit(member, -1, res, logits, prof)
 
     def _sample(self, s: Slot, i: int, logits: np.ndarray | None) -> int:
+        if s.argmax is not None:  # greedy without a stateful sampler: no candidate array
+            if logits is None:
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
+            return biased_argmax(logits, s.argmax)
         if logits is None:
             return llama_cpp.llama_sampler_sample(s.sampler, self.ptr, i)
         return self._apply_chain(s, logits)[0]

@@ -38,7 +38,7 @@ class Slot:
         "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
         "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
         "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated", "lora", "spec",
-        "follows", "share_upto", "replay",
+        "follows", "share_upto", "replay", "argmax",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
@@ -61,6 +61,9 @@ class Slot:
         self.prompt: np.ndarray = EMPTY_TOKENS
         self.n_past = 0
         self.sampler: Any = None
+        # a greedy chain of biases only: its biases; the token is then numpy's arg-max
+        # (``sampling.argmax_biases``), not the chain's
+        self.argmax: tuple[np.ndarray, np.ndarray] | None = None
         self.next_token = -1
         self.n_decoded = 0
         self.stream: TextStream | None = None
