@@ -190,6 +190,7 @@ def test_greedy_argmax_is_the_chains_token(tiny_model):
         (SamplingParams(temperature=0), True),
         (SamplingParams(temperature=0, logit_bias=((3, 5.0), (7, float("-inf")), (3, 2.5), (11, -1.0))), False),
         (SamplingParams(temperature=0, logit_bias=((0, 1.0),)), True),
+        (SamplingParams(temperature=0, logit_bias=((5, -0.25), (9, float("-inf")))), False),  # lowering only
     ]
     for params, ignore_eos in cases:
         biases = argmax_biases(model, params, ignore_eos=ignore_eos)
@@ -203,6 +204,10 @@ def test_greedy_argmax_is_the_chains_token(tiny_model):
                     logits[top] = logits.max() + 1.0
                 if trial % 5 == 0:  # a biased token near the top
                     logits[3] = logits.max() - 3.0
+                if trial % 7 == 0:  # a lowered token on top: the next one wins, or it ties
+                    logits[5] = logits.max() + (0.25 if trial % 2 else 0.1)
+                if trial % 4 == 1:
+                    logits[9] = logits.max() + 1.0
                 data = (llama_cpp.llama_token_data * n)()
                 for j in range(n):
                     data[j].id, data[j].logit, data[j].p = j, float(logits[j]), 0.0

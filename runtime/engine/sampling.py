@@ -160,9 +160,14 @@ def argmax_biases(model: Model, p: SamplingParams, *, ignore_eos: bool = False,
 def biased_argmax(logits: np.ndarray, biases: tuple[np.ndarray, np.ndarray]) -> int:
     """The greedy token of ``logits`` under ``biases`` (from ``argmax_biases``)."""
     ids, values = biases
-    if len(ids):
-        logits = logits.copy()
-        np.add.at(logits, ids, values)  # a token listed twice gets both, as in llama.cpp
+    if not len(ids):
+        return int(np.argmax(logits))
+    if values.max() < 0:  # biases that only lower (ignore_eos's ban): unless they hit the
+        best = int(np.argmax(logits))  # maximum, it stays the first maximum
+        if not (ids == best).any():
+            return best
+    logits = logits.copy()
+    np.add.at(logits, ids, values)  # a token listed twice gets both, as in llama.cpp
     return int(np.argmax(logits))
 
 
