@@ -20,9 +20,13 @@ and a stream should keep its time per output token under ``target_itl_ms``.
 - Order: prompts that can still make their target, shortest remaining first (the fewest late
   first tokens); then the hopeless ones, oldest first. A prompt that has waited
   ``STARVE_FACTOR`` times the target goes first whatever its length, so none starves.
+- Where the step ends (``take_split``): within the budget, prompts join in that order only
+  while that gives first tokens sooner on the whole. Equal prompts that arrive together (a
+  chat's next turns, a closed loop's next round) then finish a few at a time instead of all
+  at the end of one long step, and their streams stay spread out afterwards.
 
 Measured against ``continuous``, ``stall-free`` and llama-server on the burst, mixed,
-shared-prefix and Poisson workloads (README, "Scheduling policies").
+shared-prefix, Poisson, closed-loop and chat workloads (README, "Scheduling policies").
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ class AdaptivePolicy(Policy):
             return StepPlan(generate=generate)
         room = view.n_batch - len(generate)
         budget = room if not generate else min(room, self.budget(view, generate, waiting))
-        return StepPlan(prefill=take(self.order(view, waiting), budget), generate=generate)
+        order = self.order(view, waiting)
+        if self.fixed_budget or view.ms_per_prompt_token <= 0:
+            return StepPlan(prefill=take(order, budget), generate=generate)
+        return StepPlan(prefill=take_split(order, budget, view.ms_per_step, view.ms_per_prompt_token),
+                        generate=generate)
 
     # ---- how many prompt tokens ----------------------------------------------------------
 
@@ -138,6 +146,33 @@ class AdaptivePolicy(Policy):
     @staticmethod
     def waited_ms(view: GroupView, s: SlotView) -> float:
         return max(view.now - s.arrived, 0.0) * 1e3
+
+
+def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: float) -> tuple[tuple[int, int], ...]:
+    """``take``, ending the step early when that gives first tokens sooner on the whole.
+
+    Prompts that finish in this step all get their first token when it ends. One more prompt
+    finished in it delays the ``done`` ones before it by its own cost; left to the next step,
+    it and every prompt after it wait one more step (``step_ms``: the streams' tokens and the
+    fixed cost) instead. So a whole prompt joins while ``done * its cost <= (waiting - done) *
+    step_ms``: only while that lowers the waiting prompts' summed time to first token. A chunk
+    of a prompt that does not finish joins while fewer prompts finish in this step than wait
+    after them (its tokens delay the first and bring the second closer). The streams lose no
+    tokens: a step more now is a generation-only step less later.
+    """
+    out: list[tuple[int, int]] = []
+    done, n = 0, len(slots)
+    for s in slots:
+        if budget <= 0:
+            break
+        k = min(s.prompt_left, budget)
+        finishes = k == s.prompt_left
+        if done and (done * k * token_ms > (n - done) * step_ms if finishes else done >= n - done):
+            break
+        out.append((s.local, k))
+        budget -= k
+        done += finishes
+    return tuple(out)
 
 
 def take(slots: list[SlotView], budget: int) -> tuple[tuple[int, int], ...]:
