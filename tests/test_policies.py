@@ -346,6 +346,10 @@ def test_adaptive_ends_a_step_early_when_first_tokens_come_sooner():
     assert BUILTIN["adaptive"]().plan(_view(long, ms_tok=1.2, ms_step=45.0), None).prefill == ((1, 65), (2, 447))
     lone = [_stream(0, 1), _prompt(1, 2, 300)]
     assert BUILTIN["adaptive"]().plan(_view(lone, ms_tok=1.2, ms_step=45.0), None).prefill == ((1, 255),)
+    # a cold group (no generation-only step measured yet) under a burst of short prompts: no
+    # split, or it would take one prompt a step until a step without prompts came, i.e. never
+    cold = [_prompt(i, i + 1, 32) for i in range(8)]
+    assert len(BUILTIN["adaptive"]().plan(_view(cold, ms_tok=1.2, ms_step=0.0), None).prefill) == 8
 
 
 def test_adaptive_hurries_a_prompt_that_would_miss_its_target():

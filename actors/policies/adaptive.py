@@ -59,7 +59,8 @@ class AdaptivePolicy(Policy):
         room = view.n_batch - len(generate)
         budget = room if not generate else min(room, self.budget(view, generate, waiting))
         order = self.order(view, waiting)
-        if self.fixed_budget or view.ms_per_prompt_token <= 0:
+        if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
+            # no step cost measured yet (a cold group's first steps all prefill): no split
             return StepPlan(prefill=take(order, budget), generate=generate)
         return StepPlan(prefill=take_split(order, budget, view.ms_per_step, view.ms_per_prompt_token),
                         generate=generate)
