@@ -543,6 +543,9 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         names = list(cfg.devices) or [*added, "CPU"]  # default: workers first, the local CPU last
         devices = rpc.device_array(names)
         log.info("layer_split", devices=names, tensor_split=list(cfg.tensor_split), split_mode=cfg.split_mode)
+        if cfg.rpc_servers and (cfg.pipeline_groups > 1 or cfg.embedding):  # contexts decoding at once
+            log.info("graph_reuse", enabled=not rpc.guard_concurrent_contexts(),
+                     why="ggml-rpc's graph recompute is not safe for contexts decoding at once")
     return LoadOptions(
         n_gpu_layers=cfg.n_gpu_layers,
         use_mmap=cfg.use_mmap,
