@@ -20,8 +20,12 @@ class StepCosts:
         self.ms_per_prompt_token = 0.0  # the extra cost of one prompt token
 
     def learn(self, res: StepResult, step_ms: float) -> None:
+        """Each average starts at its first sample (from 0, ten samples would pass before it
+        came within a third of the true cost, and a policy would see a step as nearly free)."""
         if res.n_prompt:
             extra = max(step_ms - self.ms_per_step, 0.0) / res.n_prompt
-            self.ms_per_prompt_token += EMA_WEIGHT * (extra - self.ms_per_prompt_token)
+            w = EMA_WEIGHT if self.ms_per_prompt_token else 1.0
+            self.ms_per_prompt_token += w * (extra - self.ms_per_prompt_token)
         elif res.n_rows:
-            self.ms_per_step += EMA_WEIGHT * (step_ms - self.ms_per_step)
+            w = EMA_WEIGHT if self.ms_per_step else 1.0
+            self.ms_per_step += w * (step_ms - self.ms_per_step)

@@ -327,6 +327,11 @@ def test_adaptive_spends_the_streams_slack_on_a_queue():
     plan = BUILTIN["adaptive"]().plan(_view(late + tight + queue, ms_tok=2.0, ms_step=180.0), None)
     # slack 200 * 40 - 39 * 199 + 320 = 559 ms: (559 - 180) / 2 = 189 > the share 508 * 2 / 6 = 169
     assert plan.prefill in (((4, 188),), ((4, 189),))
+    # two whole 200-token prompts: the slack would take both (400 tokens), but the second one
+    # finished in the same step would delay the first by 400 ms to spare itself one 180 ms step
+    whole = [_prompt(4, 5, 200), _prompt(5, 6, 200)]
+    plan = BUILTIN["adaptive"]().plan(_view(streams + whole, ms_tok=2.0, ms_step=180.0), None)
+    assert plan.prefill == ((4, 200),)
 
 
 def test_adaptive_ends_a_step_early_when_first_tokens_come_sooner():
@@ -346,6 +351,13 @@ def test_adaptive_ends_a_step_early_when_first_tokens_come_sooner():
     assert BUILTIN["adaptive"]().plan(_view(long, ms_tok=1.2, ms_step=45.0), None).prefill == ((1, 65), (2, 447))
     lone = [_stream(0, 1), _prompt(1, 2, 300)]
     assert BUILTIN["adaptive"]().plan(_view(lone, ms_tok=1.2, ms_step=45.0), None).prefill == ((1, 255),)
+    # in a hurry the step takes its whole budget: a prompt that would miss its target at the
+    # normal budget (1500 tokens after 0.2 s: the whole n_batch), or one already past its target
+    hurry = [_stream(i, i + 1) for i in range(4)] + [_prompt(4, 5, 65), _prompt(5, 6, 1500, waited_s=0.2)]
+    assert BUILTIN["adaptive"]().plan(_view(hurry, ms_tok=1.2, ms_step=45.0), None).prefill == ((4, 65), (5, 443))
+    past = [_stream(0, 1), _stream(1, 2), _prompt(2, 3, 65), _prompt(3, 4, 65), _prompt(4, 5, 200, waited_s=2.5)]
+    plan = BUILTIN["adaptive"]().plan(_view(past, ms_tok=1.2, ms_step=45.0), None)
+    assert plan.prefill == ((2, 65), (3, 65), (4, 200))
     # a cold group (no generation-only step measured yet) under a burst of short prompts: no
     # split, or it would take one prompt a step until a step without prompts came, i.e. never
     cold = [_prompt(i, i + 1, 32) for i in range(8)]
@@ -407,3 +419,20 @@ async def test_bounded_generate_ticks_once_per_deadline(make_config):
         out = await rt.complete("alone", max_tokens=40, temperature=0, ignore_eos=True)
         await anyio.sleep(0.1)
     assert out.n_predicted == 40 and ticks <= 2
+
+
+def test_step_costs_start_at_their_first_sample():
+    """A group's learned costs start at the first step measured, not near 0 (from 0 a policy
+    would see ten steps as nearly free: ``take_split`` would end every step after one prompt)."""
+    from llamactor.actors.costs import StepCosts
+    from llamactor.runtime.engine.context import StepResult
+
+    costs = StepCosts()
+    costs.learn(StepResult(n_prompt=100, n_rows=1), 130.0)  # before any generation-only step
+    assert costs.ms_per_prompt_token == 1.3 and costs.ms_per_step == 0.0
+    costs.learn(StepResult(n_generated=8, n_rows=8), 44.0)
+    assert costs.ms_per_step == 44.0
+    costs.learn(StepResult(n_generated=8, n_rows=8), 54.0)
+    assert costs.ms_per_step == 45.0  # then the moving average, weight 0.1
+    costs.learn(StepResult(n_prompt=100, n_rows=9), 164.0)
+    assert abs(costs.ms_per_prompt_token - (1.3 + 0.1 * (1.19 - 1.3))) < 1e-9

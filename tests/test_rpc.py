@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -66,8 +67,8 @@ async def test_split_greedy_identical_to_local(make_config, workers):
 
     With N > 1 this fails about one run in 15 (a token repeated, then a different text) unless
     llama.cpp's graph reuse is off: ggml-rpc's graph recompute races between contexts decoding
-    at once (rpc.guard_concurrent_contexts). Measured: 2 of 20 and 1 of 30 runs failed with it
-    on, 0 of 30 with it off."""
+    at once (runtime/engine/model.py open_context). Measured: 2 of 20 and 1 of 30 runs failed
+    with it on, 0 of 90 with it off (30 with the variable set by hand, 60 with llamactor's)."""
     base = dict(parallel=8, n_ctx=8 * 256)
     local = await greedy_together(make_config(**base), PROMPTS, N_PREDICT)
     layouts = [
@@ -154,3 +155,34 @@ def test_worker_death_ends_server_instead_of_hanging(tiny_model: Path):
     finally:
         stop(worker)
         stop(server)
+
+
+def test_graph_reuse_off_only_while_making_a_context(monkeypatch, make_config):
+    """open_context turns llama.cpp's graph reuse off for a model loaded with graph_reuse=False
+    (contexts decoding at once on ggml-rpc), only while llama.cpp makes the context, and keeps a
+    value the user set; the config decides when that is needed."""
+    from types import SimpleNamespace
+
+    import llama_cpp
+    from llamactor.runtime.engine import model as model_mod
+    from llamactor.runtime.service.core import concurrent_rpc_contexts
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(llama_cpp, "llama_init_from_model",
+                        lambda ptr, params: seen.append(os.environ.get(model_mod.GRAPH_REUSE_ENV)) or 1)
+    monkeypatch.delenv(model_mod.GRAPH_REUSE_ENV, raising=False)
+    model_mod.open_context(SimpleNamespace(ptr=None, graph_reuse=False), "a context")
+    model_mod.open_context(SimpleNamespace(ptr=None, graph_reuse=True), "a context")
+    assert seen == ["1", None] and model_mod.GRAPH_REUSE_ENV not in os.environ
+    monkeypatch.setenv(model_mod.GRAPH_REUSE_ENV, "0")  # the user's choice stays
+    model_mod.open_context(SimpleNamespace(ptr=None, graph_reuse=False), "a context")
+    assert seen[-1] == "0" and model_mod.graph_reuse_user_setting() is True
+    for value, reuse in (("1", False), (" 2x", False), ("false", True), ("", True)):
+        monkeypatch.setenv(model_mod.GRAPH_REUSE_ENV, value)
+        assert model_mod.graph_reuse_user_setting() is reuse, value  # llama.cpp's atoi
+
+    rpc = dict(rpc_servers=("127.0.0.1:50052",), devices=("RPC0", "CPU"))
+    assert concurrent_rpc_contexts(make_config(**rpc, parallel=2, pipeline_groups=2))
+    assert concurrent_rpc_contexts(make_config(**rpc, embedding=True))
+    assert not concurrent_rpc_contexts(make_config(**rpc))
+    assert not concurrent_rpc_contexts(make_config(parallel=2, pipeline_groups=2))

@@ -21,7 +21,8 @@ and a stream should keep its time per output token under ``target_itl_ms``.
   first tokens); then the hopeless ones, oldest first. A prompt that has waited
   ``STARVE_FACTOR`` times the target goes first whatever its length, so none starves.
 - Where the step ends (``take_split``): within the budget, prompts join in that order only
-  while that gives first tokens sooner on the whole. Equal prompts that arrive together (a
+  while that gives first tokens sooner on the whole (not in a hurry: a burst, a prompt that
+  would miss its target, or one already past it). Equal prompts that arrive together (a
   chat's next turns, a closed loop's next round) then finish a few at a time instead of all
   at the end of one long step, and their streams stay spread out afterwards.
 
@@ -57,36 +58,46 @@ class AdaptivePolicy(Policy):
         if not waiting:
             return StepPlan(generate=generate)
         room = view.n_batch - len(generate)
-        budget = room if not generate else min(room, self.budget(view, generate, waiting))
+        budget, hurry = (room, False) if not generate else self.budget(view, generate, waiting)
         order = self.order(view, waiting)
-        if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
-            # no step cost measured yet (a cold group's first steps all prefill): no split
-            return StepPlan(prefill=take(order, budget), generate=generate)
-        return StepPlan(prefill=take_split(order, budget, view.ms_per_step, view.ms_per_prompt_token),
+        if hurry or not self.may_split(view, waiting):
+            return StepPlan(prefill=take(order, min(room, budget)), generate=generate)
+        return StepPlan(prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token),
                         generate=generate)
+
+    def may_split(self, view: GroupView, waiting: list[SlotView]) -> bool:
+        """Whether the step may end early (``take_split``): only with the step costs measured
+        (a cold group's first steps all prefill, so it has no generation-only step yet) and
+        while every waiting prompt can still make its target. A prompt past it must be served,
+        not made to wait behind shorter ones."""
+        if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
+            return False
+        return all(self.feasible(view, s) for s in waiting)
 
     # ---- how many prompt tokens ----------------------------------------------------------
 
-    def budget(self, view: GroupView, generate: tuple[int, ...], waiting: list[SlotView]) -> int:
+    def budget(self, view: GroupView, generate: tuple[int, ...], waiting: list[SlotView]) -> tuple[int, bool]:
+        """Prompt tokens for the next step, and whether they are a hurry (a burst, or a prompt
+        that would miss its target): then the step takes them all, no early end."""
         room = view.n_batch - len(generate)
         if self.fixed_budget:
-            return max(MIN_PREFILL_CHUNK, self.fixed_budget)
+            return max(MIN_PREFILL_CHUNK, self.fixed_budget), False
         per_token, per_step = view.ms_per_prompt_token, view.ms_per_step
         if per_token <= 0:
-            return COLD_BUDGET
+            return COLD_BUDGET, False
         hopeless = sum(1 for s in waiting if not self.feasible(view, s))
         on_track = self.on_track(view)
         if hopeless >= on_track or 2 * on_track < len(generate):
-            return room
+            return room, True
         budget = max(MIN_PREFILL_CHUNK, int((self.target_itl_ms - per_step) / per_token),
                      room * len(waiting) // (len(waiting) + len(generate)))
         if budget < room and self.late(view, waiting, budget):
-            return room
+            return room, True
         if budget < room and len({s.order for s in waiting}) > 1:
             spend = (self.slack_ms(view, per_step) - per_step) / per_token
             if spend > budget:
-                return room if spend >= room else int(spend)
-        return budget
+                return (room if spend >= room else int(spend)), False
+        return budget, False
 
     def slack_ms(self, view: GroupView, per_step: float) -> float:
         """The longest next step that keeps every stream on track within the inter-token target
@@ -158,8 +169,10 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
     fixed cost) instead. So a whole prompt joins while ``done * its cost <= (waiting - done) *
     step_ms``: only while that lowers the waiting prompts' summed time to first token. A chunk
     of a prompt that does not finish joins while fewer prompts finish in this step than wait
-    after them (its tokens delay the first and bring the second closer). The streams lose no
-    tokens: a step more now is a generation-only step less later.
+    after them (its tokens delay the first and bring the second closer). The streams get their
+    tokens either way (a step more now is a generation-only step less later); what an early
+    end costs is one more step's fixed cost, and prompts that arrive together no longer stay
+    in lockstep (README, "What the step split changed").
     """
     out: list[tuple[int, int]] = []
     done, n = 0, len(slots)

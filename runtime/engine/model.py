@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +57,7 @@ class LoadOptions:
     tensor_split: tuple[float, ...] = ()
     devices: ctypes.Array[Any] | None = None
     vocab_only: bool = False  # the tokenizer and metadata without weights (the API process, issue 14)
+    graph_reuse: bool = True  # False: its contexts get llama.cpp's graph reuse off (see open_context)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Model:
             self._devices = options.devices  # keep the array alive as long as the model
             params.devices = ctypes.cast(options.devices, ctypes.c_void_p)
         self.path = path
+        self.graph_reuse = options.graph_reuse
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise ConfigError(f"llama.cpp could not load the model: {path}")
@@ -185,14 +189,47 @@ class Model:
                 raise RequestError(f"token id {t!r} is outside the vocabulary [0, {self.n_vocab})")
 
 
+GRAPH_REUSE_ENV = "LLAMA_GRAPH_REUSE_DISABLE"  # read by llama.cpp when it makes a context
+_context_lock = threading.Lock()  # makes our contexts one at a time while the variable may change
+
+
+def graph_reuse_user_setting() -> bool | None:
+    """What the user asked of llama.cpp's graph reuse with LLAMA_GRAPH_REUSE_DISABLE (read as
+    llama.cpp reads it, with atoi: "1" turns it off, "0" or "false" leave it on); None if unset."""
+    value = os.environ.get(GRAPH_REUSE_ENV)
+    if value is None:
+        return None
+    digits = re.match(r"\s*[+-]?\d+", value)
+    return not (digits and int(digits.group()) != 0)
+
+
 def open_context(model: Model, what: str, **settings: Any) -> Any:
     """A llama_context over ``model``: llama.cpp's default parameters with ``settings`` set and
-    perf counters off; EngineError naming ``what`` when llama.cpp cannot create it."""
+    perf counters off; EngineError naming ``what`` when llama.cpp cannot create it.
+
+    A model loaded with ``graph_reuse=False`` gets contexts with llama.cpp's graph reuse off,
+    unless the user set LLAMA_GRAPH_REUSE_DISABLE. Two contexts decoding at once on one
+    ggml-rpc device need that: ggml-rpc keeps one "last graph" per device and process, and a
+    context whose graph did not change asks the worker to recompute its stored graph instead
+    of sending it. If another context's graph reaches the worker between that test and that
+    request, the worker recomputes the other graph and the first context reads its previous
+    step's logits again (a repeated token; tests/test_rpc.py). Without reuse every decode sends
+    a new graph. llama.cpp has no context parameter for it, only the variable it reads here, so
+    it is set for this call and put back. Remove when ggml-rpc tests and sets its last graph
+    atomically with the send (llama.cpp of llama-cpp-python 0.3.36 does not)."""
     params = llama_cpp.llama_context_default_params()
     for name, value in settings.items():
         setattr(params, name, value)
     params.no_perf = True
-    ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+    with _context_lock:
+        if model.graph_reuse or GRAPH_REUSE_ENV in os.environ:
+            ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        else:
+            os.environ[GRAPH_REUSE_ENV] = "1"
+            try:
+                ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+            finally:
+                del os.environ[GRAPH_REUSE_ENV]
     if not ptr:
         raise EngineError(f"llama.cpp could not create {what} (out of memory or bad sizes)")
     return ptr

@@ -16,7 +16,6 @@ endpoint is first checked here with a plain TCP connect, turning that into a cle
 from __future__ import annotations
 
 import ctypes
-import os
 import functools
 import socket
 from pathlib import Path
@@ -109,26 +108,6 @@ def add_servers(endpoints: list[str]) -> list[str]:
         for i in range(ggml.ggml_backend_reg_dev_count(reg)):
             names.append(ggml.ggml_backend_dev_name(ggml.ggml_backend_reg_dev_get(reg, i)).decode())
     return names
-
-
-GRAPH_REUSE_ENV = "LLAMA_GRAPH_REUSE_DISABLE"
-
-
-def guard_concurrent_contexts() -> bool:
-    """Turn llama.cpp's graph reuse off for the contexts created after this call, so that two
-    contexts may decode on one RPC device at once (pipeline groups, the embedding context).
-
-    ggml-rpc keeps one "last graph" per device and process (``last_graph_uid``) and the worker
-    one stored graph per device: a context whose graph is unchanged since its previous decode
-    sends RPC_CMD_GRAPH_RECOMPUTE instead of the graph. With two contexts decoding in two
-    threads, one can test ``last_graph_uid`` just before the other stores its own graph on the
-    worker; the worker then recomputes the other's graph, and the first context's logits stay
-    those of its previous step (seen as a repeated token about one run in 15 of
-    tests/test_rpc.py). Without graph reuse every decode builds its graph with a new uid, so
-    the recompute path is never taken. llama.cpp reads the variable when a context is made; one
-    the user set is left as it is. Returns whether reuse is now off."""
-    os.environ.setdefault(GRAPH_REUSE_ENV, "1")
-    return os.environ[GRAPH_REUSE_ENV].strip() not in ("", "0")
 
 
 def device_array(names: list[str]) -> ctypes.Array:

@@ -15,6 +15,7 @@ the supervisor; their tokens come straight back from the serving group on a boun
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -43,7 +44,7 @@ from llamactor.protocol.errors import (
 )
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service.metrics import Metrics
-from llamactor.runtime.engine.model import LoadOptions, Model
+from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.service.admission import Admission
@@ -543,16 +544,28 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         names = list(cfg.devices) or [*added, "CPU"]  # default: workers first, the local CPU last
         devices = rpc.device_array(names)
         log.info("layer_split", devices=names, tensor_split=list(cfg.tensor_split), split_mode=cfg.split_mode)
-        if cfg.rpc_servers and (cfg.pipeline_groups > 1 or cfg.embedding):  # contexts decoding at once
-            log.info("graph_reuse", enabled=not rpc.guard_concurrent_contexts(),
-                     why="ggml-rpc's graph recompute is not safe for contexts decoding at once")
+    concurrent = concurrent_rpc_contexts(cfg)
+    if concurrent:
+        user = graph_reuse_user_setting()
+        if user:
+            log.warning("graph_reuse", enabled=True, why=f"{GRAPH_REUSE_ENV}={os.environ[GRAPH_REUSE_ENV]!r} "
+                        "is set: contexts decoding at once on a ggml-rpc device may repeat a token")
+        else:
+            log.info("graph_reuse", enabled=False, why="contexts decoding at once on a ggml-rpc device")
     return LoadOptions(
         n_gpu_layers=cfg.n_gpu_layers,
         use_mmap=cfg.use_mmap,
         split_mode=SPLIT_MODE_CODES[cfg.split_mode],
         tensor_split=cfg.tensor_split,
         devices=devices,
+        graph_reuse=not concurrent,
     )
+
+
+def concurrent_rpc_contexts(cfg: RuntimeConfig) -> bool:
+    """Whether contexts over the model may decode at once on a ggml-rpc device (pipeline groups,
+    or the embedding context beside a group): then they need graph reuse off (open_context)."""
+    return bool(cfg.rpc_servers) and (cfg.pipeline_groups > 1 or cfg.embedding)
 
 
 def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
@@ -563,7 +576,9 @@ def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
 
         devices = rpc.device_array(list(cfg.spec_draft_devices))
     n_gpu_layers = cfg.n_gpu_layers if cfg.spec_draft_n_gpu_layers is None else cfg.spec_draft_n_gpu_layers
-    return LoadOptions(n_gpu_layers=n_gpu_layers, use_mmap=cfg.use_mmap, devices=devices)
+    # the groups' draft contexts decode at once too (open_context)
+    graph_reuse = not (devices is not None and cfg.rpc_servers and cfg.pipeline_groups > 1)
+    return LoadOptions(n_gpu_layers=n_gpu_layers, use_mmap=cfg.use_mmap, devices=devices, graph_reuse=graph_reuse)
 
 
 FLASH_ATTN_CODES = {
