@@ -355,9 +355,13 @@ def test_adaptive_ends_a_step_early_when_first_tokens_come_sooner():
     # normal budget (1500 tokens after 0.2 s: the whole n_batch), or one already past its target
     hurry = [_stream(i, i + 1) for i in range(4)] + [_prompt(4, 5, 65), _prompt(5, 6, 1500, waited_s=0.2)]
     assert BUILTIN["adaptive"]().plan(_view(hurry, ms_tok=1.2, ms_step=45.0), None).prefill == ((4, 65), (5, 443))
-    past = [_stream(0, 1), _stream(1, 2), _prompt(2, 3, 65), _prompt(3, 4, 65), _prompt(4, 5, 200, waited_s=2.5)]
+    # a prompt past its target (last in the order) still gets what is left after the shorter
+    # ones that finish; left without, a stream of short prompts could hold it back
+    past = [_stream(0, 1), _stream(1, 2), _prompt(2, 3, 65), _prompt(3, 4, 65), _prompt(4, 5, 900, waited_s=2.5)]
     plan = BUILTIN["adaptive"]().plan(_view(past, ms_tok=1.2, ms_step=45.0), None)
-    assert plan.prefill == ((2, 65), (3, 65), (4, 200))
+    assert plan.prefill == ((2, 65), (3, 65), (4, 380))
+    fresh = past[:4] + [_prompt(4, 5, 900)]  # the same prompt, just arrived: it waits a step
+    assert BUILTIN["adaptive"]().plan(_view(fresh, ms_tok=1.2, ms_step=45.0), None).prefill == ((2, 65), (3, 65))
     # a cold group (no generation-only step measured yet) under a burst of short prompts: no
     # split, or it would take one prompt a step until a step without prompts came, i.e. never
     cold = [_prompt(i, i + 1, 32) for i in range(8)]

@@ -21,8 +21,8 @@ and a stream should keep its time per output token under ``target_itl_ms``.
   first tokens); then the hopeless ones, oldest first. A prompt that has waited
   ``STARVE_FACTOR`` times the target goes first whatever its length, so none starves.
 - Where the step ends (``take_split``): within the budget, prompts join in that order only
-  while that gives first tokens sooner on the whole (not in a hurry: a burst, a prompt that
-  would miss its target, or one already past it). Equal prompts that arrive together (a
+  while that gives first tokens sooner on the whole (not in a hurry: a burst, or a prompt
+  that would miss its target; a prompt already past it still gets what is left). Equal prompts that arrive together (a
   chat's next turns, a closed loop's next round) then finish a few at a time instead of all
   at the end of one long step, and their streams stay spread out afterwards.
 
@@ -60,19 +60,13 @@ class AdaptivePolicy(Policy):
         room = view.n_batch - len(generate)
         budget, hurry = (room, False) if not generate else self.budget(view, generate, waiting)
         order = self.order(view, waiting)
-        if hurry or not self.may_split(view, waiting):
+        if hurry or self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
+            # no early end in a hurry, nor before the step costs are measured (a cold group's
+            # first steps all prefill, so it has no generation-only step yet)
             return StepPlan(prefill=take(order, min(room, budget)), generate=generate)
-        return StepPlan(prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token),
-                        generate=generate)
-
-    def may_split(self, view: GroupView, waiting: list[SlotView]) -> bool:
-        """Whether the step may end early (``take_split``): only with the step costs measured
-        (a cold group's first steps all prefill, so it has no generation-only step yet) and
-        while every waiting prompt can still make its target. A prompt past it must be served,
-        not made to wait behind shorter ones."""
-        if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
-            return False
-        return all(self.feasible(view, s) for s in waiting)
+        hopeless = frozenset(s.local for s in waiting if not self.feasible(view, s))
+        return StepPlan(prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token,
+                                           hopeless), generate=generate)
 
     # ---- how many prompt tokens ----------------------------------------------------------
 
@@ -160,7 +154,8 @@ class AdaptivePolicy(Policy):
         return max(view.now - s.arrived, 0.0) * 1e3
 
 
-def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: float) -> tuple[tuple[int, int], ...]:
+def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: float,
+               hopeless: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
     """``take``, ending the step early when that gives first tokens sooner on the whole.
 
     Prompts that finish in this step all get their first token when it ends. One more prompt
@@ -169,7 +164,9 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
     fixed cost) instead. So a whole prompt joins while ``done * its cost <= (waiting - done) *
     step_ms``: only while that lowers the waiting prompts' summed time to first token. A chunk
     of a prompt that does not finish joins while fewer prompts finish in this step than wait
-    after them (its tokens delay the first and bring the second closer). The streams get their
+    after them (its tokens delay the first and bring the second closer), and always when it
+    is ``hopeless`` (a slot past its first-token target, last in the order: it takes what is
+    left, so a stream of shorter prompts cannot hold it back). The streams get their
     tokens either way (a step more now is a generation-only step less later); what an early
     end costs is one more step's fixed cost, and prompts that arrive together no longer stay
     in lockstep (README, "What the step split changed").
@@ -181,7 +178,8 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
             break
         k = min(s.prompt_left, budget)
         finishes = k == s.prompt_left
-        if done and (done * k * token_ms > (n - done) * step_ms if finishes else done >= n - done):
+        if done and (done * k * token_ms > (n - done) * step_ms if finishes
+                     else done >= n - done and s.local not in hopeless):
             break
         out.append((s.local, k))
         budget -= k
