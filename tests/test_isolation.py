@@ -370,3 +370,22 @@ async def test_rpc_fallback_local_loads_the_model_here_when_the_worker_stays_awa
         assert tokens == ref
     finally:
         stop(proc)
+
+
+async def test_a_request_the_client_leaves_is_closed_on_both_ends(make_config):
+    """A handle closed mid-stream (the client left) closes the task's own stream too, at once:
+    before, the journal dropped it open and its garbage collection warned (ResourceWarning,
+    which failed the fuzz run's teardown); the engine stops the request and the slot frees."""
+    async with Runtime.open(make_config(parallel=2, engine_hooks=SLOW), isolate=True) as rt:
+        handle = await rt.submit(PROMPTS[0], max_tokens=N_PREDICT, temperature=0, ignore_eos=True)
+        async with handle:  # as the HTTP stream does when its client disconnects
+            async for ev in handle:
+                if isinstance(ev, Token):
+                    break
+        assert handle.task.id not in rt.journal
+        with pytest.raises(anyio.ClosedResourceError):
+            handle.task.sink.send_nowait(Done(index=0, finish_reason="stop", text="", stopping_word="", n_prompt=1,
+                                              n_cached=0, n_predicted=0, prompt_ms=0.0, predicted_ms=0.0, slot=0))
+        await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
+        again = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True))
+        assert len(again.choices[0].tokens) == 8

@@ -4,6 +4,7 @@ each through HTTP and through the embedding API ``Runtime``."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -187,3 +188,29 @@ async def test_return_progress_streams_prompt_progress(make_config):
         assert any(isinstance(e, Progress) for e in events)
         out = await rt.complete(prompt, max_tokens=2, temperature=0, return_progress=True)
         assert out.n_predicted == 2  # collect() skips progress events
+
+
+async def test_unicode_line_breaks_stay_inside_one_sse_line(make_config: Any) -> None:
+    """Generated U+0085, U+2028 and U+2029 go out JSON-escaped: a client reading the stream with
+    ``str.splitlines`` semantics (httpx ``iter_lines``) gets whole ``data:`` lines and the same text.
+    (Seen first in the fuzz run: a sampled token decoded to one of them and cut a frame in two.)"""
+    text = "a\u2028b\x85c\u2029d"
+    grammar = 'root ::= "a\\u2028b\\x85c\\u2029d"'
+    async with open_server(make_config(parallel=1)) as (_rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for path, body in (("/completion", {"prompt": PROMPT}), ("/v1/completions", {"prompt": PROMPT}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})):
+                raw = await _sse(client, path, {**body, "grammar": grammar, "max_tokens": 16, "n_predict": 16})
+                assert "\u2028".encode() not in raw and b"\\u2028" in raw, raw
+                async with client.stream("POST", path, json={**body, "grammar": grammar, "max_tokens": 16,
+                                                             "n_predict": 16, "stream": True}) as r:
+                    lines = [line async for line in r.aiter_lines()]
+                frames = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+                assert all(line.startswith(("data: ", ":")) or not line for line in lines), lines
+                if path == "/completion":
+                    got = "".join(f["content"] for f in frames)
+                elif path == "/v1/completions":
+                    got = "".join(c["text"] for f in frames for c in f["choices"])
+                else:
+                    got = "".join(c["delta"].get("content") or "" for f in frames for c in f["choices"])
+                assert got == text, (path, got)

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
+from llamactor.protocol import sse
 from llamactor.protocol.events import Done, Token
 from llamactor.runtime.http.responses import OpenAIShaper
 from llamactor.runtime.service.chatparse import MessageDelta, MessageParser, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, finish_reason, parse_completion
 from llamactor.runtime.service.handles import Completion
-
-_encode = msgspec.json.Encoder().encode
 
 
 class ChoiceParsers:
@@ -100,4 +97,4 @@ def named_frame(events: tuple[str, Any] | list[tuple[str, Any]]) -> bytes:
     """``event: <name>`` + ``data: <json>`` frames (Responses and Anthropic streams)."""
     if isinstance(events, tuple):
         events = [events]
-    return b"".join(b"event: " + name.encode() + b"\ndata: " + _encode(data) + b"\n\n" for name, data in events)
+    return b"".join(sse.named_frame(name, data) for name, data in events)

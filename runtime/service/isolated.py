@@ -563,7 +563,10 @@ class IsolatedCore(RuntimeCore):
 
     def _cancel(self, task_id: int) -> None:
         entry = self.journal.pop(task_id, None)
-        if entry is None or not entry.sent or self.engine is None or self._tg is None:
+        if entry is None:
+            return
+        entry.task.sink.close()  # no event goes to a stream the client left (nor leaks unclosed)
+        if not entry.sent or self.engine is None or self._tg is None:
             return
         if self.state is RuntimeState.READY and self.engine.up:
             try:
