@@ -140,6 +140,10 @@ BAD = [
     ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": []}}]},
      "tools[0].function.parameters.properties is not valid JSON Schema"),
     ({"messages": []}, "messages must be a non-empty array"),
+    # found by tests/test_fuzz_endpoints.py (were a 500 and a str() of an object)
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": [1]}, "chat_template_kwargs must be an object"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": {"a": 1}}]}, *ASK]},
+     "messages[0].content[0].thinking must be a string"),
 ]
 
 

@@ -21,7 +21,6 @@ import math
 import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -174,10 +173,10 @@ requests = st.one_of(
 
 
 class LiveServer:
-    def __init__(self, model: Path, lora: Path) -> None:
-        self.config = RuntimeConfig(model=model, n_ctx=N_CTX, parallel=PARALLEL, threads=TEST_THREADS,
-                                    n_batch=512, n_ubatch=512, lora=((str(lora), 1.0),),
-                                    isolate=True)  # every request field crosses the engine link
+    """The runtime on ``config`` served over HTTP from a thread of its own (a sync test can call it)."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
         self.url = ""
         self.rt: Runtime | None = None
         self._ready = threading.Event()
@@ -219,7 +218,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     from tinymodel import write_tiny_model
 
     folder = tmp_path_factory.mktemp("fuzz")
-    with LiveServer(write_tiny_model(folder / "tiny.gguf"), write_tiny_lora(folder / "lora.gguf")) as server:
+    config = RuntimeConfig(model=write_tiny_model(folder / "tiny.gguf"), n_ctx=N_CTX, parallel=PARALLEL,
+                           threads=TEST_THREADS, n_batch=512, n_ubatch=512,
+                           lora=((str(write_tiny_lora(folder / "lora.gguf")), 1.0),),
+                           isolate=True)  # every request field crosses the engine link
+    with LiveServer(config) as server:
         yield server
 
 

@@ -67,7 +67,10 @@ def to_chat(body: Any) -> ChatCompletionRequest:
             chat["parallel_tool_calls"] = parallel
     thinking = body.get("thinking")
     if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
-        chat["chat_template_kwargs"] = {**(chat.get("chat_template_kwargs") or {}), "enable_thinking": False}
+        kwargs = chat.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, Mapping):
+            raise RequestError("chat_template_kwargs must be an object")
+        chat["chat_template_kwargs"] = {**kwargs, "enable_thinking": False}
     return msgspec.convert(chat, ChatCompletionRequest)
 
 
@@ -108,7 +111,9 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "thinking" and role == "assistant":
-            reasoning.append(str(block.get("thinking", "")))
+            if not isinstance(block.get("thinking", ""), str):
+                raise RequestError(f"{at}.thinking must be a string")
+            reasoning.append(block.get("thinking", ""))
         elif kind == "redacted_thinking" and role == "assistant":
             continue
         elif kind == "tool_use" and role == "assistant":

@@ -111,7 +111,7 @@ def grammar_of(grammar: str, schema: dict[str, Any] | None, fmt: ResponseFormat 
         elif fmt.type == "json_schema":
             wrapped = fmt.json_schema or {}
             schema = wrapped.get("schema", wrapped) if isinstance(wrapped, dict) else None
-            if not schema:
+            if not schema or not isinstance(schema, dict):
                 raise RequestError("response_format json_schema needs a 'json_schema.schema' object")
         else:
             raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.type!r}")

@@ -136,14 +136,30 @@ def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
         output = _text_parts(item.get("output"), f"{where}.output", ("input_text", "output_text", "text"))
         messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
     elif kind == "reasoning":
-        texts = [c.get("text", "") for c in item.get("content") or [] if isinstance(c, Mapping)]
+        text = _reasoning_text(item.get("content"), f"{where}.content")
         if last is not None:
-            last["reasoning_content"] = "".join(texts)
+            last["reasoning_content"] = text
         else:
-            messages.append({"role": "assistant", "content": "", "reasoning_content": "".join(texts)})
+            messages.append({"role": "assistant", "content": "", "reasoning_content": text})
     else:
         raise RequestError(f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); "
                            f"messages, function_call, function_call_output and reasoning items are supported")
+
+
+def _reasoning_text(content: Any, where: str) -> str:
+    """A reasoning item's text: its parts' ``text`` (reasoning_text parts, as this server sends
+    them; parts without text, such as encrypted ones, add nothing)."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise RequestError(f"{where} must be an array of content parts")
+    parts = []
+    for j, part in enumerate(content):
+        text = part.get("text", "") if isinstance(part, Mapping) else None
+        if not isinstance(text, str):
+            raise RequestError(f"{where}[{j}] must be an object whose text is a string")
+        parts.append(text)
+    return "".join(parts)
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
