@@ -53,3 +53,14 @@ class Slow(_Quiet):
 
     def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
         time.sleep(0.003)
+
+
+class AbortOnPoison(_Quiet):
+    """Any engine aborts (SIGABRT, as llama.cpp's GGML_ABORT or an uncaught C++ exception) when a
+    request whose prompt starts with token POISON is assigned, before its first token."""
+
+    POISON = 77
+
+    def on_assign(self, group: int, task: Any) -> None:
+        if len(task.prompt) and int(task.prompt[0]) == self.POISON:
+            os.abort()

@@ -389,3 +389,22 @@ async def test_a_request_the_client_leaves_is_closed_on_both_ends(make_config):
         await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
         again = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True))
         assert len(again.choices[0].tokens) == 8
+
+
+async def test_a_request_that_kills_the_engine_before_its_first_token_fails_alone(make_config):
+    """A request that aborts the engine before it delivers anything (a llama.cpp abort on its
+    first step) counts its deaths like a started one: it fails after --resume-max resumes with
+    the message saying so, and the engine stays up for the next request. Before, it went back in
+    after every restart until the restart budget was spent and the engine stayed down (503 for
+    everyone): the fuzz run's side-by-side batches found such a request."""
+    from llamactor.protocol.errors import LlamactorError
+
+    poison = [77, 5, 6, 7, 8]  # enginehooks.AbortOnPoison.POISON first
+    async with Runtime.open(make_config(parallel=2, resume_max=2, engine_hooks=f"{HOOKS}:AbortOnPoison"),
+                            isolate=True) as rt:
+        with pytest.raises(LlamactorError, match="died 3 times while serving this request"):
+            await collect(await rt.submit(poison, max_tokens=8, temperature=0))
+        await wait_until(lambda: rt.health() == "ok", timeout_s=30)
+        after = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True))
+        assert len(after.choices[0].tokens) == 8
+        assert rt.engine.counters.restarts == 3

@@ -168,6 +168,24 @@ async def test_grammar_with_ignore_eos_keeps_serving(make_config):
             assert c.choices[0].text in ("yes", "no") and c.n_predicted == 8
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+async def test_a_grammar_with_every_allowed_token_banned_fails_alone(make_config, temperature):
+    """A grammar whose every allowed token logit_bias bans leaves the chain nothing to draw: it
+    used to hand the grammar a forbidden token, which throws through C and aborts the engine
+    (a request aborting the engine before its first token then came back after each restart).
+    Now the request fails alone, with a 400 naming the cause, and the engine never dies."""
+    async with Runtime.open(make_config(), isolate=True) as rt:
+        words = ("yes", "no")
+        banned = [t for t in range(rt.model.n_vocab)
+                  if (piece := rt.model.piece(t).decode("utf-8", "replace")) and any(w.startswith(piece) for w in words)]
+        with pytest.raises(RequestError, match="the grammar allows no token here"):
+            await rt.complete(PROMPT, max_tokens=4, grammar='root ::= "yes" | "no"', temperature=temperature,
+                              logit_bias=[(t, float("-inf")) for t in banned])
+        c = await rt.complete(PROMPT, max_tokens=4, grammar='root ::= "yes" | "no"', temperature=temperature)
+        assert c.choices[0].text in ("yes", "no")
+        assert rt.engine.counters.restarts == 0
+
+
 def test_greedy_argmax_is_the_chains_token(tiny_model):
     """The greedy fast path (numpy's arg-max of the biased logits, ``sampling.argmax_biases``)
     picks the token llama.cpp's chain picks: ties (the first maximum), positive, negative and

@@ -460,7 +460,12 @@ class Context:
                 logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
             return biased_argmax(logits, s.argmax)
         if logits is None:
-            return llama_cpp.llama_sampler_sample(s.sampler, self.ptr, i)
+            assert s.task is not None
+            if not s.task.params.grammar:
+                return llama_cpp.llama_sampler_sample(s.sampler, self.ptr, i)
+            # A grammar's accept throws through C (the process aborts) on a token it forbids:
+            # grammar requests sample over an array we own and check the token first.
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(self.model.n_vocab,))
         return self._apply_chain(s, logits)[0]
 
     def _apply_chain(self, s: Slot, logits: np.ndarray) -> tuple[int, np.ndarray, int]:
@@ -475,8 +480,28 @@ class Context:
         arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
         llama_cpp.llama_sampler_apply(s.sampler, ctypes.byref(arr))
         token = int(data[arr.selected].id)
+        assert s.task is not None
+        if s.task.params.grammar and not data[arr.selected].logit > -math.inf:
+            token = self._grammar_allowed(view[: arr.size])
         llama_cpp.llama_sampler_accept(s.sampler, token)
         return token, view[: arr.size], int(arr.size)
+
+    @staticmethod
+    def _grammar_allowed(cand: np.ndarray) -> int:
+        """The chain picked a token its grammar sampler had set to -inf (forbidden): accepting it
+        would throw through C and abort the process. Seen under fuzzing with requests side by
+        side, not reproduced alone; the draw over non-finite probabilities (NaN or inf logits
+        after the samplers that follow the grammar) can land anywhere. The most likely token
+        the grammar allows is taken instead; when it allows none (all banned by logit_bias too),
+        the request fails alone."""
+        logit = cand["logit"]
+        allowed = np.flatnonzero(logit > -np.inf)
+        if not len(allowed):
+            raise RequestError("the grammar allows no token here (every token it allows is banned by "
+                               "logit_bias or the sampling settings)")
+        values = logit[allowed]
+        best = allowed[int(np.argmax(np.where(np.isnan(values), -np.inf, values)))]
+        return int(cand["id"][best])
 
     def _sample_post(self, s: Slot, i: int, logits: np.ndarray | None, n_probs: int,
                      ) -> tuple[int, float, tuple[TopProb, ...]]:

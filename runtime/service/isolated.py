@@ -87,6 +87,7 @@ class Entry:
     delivered: list[list[int]]  # per choice: token ids sent to the client
     done: set[int] = field(default_factory=set)  # choices whose Done was sent
     resumes: int = 0
+    deaths: int = 0  # engine processes that died while this request was in them
     sent: bool = False  # submitted to the current engine process
     lost_at: float = 0.0  # perf_counter() when its engine died: its next token ends the pause
 
@@ -618,6 +619,7 @@ class IsolatedCore(RuntimeCore):
         """The engine died: what was sent to it is unsent now; it goes again after the restart."""
         now = time.perf_counter()
         for entry in self.journal.values():
+            entry.deaths += entry.sent
             entry.sent = False
             if any(entry.delivered) and not entry.lost_at:
                 entry.lost_at = now  # its stream pauses from here until its next token
@@ -629,8 +631,11 @@ class IsolatedCore(RuntimeCore):
             if entry.sent or task_id not in self.journal:
                 continue
             started = any(entry.delivered) or entry.done
-            if started and entry.resumes >= self.config.resume_max:
-                self._end(task_id, Failed(f"the engine process died {entry.resumes + 1} times while serving "
+            # Counted whether or not it had started: a request that aborts the engine before its
+            # first token would otherwise go back in after every restart until the restart budget
+            # is spent and the engine stays down for everyone.
+            if entry.deaths > self.config.resume_max:
+                self._end(task_id, Failed(f"the engine process died {entry.deaths} times while serving "
                                           f"this request; it is not resumed again", "server_error"))
                 continue
             resumes = entry.resumes + 1 if started else entry.resumes
