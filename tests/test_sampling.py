@@ -9,6 +9,7 @@ model, the test checks the effect, so a sampler that is silently dropped fails i
 from __future__ import annotations
 
 import math
+import os
 
 import httpx
 import openai
@@ -237,3 +238,38 @@ def test_greedy_argmax_is_the_chains_token(tiny_model):
     for stateful in ({"repeat_penalty": 1.3}, {"frequency_penalty": 0.5}, {"dry_multiplier": 1.0},
                      {"xtc_probability": 0.5}, {"grammar": 'root ::= "a"'}, {"temperature": 0.7}):
         assert argmax_biases(model, SamplingParams(**{"temperature": 0, **stateful})) is None, stateful
+
+
+def test_history_lengths_past_the_context_cost_no_memory(tiny_model):
+    """repeat_last_n / dry_penalty_last_n beyond the slot context mean the whole context (as -1
+    does): llama.cpp sizes their ring buffers by the number given, and one request with
+    2**31 - 1 (a valid int32) took 8 GB for each, in the engine and again in the API process that
+    checks the chain (found by the fuzz run: the machine ran out of memory)."""
+    import llama_cpp
+
+    from llamactor.protocol.sampling import SamplingParams
+    from llamactor.runtime.engine.model import Model
+    from llamactor.runtime.engine.sampling import build_chain
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    model = Model(tiny_model)
+    for field in ("repeat_last_n", "dry_penalty_last_n"):
+        params = SamplingParams(repeat_penalty=1.5, dry_multiplier=1.0, **{field: 2**27})  # 512 MB unclamped
+        before = rss_mb()
+        chain = build_chain(model, params, n_ctx=512)
+        grown = rss_mb() - before
+        llama_cpp.llama_sampler_free(chain)
+        assert grown < 64, (field, grown)
+
+
+async def test_history_lengths_past_the_context_are_the_whole_context(make_config):
+    """The same through a request: a length past the slot context answers as -1 does (the whole
+    slot context). 10**6, not 2**31 - 1: were the cap lost, this test must not take 24 GB."""
+    body = dict(max_tokens=24, temperature=0, repeat_penalty=1.3, dry_multiplier=0.8, ignore_eos=True)
+    async with Runtime.open(make_config(), isolate=True) as rt:
+        whole = await rt.complete(PROMPT, repeat_last_n=-1, dry_penalty_last_n=-1, **body)
+        huge = await rt.complete(PROMPT, repeat_last_n=10**6, dry_penalty_last_n=10**6, **body)
+    assert huge.choices[0].tokens == whole.choices[0].tokens

@@ -95,7 +95,9 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         else:
             add(llama_cpp.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
         return
-    last_n = lambda n: n_ctx if n < 0 else n  # noqa: E731 - -1 means the whole slot context
+    # -1 means the whole slot context; more than it is the whole slot context too (llama.cpp
+    # allocates a ring buffer of that many tokens: 2**31 - 1 in one request took 8 GB, twice).
+    last_n = lambda n: n_ctx if n < 0 else min(n, n_ctx)  # noqa: E731
     for name in p.samplers:
         if p.greedy and name not in _ARGMAX_CHANGING:
             continue
