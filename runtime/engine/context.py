@@ -489,11 +489,10 @@ class Context:
     @staticmethod
     def _grammar_allowed(cand: np.ndarray) -> int:
         """The chain picked a token its grammar sampler had set to -inf (forbidden): accepting it
-        would throw through C and abort the process. Seen under fuzzing with requests side by
-        side, not reproduced alone; the draw over non-finite probabilities (NaN or inf logits
-        after the samplers that follow the grammar) can land anywhere. The most likely token
-        the grammar allows is taken instead; when it allows none (all banned by logit_bias too),
-        the request fails alone."""
+        would throw through C and abort the process. Found by fuzzing: a ``logit_bias`` that
+        bans every token the grammar allows leaves only -inf candidates, and the draw then
+        lands on any of them (a draw over non-finite probabilities can too). The most likely
+        token the grammar allows is taken instead; when it allows none, the request fails alone."""
         logit = cand["logit"]
         allowed = np.flatnonzero(logit > -np.inf)
         if not len(allowed):
