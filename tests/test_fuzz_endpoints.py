@@ -12,6 +12,7 @@ the engine never restarts; afterwards both servers are healthy and answer a plai
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 from collections.abc import Iterator
@@ -252,6 +253,25 @@ def test_fuzz_generation_endpoints(servers: tuple[LiveServer, LiveServer], reque
     with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
         _check(client, *request)
     assert live.rt is not None and live.rt.engine.counters.restarts == 0, request
+
+
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@given(batch=st.lists(_clean["generation"], min_size=2, max_size=6))
+def test_fuzz_generation_endpoints_side_by_side(servers: tuple[LiveServer, LiveServer],
+                                                batch: list[tuple[str, Any]]) -> None:
+    """Well-typed requests to those endpoints at once: Responses and Messages turns with tools,
+    infill, slot save / restore / erase and adapter changes meet running requests."""
+    live = servers[0]
+
+    def one(path: str, body: Any) -> None:
+        with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
+            _check(client, path, body)
+
+    with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
+        for future in [pool.submit(one, path, body) for path, body in batch]:
+            future.result()
+    assert live.rt is not None and live.rt.engine.counters.restarts == 0, batch
 
 
 @SETTINGS
