@@ -55,12 +55,13 @@ class Slow(_Quiet):
         time.sleep(0.003)
 
 
-class AbortOnPoison(_Quiet):
-    """Any engine aborts (SIGABRT, as llama.cpp's GGML_ABORT or an uncaught C++ exception) when a
-    request whose prompt starts with token POISON is assigned, before its first token."""
+class AbortOnPoison(Slow):
+    """Any engine aborts (SIGABRT, as llama.cpp's GGML_ABORT or an uncaught C++ exception in a
+    sampler) when the first token of a request whose prompt starts with token POISON is
+    sampled; steps are slow, as in ``Slow``, so other requests are running then."""
 
     POISON = 77
 
-    def on_assign(self, group: int, task: Any) -> None:
+    def before_sample(self, group: int, task: Any) -> None:
         if len(task.prompt) and int(task.prompt[0]) == self.POISON:
             os.abort()

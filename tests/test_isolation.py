@@ -392,19 +392,51 @@ async def test_a_request_the_client_leaves_is_closed_on_both_ends(make_config):
 
 
 async def test_a_request_that_kills_the_engine_before_its_first_token_fails_alone(make_config):
-    """A request that aborts the engine before it delivers anything (a llama.cpp abort on its
-    first step) counts its deaths like a started one: it fails after --resume-max resumes with
-    the message saying so, and the engine stays up for the next request. Before, it went back in
-    after every restart until the restart budget was spent and the engine stayed down (503 for
-    everyone): the fuzz run's side-by-side batches found such a request."""
+    """A request that aborts the engine while its first token is sampled (a llama.cpp abort in
+    its sampler chain) counts its deaths like a started one: it fails after --resume-max resumes
+    with the message saying so, and the engine stays up. Before, it went back in after every
+    restart until the restart budget was spent and the engine stayed down (503 for everyone):
+    the fuzz run's side-by-side batches found such a request. The engine's blackbox says which
+    request it died sampling, so a request streaming beside it is resumed every time and ends
+    byte for byte as it does alone (its deaths were not its own)."""
     from llamactor.protocol.errors import LlamactorError
 
     poison = [77, 5, 6, 7, 8]  # enginehooks.AbortOnPoison.POISON first
-    async with Runtime.open(make_config(parallel=2, resume_max=2, engine_hooks=f"{HOOKS}:AbortOnPoison"),
-                            isolate=True) as rt:
-        with pytest.raises(LlamactorError, match="died 3 times while serving this request"):
-            await collect(await rt.submit(poison, max_tokens=8, temperature=0))
+    cfg = make_config(parallel=4, resume_max=2, engine_hooks=f"{HOOKS}:AbortOnPoison")
+    async with Runtime.open(cfg, isolate=True) as rt:
+        alone = await collect(await rt.submit(PROMPTS[1], max_tokens=120, temperature=0, ignore_eos=True))
+        beside = await rt.submit(PROMPTS[1], max_tokens=120, temperature=0, ignore_eos=True)
+        tokens: list[int] = []
+        async for ev in beside:
+            if isinstance(ev, Token):
+                tokens.append(ev.token)
+                if len(tokens) == 10:
+                    with pytest.raises(LlamactorError, match="died 3 times while serving this request"):
+                        await collect(await rt.submit(poison, max_tokens=8, temperature=0))
+        assert tokens == list(alone.choices[0].tokens)
+        assert rt.engine.counters.restarts == 3 and rt.engine.counters.resumed >= 3
         await wait_until(lambda: rt.health() == "ok", timeout_s=30)
-        after = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True))
+        after = await collect(await rt.submit(PROMPTS[2], max_tokens=8, temperature=0, ignore_eos=True))
         assert len(after.choices[0].tokens) == 8
-        assert rt.engine.counters.restarts == 3
+
+
+def test_blackbox_points_at_a_request_only_when_it_can(tmp_path):
+    """engine.blackbox: a death inside sampling or a start points at those requests; inside a
+    decode (any request of the batch) or outside llama.cpp's per-request calls, at none (every
+    request counts it, as before). What the engine wrote survives it (a file both map)."""
+    from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, Blackbox
+
+    api = Blackbox(tmp_path / "box", create=True)
+    engine = Blackbox(tmp_path / "box", create=False)
+    assert api.suspects() is None  # idle
+    engine.enter(0, SAMPLE, 41)
+    engine.enter(1, START, 7)
+    assert api.suspects() == {41, 7}
+    engine.enter(2, DECODE)
+    assert api.suspects() is None  # a batch was in llama_decode: no single culprit
+    engine.leave(2)
+    engine.leave(0)
+    assert api.suspects() == {7}
+    del engine
+    api.clear()
+    assert api.suspects() is None

@@ -29,6 +29,7 @@ import llama_cpp
 import numpy as np
 
 from llamactor.runtime.engine.batch import OwnedBatch
+from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, Blackbox, engine_blackbox
 from llamactor.protocol.plan import StepPlan
 from llamactor.protocol.events import Done, Event, Progress, Token, TopProb
 from llamactor.protocol.messages import Task
@@ -102,6 +103,9 @@ class Context:
         self._decode = llama_cpp.llama_decode
         if hooks is not None:
             self._bind_hooks(hooks, group)
+        box = engine_blackbox()
+        if box is not None:
+            self._bind_blackbox(box, group)
         self.holds_ready = False  # set by the owning group from its policy: finished prompts wait (PH-4)
         self.lora: LoraSet = NO_LORA  # the LoRA adapters active on this context (EN-1)
         self._alloc_batch(self.n_batch)
@@ -135,6 +139,39 @@ class Context:
 
         self._decode = hooked_decode
         self._sample = hooked_sample  # type: ignore[method-assign]
+
+    def _bind_blackbox(self, box: Blackbox, group: int) -> None:
+        """In the engine process: mark what this group's thread is inside (``engine.blackbox``),
+        so a death points at the request being sampled or started rather than at all of them."""
+        decode, emit, start = self._decode, self._emit, self.start
+
+        def boxed_decode(ctx: Any, batch: Any) -> int:
+            box.enter(group, DECODE)
+            try:
+                return decode(ctx, batch)
+            finally:
+                box.leave(group)
+
+        def boxed_emit(s: Slot, i: int, res: StepResult, logits: np.ndarray | None,
+                       prof: GroupProfile | None) -> None:
+            assert s.task is not None
+            box.enter(group, SAMPLE, s.task.id)
+            try:
+                emit(s, i, res, logits, prof)
+            finally:
+                box.leave(group)
+
+        def boxed_start(slot: Slot, parent: Slot | None = None) -> None:
+            assert slot.task is not None
+            box.enter(group, START, slot.task.id)
+            try:
+                start(slot, parent)
+            finally:
+                box.leave(group)
+
+        self._decode = boxed_decode
+        self._emit = boxed_emit  # type: ignore[method-assign]  # sampling, a resume's replay, its text
+        self.start = boxed_start  # type: ignore[method-assign]
 
     def close(self) -> None:
         drafter, self.drafter = getattr(self, "drafter", None), None

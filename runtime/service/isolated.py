@@ -50,6 +50,8 @@ from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.embedding import EmbedJob, Embedded
 from llamactor.protocol.messages import REQUEST_FIELDS, Task
 from llamactor.protocol.sampling import DEFAULT_SEED
+from llamactor.runtime.engine.blackbox import ENV as BLACKBOX_ENV
+from llamactor.runtime.engine.blackbox import Blackbox
 from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.service import live
 from llamactor.runtime.service.admission import Admission
@@ -162,6 +164,7 @@ class EngineProcess:
         self.embedder: link.EmbedderInfo | None = None  # from the engine's Ready
         self._call_ids = 0
         self.folder = tempfile.mkdtemp(prefix="llamactor-engine-")
+        self.blackbox = Blackbox(os.path.join(self.folder, "blackbox"), create=True)  # engine.blackbox
         self._config_path = os.path.join(self.folder, "config.pickle")
         with open(self._config_path, "wb") as f:
             pickle.dump(replace(self.config, isolate=False), f)
@@ -237,7 +240,7 @@ class EngineProcess:
         async with await anyio.create_unix_listener(sock) as listener:
             process = self.process = await anyio.open_process(
                 [sys.executable, "-m", "llamactor.runtime.service.engineproc", sock, self._config_path],
-                stdin=None, stdout=None, stderr=None,
+                stdin=None, stdout=None, stderr=None, env={**os.environ, BLACKBOX_ENV: str(self.blackbox.path)},
                 start_new_session=True,  # signals to the terminal's or service's group go to the API only
             )
             try:
@@ -290,7 +293,8 @@ class EngineProcess:
                     self.state = EngineState.RESTARTING
                 await self._kill(process)
                 self._fail_calls()
-                self.core.engine_lost()
+                self.core.engine_lost(None if self._closing else self.blackbox.suspects())
+                self.blackbox.clear()
                 if not self._closing:
                     self._died(process.returncode, hello.pid)
 
@@ -615,11 +619,13 @@ class IsolatedCore(RuntimeCore):
         log.info("request_resumed", task=entry.task.id, mode=self.config.resume, resumes=entry.resumes,
                  replayed=sum(map(len, entry.delivered)), pause_ms=round(pause_ms, 1))
 
-    def engine_lost(self) -> None:
-        """The engine died: what was sent to it is unsent now; it goes again after the restart."""
+    def engine_lost(self, suspects: set[int] | None = None) -> None:
+        """The engine died: what was sent to it is unsent now; it goes again after the restart.
+        The death counts toward ``--resume-max`` for ``suspects`` (what it died inside, from the
+        blackbox), or for every request it held when it cannot tell."""
         now = time.perf_counter()
-        for entry in self.journal.values():
-            entry.deaths += entry.sent
+        for task_id, entry in self.journal.items():
+            entry.deaths += entry.sent and (suspects is None or task_id in suspects)
             entry.sent = False
             if any(entry.delivered) and not entry.lost_at:
                 entry.lost_at = now  # its stream pauses from here until its next token
