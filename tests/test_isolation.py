@@ -440,3 +440,61 @@ def test_blackbox_points_at_a_request_only_when_it_can(tmp_path):
     del engine
     api.clear()
     assert api.suspects() is None
+
+
+def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
+    """An API process killed outright (SIGKILL, the OOM killer) takes its engine with it, also
+    an engine stuck inside a decode step (HangOnce: the 30th step never returns, so it would not
+    see its socket close): the kernel ends it (PR_SET_PDEATHSIG). Before, such an engine lived
+    on with its memory and cores."""
+    import subprocess
+    import sys
+    import time
+
+    cfg = make_config(parallel=2, engine_hooks=f"{HOOKS}:HangOnce")
+    (tmp_path / "cfg.pickle").write_bytes(__import__("pickle").dumps(cfg))
+    script = tmp_path / "app.py"
+    script.write_text(
+        "import pickle, sys, anyio\n"
+        "from llamactor.runtime import Runtime\n"
+        "async def main():\n"
+        f"    cfg = pickle.loads(open({str(tmp_path / 'cfg.pickle')!r}, 'rb').read())\n"
+        "    async with Runtime.open(cfg, isolate=True) as rt:\n"
+        "        print(rt.engine.process.pid, flush=True)\n"
+        "        h = await rt.submit([5, 6, 7, 8], max_tokens=200, temperature=0, ignore_eos=True)\n"
+        "        async for _ in h:\n"
+        "            pass\n"
+        "anyio.run(main)\n")
+    log = open(tmp_path / "app.log", "wb")  # noqa: SIM115 - closed in finally
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=log,
+                           env={**os.environ, "LLAMACTOR_TEST_MARKS": str(tmp_path)})
+    try:
+        assert app.stdout is not None
+        line = b""
+        while not line.strip().isdigit():  # the engine's own log lines share this stdout
+            line = app.stdout.readline()
+            assert line, (tmp_path / "app.log").read_text()[-3000:]
+        engine_pid = int(line)
+        time.sleep(1.0)  # the request reaches the 30th step and hangs there
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(engine_pid, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{engine_pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    break  # a zombie: dead, waiting for a reaper
+            time.sleep(0.05)
+        else:
+            os.kill(engine_pid, signal.SIGKILL)
+            raise AssertionError("the engine outlived its API process")
+    finally:
+        if app.poll() is None:
+            app.kill()
+        app.wait(10)
+        assert app.stdout is not None
+        app.stdout.close()
+        log.close()

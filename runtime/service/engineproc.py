@@ -205,8 +205,26 @@ async def serve(socket_path: str, config: RuntimeConfig) -> None:
         await EngineSide(rt, stream).run()
 
 
+def die_with_parent() -> None:
+    """Linux: the kernel ends this process when the API process that started it dies, however
+    it dies (SIGKILL, the OOM killer): an engine busy inside llama.cpp would not see its socket
+    close and would keep its memory and cores. Elsewhere the socket's end stops it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the call: nobody will read our socket
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     socket_path, config_path = argv
+    die_with_parent()
     # The API process decides when the engine stops (it closes the socket); a Ctrl-C or a
     # service manager's SIGTERM meant for the server must not cut the requests it drains.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
