@@ -246,13 +246,17 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, data
                                            HealthCheck.data_too_large])
 
 
-@SETTINGS
-@given(request=GENERATION)
-def test_fuzz_generation_endpoints(servers: tuple[LiveServer, LiveServer], request: tuple[str, Any]) -> None:
-    live = servers[0]
+def _one(live: LiveServer, request: tuple[str, Any]) -> None:
+    """One request to ``live``, its answer checked; the engine must not have restarted."""
     with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
         _check(client, *request)
     assert live.rt is not None and live.rt.engine.counters.restarts == 0, request
+
+
+@SETTINGS
+@given(request=GENERATION)
+def test_fuzz_generation_endpoints(servers: tuple[LiveServer, LiveServer], request: tuple[str, Any]) -> None:
+    _one(servers[0], request)
 
 
 @settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=True, database=None,
@@ -262,25 +266,15 @@ def test_fuzz_generation_endpoints_side_by_side(servers: tuple[LiveServer, LiveS
                                                 batch: list[tuple[str, Any]]) -> None:
     """Well-typed requests to those endpoints at once: Responses and Messages turns with tools,
     infill, slot save / restore / erase and adapter changes meet running requests."""
-    live = servers[0]
-
-    def one(path: str, body: Any) -> None:
-        with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
-            _check(client, path, body)
-
     with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-        for future in [pool.submit(one, path, body) for path, body in batch]:
+        for future in [pool.submit(_one, servers[0], request) for request in batch]:
             future.result()
-    assert live.rt is not None and live.rt.engine.counters.restarts == 0, batch
 
 
 @SETTINGS
 @given(request=EMBEDDING)
 def test_fuzz_embedding_endpoints(servers: tuple[LiveServer, LiveServer], request: tuple[str, Any]) -> None:
-    live = servers[1]
-    with httpx.Client(base_url=live.url, timeout=DEADLINE_S) as client:
-        _check(client, *request)
-    assert live.rt is not None and live.rt.engine.counters.restarts == 0, request
+    _one(servers[1], request)
 
 
 @settings(max_examples=EXAMPLES * 10, deadline=None, derandomize=True, database=None,
