@@ -1,11 +1,11 @@
-"""PhaseCoordinator: hosts one scheduling policy per group and relays its grants (SPEC 4).
+"""PhaseCoordinator: hosts one scheduling policy per group and relays its grants.
 
 It is not on the per-step path. Groups tell it phase transitions (``PhaseEvent``: arrived,
 prefill_done, finished, cancelled); it passes each to the group's policy and, only when the
 policy's grant changes, tells the group. A group plans every step from its latest grant, so
 the cost is a few messages per request, not one per step.
 
-It also keeps the phase observability of PH-9: cohort sizes and barrier wait times, and the
+It also keeps the phase observability (/slots, /metrics): cohort sizes and barrier wait times, and the
 timers that a bounded GENERATE phase needs (``--cohort-max-generate-ms``).
 """
 
@@ -19,16 +19,20 @@ import anyio
 
 from llamactor.actors.observe import CoordinatorMetrics
 from llamactor.actors.policy import Policy, PolicyStatus
-from llamactor.protocol.messages import CoordinatorMsg, Grant, PhaseEvent, PhaseKind
 from llamactor.protocol.errors import Closed, Overloaded
+from llamactor.protocol.messages import CoordinatorMsg, Grant, PhaseEvent, PhaseKind
 from llamactor.runtime.kernel.actor import Actor
 
 
 class PhaseCoordinator(Actor[CoordinatorMsg]):
     name = "phase-coordinator"
 
-    def __init__(self, policies: list[Policy], group_of: Callable[[int], Actor[Any] | None],
-                 metrics: CoordinatorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        policies: list[Policy],
+        group_of: Callable[[int], Actor[Any] | None],
+        metrics: CoordinatorMetrics | None = None,
+    ) -> None:
         super().__init__()
         self.policies = policies
         self._group_of = group_of

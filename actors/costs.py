@@ -13,7 +13,7 @@ EMA_WEIGHT = 0.1
 
 
 class StepCosts:
-    __slots__ = ("ms_per_step", "ms_per_prompt_token")
+    __slots__ = ("ms_per_prompt_token", "ms_per_step")
 
     def __init__(self) -> None:
         self.ms_per_step = 0.0  # a generation-only step

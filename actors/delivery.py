@@ -1,8 +1,8 @@
-"""Delivery: one step's events go straight from the group to each request's result stream (AC-4).
+"""Delivery: one step's events go straight from the group to each request's result stream, never through the supervisor.
 
 Called by the group on the event loop once per decode step (anyio streams are not thread-safe,
 so the step in the worker thread only collects events). Sending never waits: a full or closed
-stream means the client left (API-6); any other failure while sending is that request's alone.
+stream means the client left (its request is cancelled); any other failure while sending is that request's alone.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def send_step(res: StepResult, send: Send) -> Delivered:
             send(task, event)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
             out.gone.add(task.id)
-        except Exception as exc:  # noqa: BLE001 - request-scoped: the group goes on
+        except Exception as exc:
             out.failed.setdefault(task.id, exc)
     return out
 
@@ -61,8 +61,8 @@ def hooked_send(hooks: GroupHooks, group: int) -> Send:
 def failure(exc: Exception, context: str) -> Failed:
     """The error event for a request-scoped failure: 400 for bad input, 500 otherwise."""
     if isinstance(exc, RequestError):
-        return Failed(str(exc), "invalid_request_error")
-    return Failed(f"{context}: {exc}", "server_error")
+        return Failed.of(exc)
+    return Failed(f"{context}: {exc}", "EngineError")
 
 
 def send_final(sink: EventSink, event: Failed) -> None:

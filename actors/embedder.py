@@ -1,5 +1,5 @@
 """EmbeddingActor: owns the embedding context and packs every queued input into shared decodes
-(API-10, API-11).
+(embeddings and rerank).
 
 It serves embeddings and rerank scores next to the generation groups, from the same weights:
 its ``llama_decode`` runs in a worker thread of its own (ctypes releases the GIL), so the groups
@@ -95,9 +95,15 @@ class EmbeddingActor(Actor[EmbedMsg]):
     def statistics(self) -> EmbedderStatistics:
         base = super().statistics()
         return EmbedderStatistics(
-            base.name, base.mailbox_used, base.mailbox_size, base.finished,
-            jobs=len(self._jobs), inputs_waiting=sum(len(j.msg.inputs) - j.next for j in self._jobs.values()),
-            steps=self._steps, inputs_done=self._inputs_done, tokens_done=self._tokens_done,
+            base.name,
+            base.mailbox_used,
+            base.mailbox_size,
+            base.finished,
+            jobs=len(self._jobs),
+            inputs_waiting=sum(len(j.msg.inputs) - j.next for j in self._jobs.values()),
+            steps=self._steps,
+            inputs_done=self._inputs_done,
+            tokens_done=self._tokens_done,
             callers_gone=sum(j.gone for j in self._jobs.values()),
         )
 
@@ -105,17 +111,22 @@ class EmbeddingActor(Actor[EmbedMsg]):
 
     async def setup(self) -> None:
         self.engine = await anyio.to_thread.run_sync(EmbeddingContext, self.model, self.opts)
-        log.info("embedder_ready", pooling=self.engine.pooling, n_batch=self.engine.n_batch,
-                 n_seq_max=self.engine.n_seq_max, n_embd=self.engine.n_embd)
+        log.info(
+            "embedder_ready",
+            pooling=self.engine.pooling,
+            n_batch=self.engine.n_batch,
+            n_seq_max=self.engine.n_seq_max,
+            n_embd=self.engine.n_embd,
+        )
 
     async def teardown(self) -> None:
-        self._fail(list(self._jobs.values()), Failed("the runtime is shutting down", "unavailable_error"))
+        self._fail(list(self._jobs.values()), Failed("the runtime is shutting down", "Closed"))
         while True:
             try:
                 msg = self._inbox_recv.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
-            _answer(msg.sink, Failed("the runtime is shutting down", "unavailable_error"))
+            _answer(msg.sink, Failed("the runtime is shutting down", "Closed"))
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await anyio.to_thread.run_sync(engine.close, limiter=self._limiter)
@@ -140,7 +151,7 @@ class EmbeddingActor(Actor[EmbedMsg]):
                 out = await anyio.to_thread.run_sync(self._step, batch, limiter=self._limiter)
             except EngineError as exc:  # this batch's jobs fail; the context is reused for the next
                 log.error("embedding_step_failed", jobs=sorted({j.msg.id for j, _ in batch}), error=str(exc))
-                self._fail(list({id(j): j for j, _ in batch}.values()), Failed(str(exc), "server_error"))
+                self._fail(list({id(j): j for j, _ in batch}.values()), Failed(str(exc), "EngineError"))
                 continue
             self._steps += 1
             for (job, i), vec in zip(batch, out):
@@ -156,7 +167,7 @@ class EmbeddingActor(Actor[EmbedMsg]):
         if not msg.inputs or not all(0 < len(t) <= self.engine.n_batch for t in msg.inputs):
             # Admission (runtime.service.embeddings) refuses these first; a job that got past it
             # anyway would never be packed, so it fails here instead of spinning the loop.
-            _answer(msg.sink, Failed(f"every input must hold 1 to {self.engine.n_batch} tokens", "invalid_request_error"))
+            _answer(msg.sink, Failed(f"every input must hold 1 to {self.engine.n_batch} tokens", "RequestError"))
             return
         self._jobs[msg.id] = _Job(msg, [None] * len(msg.inputs), left=len(msg.inputs))
 

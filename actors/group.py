@@ -1,4 +1,4 @@
-"""GroupActor: owns one llama_context, its slots and its decode loop (AC-4, PG-1).
+"""GroupActor: owns one llama_context, its slots and its decode loop.
 
 Per iteration the loop (1) drains its mailbox without waiting, so new work joins the next
 step; (2) asks its policy for a plan from a plain snapshot; (3) runs the step in a worker
@@ -6,7 +6,8 @@ thread (``llama_decode`` releases the GIL, so other groups decode meanwhile); (4
 step's events straight to each request's result stream. When nothing is runnable it waits
 on the mailbox, so an idle group costs no CPU.
 
-Slot-touching commands (erase/save/restore) run between this group's steps only (PG-4, PG-5).
+Slot-touching commands (erase/save/restore) run between this group's steps only, never during its
+decode; other groups keep decoding.
 """
 
 from __future__ import annotations
@@ -22,21 +23,34 @@ from llamactor.actors.costs import StepCosts
 from llamactor.actors.delivery import failure, hooked_send, send_event, send_final, send_step
 from llamactor.actors.loraturns import LoraTurns
 from llamactor.actors.observe import GroupMetrics
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.actors.policies.guard import PolicyFailed
+from llamactor.actors.policy import GroupView, Policy, StepPlan
 from llamactor.actors.recorder import TraceRecorder
+from llamactor.actors.scheduling import SlotSnapshot, group_view
 from llamactor.actors.trace import StepRecord
+from llamactor.protocol.errors import Closed, EngineError, SlotBusy
 from llamactor.protocol.events import Failed, Progress
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import (
-    Assign, Grant, GroupMsg, PhaseEvent, PhaseKind, Released, Revoke, SlotCached, SlotCommand, Task,
+    Assign,
+    Grant,
+    GroupMsg,
+    PhaseEvent,
+    PhaseKind,
+    Released,
+    Revoke,
+    SlotCached,
+    SlotCommand,
+    Task,
 )
+from llamactor.protocol.plan import NO_TAGS
+from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.context import Context, ContextOptions, KvCacheFull, StepResult
-from llamactor.protocol.errors import Closed, EngineError, SlotBusy
 from llamactor.runtime.engine.hooks import GroupHooks
-from llamactor.runtime.kernel.actor import Actor
 from llamactor.runtime.engine.profiler import REPORT_INTERVAL_S, GroupProfile
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.engine.slot import Phase, Slot
+from llamactor.runtime.kernel.actor import Actor
 
 if TYPE_CHECKING:
     from llamactor.runtime.engine.model import Model
@@ -83,12 +97,12 @@ class GroupActor(Actor[GroupMsg]):
         self._limiter = anyio.CapacityLimiter(1)
         self._tasks: dict[int, list[Slot]] = {}  # task id -> its slots (parent first)
         self.hooks = hooks
-        self.prompt_cache = prompt_cache  # shared by every group of the runtime (EN-5)
-        self.recorder = recorder  # --record-trace (BE-5): appends a tuple per step and per request
+        self.prompt_cache = prompt_cache  # shared by every group of the runtime (host-memory prompt cache)
+        self.recorder = recorder  # --record-trace (for replay): appends a tuple per step and per request
         self._send = send_event if hooks is None else hooked_send(hooks, group)
         self.profile_interval_s = profile_interval_s
         self.profile: GroupProfile | None = GroupProfile(started=time.perf_counter()) if profile else None
-        self.lora_turns = LoraTurns() if model.adapters else None  # EN-1: one LoRA set per step
+        self.lora_turns = LoraTurns() if model.adapters else None  # one LoRA set per step
         self.step_started = 0.0  # perf_counter() while a decode step runs, else 0 (the engine's watchdog)
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -98,23 +112,23 @@ class GroupActor(Actor[GroupMsg]):
         self.engine.holds_ready = self.policy.holds_ready
 
     async def teardown(self) -> None:
-        self.fail_all("the runtime is shutting down", "unavailable_error")
+        self.fail_all("the runtime is shutting down", "Closed")
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await anyio.to_thread.run_sync(engine.close, limiter=self._limiter)
 
-    def fail_all(self, message: str, kind: str = "server_error") -> list[int]:
-        """Fail every request this group holds or has queued (supervision, AC-2). Returns slot ids."""
+    def fail_all(self, message: str, error: str = "EngineError") -> list[int]:
+        """Fail every request this group holds or has queued (supervision). Returns slot ids."""
         freed: list[int] = []
         for task_id in list(self._tasks):
-            freed += self._end_task(task_id, Failed(message, kind), report=False)
+            freed += self._end_task(task_id, Failed(message, error), report=False)
         while True:
             try:
                 msg = self._inbox_recv.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             if isinstance(msg, Assign):  # the request being admitted fails too: none waits
-                send_final(msg.task.sink, Failed(message, kind))
+                send_final(msg.task.sink, Failed(message, error))
                 freed += [self.slots[i].id for i in msg.slots]
             elif isinstance(msg, SlotCommand):
                 msg.reply.fail(EngineError(message))
@@ -138,7 +152,11 @@ class GroupActor(Actor[GroupMsg]):
             if not self._drain():
                 return
             self._settle()
-            plan = self.policy.plan(self._view(), self.grant)
+            try:
+                plan = self.policy.plan(self._view(), self.grant)
+            except PolicyFailed as exc:
+                self._policy_failed(exc)
+                continue
             if self.lora_turns is not None:
                 plan = self.lora_turns.narrow(plan, self._lora_of)
             if plan.empty:
@@ -176,6 +194,16 @@ class GroupActor(Actor[GroupMsg]):
                     log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
                     prof.started = t1
 
+    def _policy_failed(self, exc: PolicyFailed) -> None:
+        """The policy was replaced (``GuardedPolicy``): the request on the slot its plan got
+        wrong fails with the reason; the others go on under the fallback policy."""
+        assert self.engine is not None
+        self.engine.holds_ready = self.policy.holds_ready
+        slot = self.slots[exc.slot] if 0 <= exc.slot < len(self.slots) else None
+        if slot is not None and slot.task is not None and slot.task.id in self._tasks:
+            self.metrics.groups[self.group].requests_failed += 1
+            self._end_task(slot.task.id, Failed(str(exc), "EngineError"))
+
     def _make_room(self) -> None:
         """Unified KV overcommitted: drop the cached prompts of idle slots; if there are none,
         stop the request holding the most cells, so the others go on. No restart: the group
@@ -191,9 +219,14 @@ class GroupActor(Actor[GroupMsg]):
         assert victim.task is not None
         members = [victim, *victim.children]
         log.warning("kv_cache_full", group=self.group, task=victim.task.id, cells=victim.n_past)
-        self._end_task(victim.task.id, Failed(
-            f"the shared KV cache is full ({victim.n_past} cells held by this request); it was stopped "
-            f"to make room", "server_error"))
+        self._end_task(
+            victim.task.id,
+            Failed(
+                f"the shared KV cache is full ({victim.n_past} cells held by this request); it was stopped "
+                f"to make room",
+                "EngineError",
+            ),
+        )
         for s in members:
             self.engine.erase(s)
             self._report(SlotCached(self.group, s.local, ()))
@@ -228,16 +261,30 @@ class GroupActor(Actor[GroupMsg]):
                 self.grant = msg
 
     def _view(self) -> GroupView:
-        views = tuple(
-            SlotView(s.local, s.phase.value, s.prompt_left, s.order, s.parent.local if s.parent is not None else -1,
-                     s.task.arrived if s.task is not None else 0.0, len(s.prompt), s.n_decoded, s.t_prompt_done)
+        """The policy's snapshot of this group (``scheduling.group_view``, as the simulator builds it)."""
+        busy = (
+            SlotSnapshot(
+                s.local,
+                s.phase.value,
+                s.prompt_left,
+                s.order,
+                s.parent.local if s.parent is not None else -1,
+                s.task.arrived if s.task is not None else 0.0,
+                len(s.prompt),
+                s.n_decoded,
+                s.t_prompt_done,
+                s.finished,
+                s.follows is not None,  # a follower waits for its leader's prefix (prefix sharing)
+                s.task.request.priority if s.task is not None else 0,
+                s.task.request.tags if s.task is not None else NO_TAGS,
+            )
             for s in self.slots
-            if s.phase is not Phase.IDLE and not s.finished and s.follows is None  # followers wait (EN-6)
+            if s.phase is not Phase.IDLE
         )
-        return GroupView(
+        return group_view(
             self.group,
             self.engine.n_batch if self.engine else 0,
-            tuple(sorted(views, key=_by_order)),
+            busy,
             time.perf_counter(),
             self.costs.ms_per_prompt_token,
             self.costs.ms_per_step,
@@ -263,7 +310,7 @@ class GroupActor(Actor[GroupMsg]):
                 s.phase = Phase.PREFILL if s is parent else Phase.READY
                 s.parent = None if s is parent else parent
                 self.engine.start(s)
-        except Exception as exc:  # noqa: BLE001 - request-scoped: see the docstring
+        except Exception as exc:
             self._refuse(task, members, exc)
             return
         parent.children = members[1:]
@@ -277,11 +324,11 @@ class GroupActor(Actor[GroupMsg]):
         if task.return_progress:  # llama-server's first progress chunk: the request has started
             try:
                 self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0))
-            except Exception:  # noqa: BLE001 - a closed or failing stream is ended by the next step's delivery
+            except Exception:
                 pass
         self._tell_coordinator(PhaseKind.ARRIVED, parent)
 
-    # ---- prefix sharing across slots (EN-6) ----------------------------------------------
+    # ---- prefix sharing across slots -----------------------------------------------------
 
     def _share(self, s: Slot, keep: int) -> int:
         """Borrow a longer prefix of ``s``'s prompt from another slot of the group: now if one
@@ -325,8 +372,15 @@ class GroupActor(Actor[GroupMsg]):
         for s in members:
             self.engine.release(s)
             s.reset()
-        self._report(Released(self.group, tuple(s.local for s in members),
-                              tuple(tuple(s.cache) for s in members), task.id, tuple(s.lora for s in members)))
+        self._report(
+            Released(
+                self.group,
+                tuple(s.local for s in members),
+                tuple(tuple(s.cache) for s in members),
+                task.id,
+                tuple(s.lora for s in members),
+            )
+        )
 
     def _end_task(self, task_id: int, final: Failed | None, *, report: bool = True) -> list[int]:
         """Free every slot of a task; send ``final`` (if any) and close its stream."""
@@ -343,15 +397,22 @@ class GroupActor(Actor[GroupMsg]):
             self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
         for s in members:
             # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds):
-            # prompts that wait for this one's prefix copy what it has now (EN-6).
+            # prompts that wait for this one's prefix copy what it has now.
             if self.engine is not None:
                 self._settle(leader=s)
                 self.engine.release(s)
             s.reset()
         ids = [s.id for s in members]
         if report:
-            self._report(Released(self.group, tuple(s.local for s in members),
-                                  tuple(tuple(s.cache) for s in members), task_id, tuple(s.lora for s in members)))
+            self._report(
+                Released(
+                    self.group,
+                    tuple(s.local for s in members),
+                    tuple(tuple(s.cache) for s in members),
+                    task_id,
+                    tuple(s.lora for s in members),
+                )
+            )
         return ids
 
     def _report(self, msg: Released | SlotCached) -> None:
@@ -366,19 +427,16 @@ class GroupActor(Actor[GroupMsg]):
         try:
             if s.busy:
                 raise SlotBusy(f"slot {s.id} is processing a request")
+            t0 = time.perf_counter()
             if cmd.action == "erase":
                 n = len(s.cache)
                 self.engine.erase(s)
-                result: dict[str, Any] = {"id_slot": s.id, "n_erased": n}
             elif cmd.action == "save":
-                t0 = time.perf_counter()
                 n = self.engine.save_slot(s, cmd.path)
-                result = {"id_slot": s.id, "n_saved": n, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
             else:
-                t0 = time.perf_counter()
                 n = self.engine.restore_slot(s, cmd.path)
-                result = {"id_slot": s.id, "n_restored": n, "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
-        except Exception as exc:  # noqa: BLE001 - any failure goes back to the asker
+            result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=(time.perf_counter() - t0) * 1e3)
+        except Exception as exc:
             cmd.reply.fail(exc)
             return
         self._report(SlotCached(self.group, s.local, tuple(s.cache)))
@@ -454,34 +512,34 @@ class GroupActor(Actor[GroupMsg]):
 
     # ---- introspection -------------------------------------------------------------------
 
-    def slot_rows(self) -> list[dict[str, Any]]:
+    def slot_states(self) -> list[SlotState]:
+        """Every slot of the group, as it is now (``GET /slots``, the live view)."""
         n_ctx = self.engine.n_ctx_seq if self.engine else 0
         speculative = self.ctx_opts.spec is not None  # llama-server's can_speculate(): the server's setting
-        rows = []
+        now = time.perf_counter()
+        states = []
         for s in self.slots:
-            row: dict[str, Any] = {
-                "id": s.id,
-                "n_ctx": n_ctx,
-                "speculative": speculative,
-                "is_processing": s.busy,
-                "group": self.group,
-                "phase": s.phase.value,
-                "cohort": self.policy.cohort_of(s.order) if s.busy else 0,
-                "n_cached_tokens": len(s.cache),
-            }
-            if s.task is not None:
-                row.update(
-                    id_task=s.task.id,
-                    n_prompt_tokens=len(s.prompt),
-                    n_prompt_tokens_cache=s.n_cached,
-                    next_token=[{"n_decoded": s.n_decoded, "n_remain": s.task.n_predict - s.n_decoded}],
-                    age_s=round(time.perf_counter() - s.task.arrived, 3),  # since submit (live view, API-17)
+            task = s.task
+            states.append(
+                SlotState(
+                    id=s.id,
+                    group=self.group,
+                    busy=s.busy,
+                    phase=s.phase.value,
+                    n_ctx=n_ctx,
+                    speculative=speculative,
+                    cohort=self.policy.cohort_of(s.order) if s.busy else 0,
+                    n_cached=len(s.cache),
+                    task=-1 if task is None else task.id,
+                    n_prompt=0 if task is None else len(s.prompt),
+                    n_prompt_cached=0 if task is None else s.n_cached,
+                    n_decoded=0 if task is None else s.n_decoded,
+                    n_remain=0 if task is None else task.n_predict - s.n_decoded,
+                    age_s=0.0 if task is None else round(now - task.arrived, 3),
+                    priority=0 if task is None else task.request.priority,
+                    draft_n=None if s.spec is None else s.spec.n_draft,
+                    draft_n_accepted=None if s.spec is None else s.spec.n_accepted,
+                    draft_n_steps=None if s.spec is None else s.spec.n_drafts,
                 )
-            if s.spec is not None:  # EN-2: the current (or last) request's drafts, llama-server's timings names
-                row.update(draft_n=s.spec.n_draft, draft_n_accepted=s.spec.n_accepted, draft_n_steps=s.spec.n_drafts)
-            rows.append(row)
-        return rows
-
-
-def _by_order(v: SlotView) -> int:
-    return v.order
+            )
+        return states

@@ -1,4 +1,4 @@
-"""One LoRA set per decode step (EN-1, PH-8), for every policy.
+"""One LoRA set per decode step, for every policy.
 
 llama.cpp applies a context's adapters to the whole batch, so requests with different LoRA
 sets must never share a step (llama-server's ``can_batch_with``). Policies do not know about
@@ -12,7 +12,7 @@ whatever a policy forbids (mixing phases, prefilling during a cohort's generatio
 n_batch tokens) stays forbidden; and READY slots released from a cohort's barrier are sampled
 from their kept logits without a decode, so ``release`` is kept whole in any step. A cohort
 whose members have different sets prefills them in alternating steps, seals, releases them
-together and generates them in alternating steps (PH-8).
+together and generates them in alternating steps (the barrier still holds).
 
 A group with no adapter loaded never calls this (``GroupActor`` holds None): zero cost.
 """

@@ -13,7 +13,7 @@ from llamactor.runtime.engine.context import StepResult
 
 @dataclass
 class GroupCounters:
-    """Per-group counters, bumped by the group that decoded (PG-6: nothing counted twice)."""
+    """Per-group counters, bumped by the group that decoded (so a sum over groups counts nothing twice)."""
 
     prompt_tokens: int = 0
     tokens_predicted: int = 0
@@ -24,12 +24,12 @@ class GroupCounters:
     requests_processing: int = 0
     tokens_max: int = 0
     requests_failed: int = 0  # failed alone (bad settings, a sampling error): the group went on
-    # speculative decoding (EN-2), llama-server's spec_decode_* counters
+    # speculative decoding, llama-server's spec_decode_* counters
     n_draft_tokens: int = 0  # draft tokens sent to verification
     n_draft_accepted: int = 0  # of those, accepted
     n_drafts: int = 0  # verification steps (drafts verified)
     drafts_by_accepted: list[int] = field(default_factory=list)  # [a]: drafts that had a tokens accepted
-    prefix_shares: int = 0  # prompts that copied a prefix from another slot's KV (EN-6)
+    prefix_shares: int = 0  # prompts that copied a prefix from another slot's KV
     prefix_tokens_shared: int = 0  # prompt tokens copied that way instead of prefilled
 
     def accepted_per_pos(self) -> list[int]:

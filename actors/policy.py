@@ -1,4 +1,4 @@
-"""The public scheduling-policy interface (SPEC section 4).
+"""The public scheduling-policy interface.
 
 A policy decides, for one group, which slots prefill how many prompt tokens and which slots
 generate in the next decode step. It has two entry points, both called on the event loop and
@@ -20,6 +20,7 @@ prefill must wait (phase "ready", its logits kept) until a grant releases it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from llamactor.protocol.messages import Grant, PhaseEvent
 from llamactor.protocol.plan import IDLE_PLAN, GroupView, PolicyStatus, SlotView, StepPlan
@@ -29,10 +30,12 @@ __all__ = [
     "Grant",
     "GroupView",
     "PhaseEvent",
+    "PlanProblem",
     "Policy",
     "PolicyStatus",
     "SlotView",
     "StepPlan",
+    "check_plan",
     "fair_share",
     "fill_prefill",
     "generating",
@@ -45,24 +48,24 @@ class Policy:
     name = "base"
     holds_ready = False  # True: finished prompts wait in "ready" until released by a grant
 
-    def __init__(self, group: int = 0, **options: float) -> None:
+    def __init__(self, group: int = 0, **options: Any) -> None:
         self.group = group
-        self.options = options
+        self.options = options  # every option given (``--scheduler-option``), the policy's own included
 
-    def on_event(self, event: PhaseEvent) -> Grant | None:  # noqa: ARG002
+    def on_event(self, event: PhaseEvent) -> Grant | None:
         return None
 
     def plan(self, view: GroupView, grant: Grant | None) -> StepPlan:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    # ---- observability (PH-9) ---------------------------------------------------------
+    # ---- observability (/slots, /metrics) -----------------------------------------------
 
     @property
     def phase(self) -> str:
         """The group's phase as this policy sees it (shown in /metrics); stateless policies: their name."""
         return self.name
 
-    def cohort_of(self, order: int) -> int:  # noqa: ARG002
+    def cohort_of(self, order: int) -> int:
         """The cohort of the request with this arrival order (0 when the policy has none)."""
         return 0
 
@@ -97,7 +100,7 @@ def fill_prefill(slots: Iterable[SlotView], budget: int) -> tuple[tuple[int, int
 
 
 def fair_share(slots: list[SlotView], budget: int, rotate: int) -> tuple[tuple[int, int], ...]:
-    """Split ``budget`` equally among prefilling slots (PH-2); the remainder rotates by ``rotate``.
+    """Split ``budget`` equally among prefilling slots; the remainder rotates by ``rotate``.
 
     A slot needing less than its share gets what it needs; the rest is shared again.
     """
@@ -119,3 +122,55 @@ def fair_share(slots: list[SlotView], budget: int, rotate: int) -> tuple[tuple[i
             give[x] += add
             left -= add
     return tuple((x, give[x]) for x in order if give[x] > 0)
+
+
+class PlanProblem(NamedTuple):
+    """Why a plan cannot run: the group-local slot it is about (-1: the whole plan) and why."""
+
+    slot: int
+    why: str
+
+    def describe(self, slot_name: str = "") -> str:
+        """``slot_name`` (default "slot <local id>"): why, as a sentence."""
+        if self.slot < 0:
+            return self.why
+        return f"{slot_name or f'slot {self.slot}'} {self.why}"
+
+
+def check_plan(view: GroupView, plan: StepPlan) -> PlanProblem | None:
+    """Why ``plan`` cannot run on the group ``view`` shows, or None when it can.
+
+    The rules the group (and the replay simulator) hold every plan to: a prefill names a
+    prefilling parent slot and gives it 1 to ``prompt_left`` tokens; a generate names a
+    generating slot; a release names a ready parent slot; no slot appears twice; the step holds
+    at most ``n_batch`` tokens. Policy authors can call it in their own tests.
+    """
+    slots = {s.local: s for s in view.slots}
+    seen: set[int] = set()
+    for local, k in plan.prefill:
+        s = slots.get(local)
+        if s is None or s.phase != "prefill" or s.parent >= 0:
+            return PlanProblem(local, f"is not prefilling, but the plan gives it {k} prompt tokens")
+        if not 0 < k <= s.prompt_left:
+            return PlanProblem(local, f"has {s.prompt_left} prompt tokens left, but the plan gives it {k}")
+        if local in seen:
+            return PlanProblem(local, "appears twice in the plan")
+        seen.add(local)
+    for local in plan.generate:
+        s = slots.get(local)
+        if s is None or s.phase != "generate":
+            return PlanProblem(local, "is not generating, but the plan has it generate")
+        if local in seen:
+            return PlanProblem(local, "appears twice in the plan")
+        seen.add(local)
+    for local in plan.release:
+        s = slots.get(local)
+        if s is None or s.phase != "ready" or s.parent >= 0:
+            return PlanProblem(local, "is not a ready prompt, but the plan releases it")
+        if local in seen:
+            return PlanProblem(local, "appears twice in the plan")
+        seen.add(local)
+    n = sum(k for _, k in plan.prefill) + len(plan.generate)
+    if n > view.n_batch:
+        return PlanProblem(-1, f"the plan holds {n} tokens, more than n_batch ({view.n_batch})")
+    return None

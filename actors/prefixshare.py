@@ -1,4 +1,4 @@
-"""Prefix sharing across the slots of a group (EN-6): which slot's KV a new prompt borrows.
+"""Prefix sharing across the slots of a group: which slot's KV a new prompt borrows.
 
 When many concurrent requests start with the same long text (a system prompt), only one of
 them should prefill it per group. At assignment the group asks ``choose`` for the best donor:
@@ -28,8 +28,13 @@ from llamactor.runtime.engine.slot import Phase, Slot
 MIN_SHARE = 32  # tokens a share must save over what the slot keeps of its own KV
 
 
-def choose(slot: Slot, prompt: np.ndarray, keep: int, slots: Sequence[Slot], lora: LoraSet,
-           ) -> tuple[Slot | None, int, bool]:
+def choose(
+    slot: Slot,
+    prompt: np.ndarray,
+    keep: int,
+    slots: Sequence[Slot],
+    lora: LoraSet,
+) -> tuple[Slot | None, int, bool]:
     """(donor, tokens, wait): the slot to borrow from, how many prompt tokens it gives, and
     whether it must first prefill them (``wait``). (None, 0, False) when no share saves
     ``MIN_SHARE`` tokens over ``keep``. At most ``len(prompt) - 1`` tokens are ever borrowed:

@@ -1,4 +1,4 @@
-"""Trace recording for replay (SPEC BE-5, ``--record-trace FILE``).
+"""Trace recording for replay (``--record-trace FILE``, read by ``llamactor replay``).
 
 A runtime with a recorder writes one JSON object per line:
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.plan import StepPlan
 from llamactor.runtime.engine.context import StepResult
@@ -44,14 +45,15 @@ _STEP, _REQUEST = 0, 1
 class TraceRecorder:
     """Collects arrivals and steps of every group of one runtime; one writer thread."""
 
-    def __init__(self, path: str | Path, header: Mapping[str, Any], *,
-                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(
+        self, path: str | Path, header: Mapping[str, Any], *, flush_interval_s: float = FLUSH_INTERVAL_S
+    ) -> None:
         self.path = Path(path).expanduser()
         self.origin = time.perf_counter()  # t = 0 of the trace
         self.flush_interval_s = flush_interval_s
         self._header = {"type": "header", "version": TRACE_VERSION, **header}
         self._pending: deque[tuple[Any, ...]] = deque()
-        self._first_token: dict[tuple[int, int], float] = {}  # (group, order) -> released at (PH-4 policies)
+        self._first_token: dict[tuple[int, int], float] = {}  # (group, order) -> released at (holding policies)
         self._last_end: dict[int, float] = {}  # group -> end of its previous step; absent after idle
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,8 +103,9 @@ class TraceRecorder:
             self._first_token[(group, slots[local].order)] = t1
         gap = self._last_end.get(group)
         self._last_end[group] = t1
-        self._pending.append((_STEP, group, t0, t1, res.n_prompt, res.n_generated, res.n_rows, kv,
-                              None if gap is None else t0 - gap))
+        self._pending.append(
+            (_STEP, group, t0, t1, res.n_prompt, res.n_generated, res.n_rows, kv, None if gap is None else t0 - gap)
+        )
 
     def idle(self, group: int) -> None:
         """The group waits for work: the time until its next step is not loop overhead."""
@@ -125,8 +128,21 @@ class TraceRecorder:
             finish = "cancelled"
         else:
             finish = "length" if all(n >= task.n_predict for n in generated) else "stop"
-        self._pending.append((_REQUEST, group, task.arrived, parent.t_start, len(parent.prompt), parent.n_cached,
-                              task.n_predict, generated, first, last, finish))
+        self._pending.append(
+            (
+                _REQUEST,
+                group,
+                task.arrived,
+                parent.t_start,
+                len(parent.prompt),
+                parent.n_cached,
+                task.n_predict,
+                generated,
+                first,
+                last,
+                finish,
+            )
+        )
 
     # ---- the writer thread ----------------------------------------------------------------
 
@@ -151,15 +167,33 @@ class TraceRecorder:
         if rec[0] == _STEP:
             _, group, t0, t1, n_prompt, n_gen, n_rows, kv, gap = rec
             self.steps += 1
-            return {"type": "step", "group": group, "start": self._t(t0), "ms": round((t1 - t0) * 1e3, 3),
-                    "prompt": n_prompt, "generated": n_gen, "slots": n_rows, "kv": kv,
-                    "gap_ms": None if gap is None else round(gap * 1e3, 3)}
+            return {
+                "type": "step",
+                "group": group,
+                "start": self._t(t0),
+                "ms": round((t1 - t0) * 1e3, 3),
+                "prompt": n_prompt,
+                "generated": n_gen,
+                "slots": n_rows,
+                "kv": kv,
+                "gap_ms": None if gap is None else round(gap * 1e3, 3),
+            }
         _, group, arrived, assigned, n_prompt, n_cached, n_predict, generated, first, last, finish = rec
         self.requests += 1
-        out = {"type": "request", "group": group, "submitted": self._t(arrived), "assigned": self._t(assigned),
-               "prompt": n_prompt, "cached": n_cached, "n_predict": n_predict, "n": len(generated),
-               "generated": sum(generated), "first_token": self._t(first), "finished": self._t(last),
-               "finish": finish}
+        out = {
+            "type": "request",
+            "group": group,
+            "submitted": self._t(arrived),
+            "assigned": self._t(assigned),
+            "prompt": n_prompt,
+            "cached": n_cached,
+            "n_predict": n_predict,
+            "n": len(generated),
+            "generated": sum(generated),
+            "first_token": self._t(first),
+            "finished": self._t(last),
+            "finish": finish,
+        }
         if len(generated) > 1:
             out["choices"] = list(generated)
         return out

@@ -1,13 +1,13 @@
 """Supervisor: owns the task queue and the slot table of every group, and keeps groups alive.
 
-Slot selection (AC-3) runs over every free slot of every group: longest common prefix of
+Slot selection runs over every free slot of every group: longest common prefix of
 the slot's cached tokens with the prompt first (KV reuse), then the least busy group, then
-the lowest slot id (not least recently used: see ``_choose`` for the measurement); a task may
-pin ``id_slot``. A task with n > 1 choices needs n free slots in one group (PG-10); it
+the lowest slot id (not least recently used: see ``actors.scheduling`` for the measurement); a task may
+pin ``id_slot``. A task with n > 1 choices needs n free slots in one group; it
 waits otherwise and never splits. The queue is bounded: past ``queue_size`` a task is refused
 with ``Overloaded`` (HTTP 503 + Retry-After), never an unbounded wait.
 
-Supervision (AC-2): a group whose loop raises has every in-flight request failed with an
+Supervision: a group whose loop raises has every in-flight request failed with an
 ``EngineError`` event (none hangs), its slots returned to the table, and is restarted with a
 fresh context, one-for-one; more than ``max_restarts`` within ``restart_window_s`` marks the
 runtime unhealthy and the group stays down. Requests are never silently retried.
@@ -18,39 +18,34 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from llamactor.actors.group import GroupActor
+from llamactor.actors.scheduling import EMPTY, SlotEntry, choose_slots
+from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
 from llamactor.protocol.events import Failed
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import (
-    Assign, Cancel, Released, Revoke, SlotCached, SlotCommand, SlotRequest,
-    Submit, SupervisorMsg, Task,
+    Assign,
+    Cancel,
+    Released,
+    Revoke,
+    SlotCached,
+    SlotCommand,
+    SlotRequest,
+    Submit,
+    SupervisorMsg,
+    Task,
 )
-from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
-from llamactor.runtime.engine.promptcache import common_prefix
+from llamactor.protocol.slots import SlotState
 from llamactor.runtime.kernel.actor import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
-
-EMPTY = np.zeros(0, dtype=np.int32)
-PREFIX_SIMILARITY = 0.1  # a cached prefix counts when it covers at least this share of the prompt
-
-
-@dataclass
-class SlotEntry:
-    id: int
-    group: int
-    local: int
-    busy: bool = False
-    cached: np.ndarray = field(default_factory=lambda: EMPTY)
-    lora: LoraSet = NO_LORA  # the LoRA set ``cached`` was computed under (EN-1)
 
 
 @dataclass(frozen=True)
@@ -82,20 +77,20 @@ class Supervisor(Actor[SupervisorMsg]):
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.groups: list[GroupActor | None] = [None] * n_groups
-        self.table = [
-            SlotEntry(g * slots_per_group + i, g, i) for g in range(n_groups) for i in range(slots_per_group)
-        ]
+        self.table = [SlotEntry(g * slots_per_group + i, g, i) for g in range(n_groups) for i in range(slots_per_group)]
         self.queue: deque[Task] = deque()
         self.running: dict[int, int] = {}  # task id -> group
         self.down: set[int] = set()  # groups past their restart limit
         self.restarts = [0] * n_groups
         self._schedule_soon = False
+        self._tg: TaskGroup | None = None  # where the groups run (``restart_down`` starts more)
 
     # ---- lifecycle: the supervisor starts, watches and stops its groups ------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 for g in range(len(self.groups)):
                     await tg.start(self._keep_group, g)
                 task_status.started()
@@ -113,7 +108,7 @@ class Supervisor(Actor[SupervisorMsg]):
             self._finished.set()
 
     async def _keep_group(self, g: int, *, task_status: TaskStatus[None]) -> None:
-        """Run group ``g``; restart it after a failure, within the intensity limit (AC-2).
+        """Run group ``g``; restart it after a failure, within the intensity limit.
 
         A failure before the first start completed is not supervised: it fails the runtime's
         start (a context that cannot be created once will not be created on retry either).
@@ -129,7 +124,7 @@ class Supervisor(Actor[SupervisorMsg]):
             try:
                 await group.run(task_status=status)
                 return  # clean stop: the mailbox was closed
-            except Exception as exc:  # noqa: BLE001 - any failure of a group is supervised
+            except Exception as exc:
                 if not status.started_once:
                     raise
                 log.error("group_failed", group=g, error=str(exc))
@@ -148,6 +143,21 @@ class Supervisor(Actor[SupervisorMsg]):
                     return
                 self.restarts[g] += 1
                 self._schedule_soon = True
+
+    async def restart_down(self) -> None:
+        """Start again the groups that went down past their restart limit (each with a fresh
+        restart budget); a group that cannot start stays down. Returns once they are serving."""
+        assert self._tg is not None
+        for g in sorted(self.down):
+            self.down.discard(g)
+            log.info("group_restart_asked", group=g)
+            try:
+                await self._tg.start(self._keep_group, g)
+            except Exception as exc:
+                log.error("group_restart_failed", group=g, error=str(exc))
+                self.down.add(g)
+                self.groups[g] = None
+        self._schedule()
 
     def group(self, g: int) -> GroupActor | None:
         return self.groups[g]
@@ -182,29 +192,28 @@ class Supervisor(Actor[SupervisorMsg]):
             restarts=tuple(self.restarts),
         )
 
-    def slot_rows(self) -> list[dict[str, Any]]:
-        """/slots rows of every group (each built by its group, as plain dicts); a group that is
-        down past its restart limit shows its slots as "down"."""
-        rows: list[dict[str, Any]] = []
+    def slot_states(self) -> list[SlotState]:
+        """Every slot of every group (each reported by its group); a group that is down past its
+        restart limit shows its slots as "down"."""
+        states: list[SlotState] = []
         per_group = len(self.table) // len(self.groups)
         for g, group in enumerate(self.groups):
             if group is not None:
-                rows += group.slot_rows()
+                states += group.slot_states()
             else:
-                rows += [{"id": g * per_group + i, "group": g, "is_processing": False, "phase": "down"}
-                         for i in range(per_group)]
-        return rows
+                states += [SlotState(id=g * per_group + i, group=g, busy=False, phase="down") for i in range(per_group)]
+        return states
 
     def _submit(self, task: Task) -> None:
         if task.id_slot >= len(self.table):
-            _fail(task, f"slot {task.id_slot} does not exist (0..{len(self.table) - 1})", "invalid_request_error")
+            _fail(task, f"slot {task.id_slot} does not exist (0..{len(self.table) - 1})", "NotFound")
             return
         if self._unservable(task):
-            _fail(task, "no group can serve this request: the runtime is unhealthy", "unavailable_error")
+            _fail(task, "no group can serve this request: the runtime is unhealthy", "Unavailable")
             return
         if not self._try_start(task):
             if len(self.queue) >= self.queue_size:
-                _fail(task, f"the server is busy: {len(self.queue)} requests are queued", "overloaded")
+                _fail(task, f"the server is busy: {len(self.queue)} requests are queued", "Overloaded")
                 return
             self.queue.append(task)
 
@@ -222,8 +231,9 @@ class Supervisor(Actor[SupervisorMsg]):
             except (Overloaded, Closed):
                 pass  # the group also frees the slots when it finds the stream closed
 
-    def _released(self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...],
-                  lora: tuple[LoraSet, ...] = ()) -> None:
+    def _released(
+        self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...], lora: tuple[LoraSet, ...] = ()
+    ) -> None:
         for i, (local, toks) in enumerate(zip(locals_, cached)):
             e = self._entry(g, local)
             e.busy = False
@@ -243,7 +253,7 @@ class Supervisor(Actor[SupervisorMsg]):
         for t in list(self.queue):
             if self._unservable(t):
                 self.queue.remove(t)
-                _fail(t, "no group can serve this request: the runtime is unhealthy", "unavailable_error")
+                _fail(t, "no group can serve this request: the runtime is unhealthy", "Unavailable")
 
     def _unservable(self, task: Task) -> bool:
         if task.id_slot >= 0:
@@ -259,7 +269,7 @@ class Supervisor(Actor[SupervisorMsg]):
         if group is None:
             req.reply.fail(Unavailable(f"group {e.group} is down"))
             return
-        # Only the owning group is involved: other groups keep decoding (PG-4).
+        # Only the owning group is involved: other groups keep decoding.
         try:
             group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply))
         except (Overloaded, Closed) as exc:
@@ -268,7 +278,9 @@ class Supervisor(Actor[SupervisorMsg]):
     # ---- scheduling --------------------------------------------------------------------
 
     def _schedule(self) -> None:
-        for task in list(self.queue):
+        """Start what can start: queued requests in priority order (lower first; ties keep
+        their arrival order: the sort is stable)."""
+        for task in sorted(self.queue, key=_priority):
             if self._try_start(task):
                 self.queue.remove(task)
 
@@ -288,47 +300,21 @@ class Supervisor(Actor[SupervisorMsg]):
         return True
 
     def _choose(self, task: Task) -> list[SlotEntry] | None:
-        """The parent slot plus n-1 free slots of the same group (PG-10).
-
-        Order of preference: the longest reusable cached prefix (at least
-        ``PREFIX_SIMILARITY`` of the prompt, as llama-server's --slot-prompt-similarity), then
-        the group with the fewest busy slots, then the lowest slot id. Lowest id, not least
-        recently used: with split KV, llama.cpp attends over every sequence between the lowest
-        and highest id in a batch, so busy slots spread over [0, P) made 8 users cost about as
-        much as 30 (measured: TPOT 45 ms with slots 0-7, 80 ms with 8 slots spread over 8-20).
-        """
-        if task.id_slot >= 0:
-            e = self.table[task.id_slot]
-            if e.busy or e.group in self.down:
-                return None
-            siblings = [s for s in self.table if s.group == e.group and not s.busy and s is not e]
-            return [e, *siblings[: task.n - 1]] if len(siblings) >= task.n - 1 else None
-        best: tuple[int, int, int] | None = None
-        chosen: list[SlotEntry] | None = None
-        min_prefix = max(1, int(PREFIX_SIMILARITY * len(task.prompt)))
-        for g in range(len(self.groups)):
-            if g in self.down or self.groups[g] is None:
-                continue
-            slots = [e for e in self.table if e.group == g]
-            free = [e for e in slots if not e.busy]
-            if len(free) < task.n:
-                continue
-            n_busy = len(slots) - len(free)
-            for e in free:
-                # KV computed under another LoRA set is not reusable (EN-1)
-                prefix = common_prefix(e.cached, task.prompt) if e.lora == task.lora else 0
-                key = (prefix if prefix >= min_prefix else 0, -n_busy, -e.id)
-                if best is None or key > best:
-                    best = key
-                    chosen = [e, *[f for f in free if f is not e][: task.n - 1]]
-        return chosen
+        """The parent slot plus n-1 free slots of the same group, by ``scheduling.choose_slots``
+        (the rule the replay simulator uses too): the longest reusable cached prefix, then the
+        least busy group, then the lowest slot id; ``id_slot`` pins."""
+        unavailable = self.down.union(g for g, group in enumerate(self.groups) if group is None)
+        ids = choose_slots(
+            self.table, task.prompt, n=task.n, id_slot=task.id_slot, lora=task.lora, unavailable=unavailable
+        )
+        return None if ids is None else [self.table[i] for i in ids]
 
     def _entry(self, g: int, local: int) -> SlotEntry:
         return self.table[g * (len(self.table) // len(self.groups)) + local]
 
     def _fail_queue(self, message: str) -> None:
         while self.queue:
-            _fail(self.queue.popleft(), message, "unavailable_error")
+            _fail(self.queue.popleft(), message, "Unavailable")
 
 
 class _StartOnce:
@@ -344,11 +330,13 @@ class _StartOnce:
             self._status.started(value)
 
 
-def _fail(task: Task, message: str, kind: str) -> None:
+def _priority(task: Task) -> int:
+    return task.request.priority
+
+
+def _fail(task: Task, message: str, error: str) -> None:
     try:
-        task.sink.send_nowait(Failed(message, kind))
+        task.sink.send_nowait(Failed(message, error))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
         pass
     task.sink.close()
-
-

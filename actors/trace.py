@@ -1,4 +1,4 @@
-"""Engine step trace and its invariant checks (issue: phase coordinator, PH-1, PH-4, PH-5).
+"""Engine step trace and its invariant checks for the phase coordinator's phase exclusion.
 
 When tracing is on (``RuntimeConfig.trace_steps``; tests turn it on), each group records one
 ``StepRecord`` per step: which slots contributed prompt tokens, which generated, which were
@@ -22,7 +22,7 @@ class StepRecord(NamedTuple):
     generate: tuple[int, ...]  # local slots that decoded one generated token
     release: tuple[int, ...]  # READY slots sampled from kept logits
     cohort: dict[int, int]  # local slot -> cohort id (0 when the policy has none)
-    lora: dict[int, LoraSet] = {}  # local slot (prefill or generate) -> its request's LoRA set (EN-1)
+    lora: dict[int, LoraSet] = {}  # local slot (prefill or generate) -> its request's LoRA set
 
 
 class TraceViolation(AssertionError):
@@ -30,26 +30,30 @@ class TraceViolation(AssertionError):
 
 
 def check_phase_exclusion(trace: Sequence[StepRecord]) -> None:
-    """Raise TraceViolation unless every step is all-prompt or all-generation (PH-1) and every
-    cohort generates only after all its members finished prefill (PH-4, PH-5)."""
+    """Raise TraceViolation unless every step is all-prompt or all-generation and every
+    cohort generates only after all its members finished prefill."""
     last_prefill: dict[tuple[int, int], int] = {}  # (group, cohort) -> index of its last prefill step
     first_output: dict[tuple[int, int], int] = {}  # (group, cohort) -> first generate/release step
     for i, rec in enumerate(trace):
         if rec.prefill and (rec.generate or rec.release):
-            raise TraceViolation(f"group {rec.group} step {rec.step} mixes prompt {rec.prefill} "
-                                 f"and generated tokens {rec.generate or rec.release}")
+            raise TraceViolation(
+                f"group {rec.group} step {rec.step} mixes prompt {rec.prefill} "
+                f"and generated tokens {rec.generate or rec.release}"
+            )
         for s in rec.prefill:
             last_prefill[(rec.group, rec.cohort.get(s, 0))] = i
         for s in (*rec.generate, *rec.release):
             first_output.setdefault((rec.group, rec.cohort.get(s, 0)), i)
     for key, first in first_output.items():
         if key[1] and last_prefill.get(key, -1) > first:
-            raise TraceViolation(f"cohort {key[1]} of group {key[0]} generated at step {first} "
-                                 f"before its prefill ended at step {last_prefill[key]}")
+            raise TraceViolation(
+                f"cohort {key[1]} of group {key[0]} generated at step {first} "
+                f"before its prefill ended at step {last_prefill[key]}"
+            )
 
 
 def check_lora_exclusion(trace: Sequence[StepRecord]) -> None:
-    """Raise TraceViolation if a step decoded requests of different LoRA sets together (EN-1)."""
+    """Raise TraceViolation if a step decoded requests of different LoRA sets together."""
     for rec in trace:
         sets = set(rec.lora.values())
         if len(sets) > 1:

@@ -56,8 +56,14 @@ class Api(Protocol):
     name: str
     path: str
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
-             return_tokens: bool = False) -> dict[str, Any]: ...
+    def body(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        temperature: float,
+        cache_prompt: bool = False,
+        return_tokens: bool = False,
+    ) -> dict[str, Any]: ...
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None: ...
 
@@ -92,10 +98,22 @@ class NativeApi:
     name = "native"
     path = "/completion"
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
-             return_tokens: bool = False) -> dict[str, Any]:
-        body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "ignore_eos": True,
-                "temperature": temperature, "cache_prompt": cache_prompt}
+    def body(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        temperature: float,
+        cache_prompt: bool = False,
+        return_tokens: bool = False,
+    ) -> dict[str, Any]:
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": temperature,
+            "cache_prompt": cache_prompt,
+        }
         if return_tokens:
             # llama-server's switch for ``tokens`` in a non-streamed answer; stream chunks carry
             # each token's id anyway, which is where the harness reads them (chat history)
@@ -128,10 +146,23 @@ class OpenAIApi:
     name = "openai"
     path = "/v1/completions"
 
-    def body(self, prompt: list[int], n_predict: int, temperature: float, cache_prompt: bool = False,
-             return_tokens: bool = False) -> dict[str, Any]:
-        return {"prompt": prompt, "max_tokens": n_predict, "stream": True, "ignore_eos": True,
-                "temperature": temperature, "cache_prompt": cache_prompt, "stream_options": {"include_usage": True}}
+    def body(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        temperature: float,
+        cache_prompt: bool = False,
+        return_tokens: bool = False,
+    ) -> dict[str, Any]:
+        return {
+            "prompt": prompt,
+            "max_tokens": n_predict,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": temperature,
+            "cache_prompt": cache_prompt,
+            "stream_options": {"include_usage": True},
+        }
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
         if field == DATA_FIELD and value == DONE_PAYLOAD:

@@ -1,4 +1,5 @@
-"""``llamactor bench``: the command line of the benchmark harness (SPEC section 8, BE-1 ... BE-4).
+"""``llamactor bench``: the command line of the benchmark harness (closed-loop users, scheduling
+workloads, chat and more traffic shapes).
 
     llamactor bench --url URL --users K --requests R --npp N --ntg M [--json] [--plot FILE.png]
                     [--api native|openai] [--warmup W] [--sweep users=8,16,32]
@@ -31,8 +32,15 @@ from llamactor.ops.progress import Progress
 from llamactor.ops.report import describe, notes, render_ratios, render_runs, to_json
 from llamactor.ops.runner import DEFAULT_TIMEOUT_S, Common, Workload
 from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
-from llamactor.ops.traffic import (DEFAULT_LENGTHS, DEFAULT_POISSON_REQUESTS, Burst, LengthDist, Poisson,
-                                   SharedPrefix, load_lengths)
+from llamactor.ops.traffic import (
+    DEFAULT_LENGTHS,
+    DEFAULT_POISSON_REQUESTS,
+    Burst,
+    LengthDist,
+    Poisson,
+    SharedPrefix,
+    load_lengths,
+)
 from llamactor.ops.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
 
 WORKLOADS = ("closed", "mixed", "cohort", "burst", "shared-prefix", "chat", "poisson")
@@ -49,52 +57,110 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_bench_parser(sub: Any) -> None:
     """Add the ``bench`` subcommand to ``llamactor``'s subparsers (called once at start-up)."""
-    p = sub.add_parser("bench", help="benchmark a llama-server-compatible URL (SPEC section 8)",
-                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a llama-server-compatible URL (throughput, TTFT, inter-token gaps)",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--url", required=True, help="server A, e.g. http://127.0.0.1:8080")
     p.add_argument("--vs", metavar="URL2", default=None, help="server B: run A and B alternately, print B/A")
     p.add_argument("--pairs", type=int, default=1, help="A-B repetitions per sweep point (default 1)")
     p.add_argument("--workload", choices=WORKLOADS, default="closed")
-    p.add_argument("--api", choices=("native", "openai"), default="native",
-                   help="native: POST /completion; openai: POST /v1/completions")
-    p.add_argument("--users", type=int, default=None,
-                   help="concurrent users (closed 8, burst 32, shared-prefix 32); chat: turns in flight (8)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per user (closed 4, burst 2, shared-prefix 2); poisson: requests in all (64)")
-    p.add_argument("--npp", type=int, default=None,
-                   help="prompt tokens per request (closed 128, mixed streams 32, burst 1000); shared-prefix: the "
-                        "distinct suffix (32); chat: new user text per turn (64); poisson: same as fixed:N")
-    p.add_argument("--ntg", type=int, default=None, help="tokens generated per request (closed 128, mixed 192, "
-                                                         "cohort 64, burst/shared-prefix/chat 64)")
+    p.add_argument(
+        "--api",
+        choices=("native", "openai"),
+        default="native",
+        help="native: POST /completion; openai: POST /v1/completions",
+    )
+    p.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help="concurrent users (closed 8, burst 32, shared-prefix 32); chat: turns in flight (8)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per user (closed 4, burst 2, shared-prefix 2); poisson: requests in all (64)",
+    )
+    p.add_argument(
+        "--npp",
+        type=int,
+        default=None,
+        help="prompt tokens per request (closed 128, mixed streams 32, burst 1000); shared-prefix: the "
+        "distinct suffix (32); chat: new user text per turn (64); poisson: same as fixed:N",
+    )
+    p.add_argument(
+        "--ntg",
+        type=int,
+        default=None,
+        help="tokens generated per request (closed 128, mixed 192, cohort 64, burst/shared-prefix/chat 64)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds, one short request per user (0: none)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a request fails")
     p.add_argument("--sweep", default=None, metavar="NAME=V1,V2", help="e.g. users=8,16,32")
     p.add_argument("--streams", type=int, default=4, help="mixed: generating streams")
-    p.add_argument("--arrivals", type=_floats, default=DEFAULT_ARRIVALS_S, metavar="S1,S2",
-                   help="mixed: arrival times of the long prompts, seconds after the start")
+    p.add_argument(
+        "--arrivals",
+        type=_floats,
+        default=DEFAULT_ARRIVALS_S,
+        metavar="S1,S2",
+        help="mixed: arrival times of the long prompts, seconds after the start",
+    )
     p.add_argument("--arrival-npp", type=int, default=768, help="mixed: prompt tokens of each arrival")
     p.add_argument("--arrival-ntg", type=int, default=16, help="mixed: tokens generated by each arrival")
-    p.add_argument("--cohort-npp", type=_ints, default=DEFAULT_COHORT_NPP, metavar="N1,N2",
-                   help="cohort: prompt lengths, all arriving together")
-    p.add_argument("--prefix-npp", type=int, default=None,
-                   help="shared-prefix: tokens of the common prefix (1000); chat: system text (200)")
+    p.add_argument(
+        "--cohort-npp",
+        type=_ints,
+        default=DEFAULT_COHORT_NPP,
+        metavar="N1,N2",
+        help="cohort: prompt lengths, all arriving together",
+    )
+    p.add_argument(
+        "--prefix-npp",
+        type=int,
+        default=None,
+        help="shared-prefix: tokens of the common prefix (1000); chat: system text (200)",
+    )
     p.add_argument("--conversations", type=int, default=None, help="chat: conversations (24)")
     p.add_argument("--turns", type=int, default=None, help="chat: turns per conversation (4)")
     p.add_argument("--rate", type=float, default=None, help="poisson: mean arrivals per second")
-    p.add_argument("--npp-dist", default=None, metavar="DIST",
-                   help="poisson: prompt lengths, fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA (fixed:128)")
+    p.add_argument(
+        "--npp-dist",
+        default=None,
+        metavar="DIST",
+        help="poisson: prompt lengths, fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA (fixed:128)",
+    )
     p.add_argument("--ntg-dist", default=None, metavar="DIST", help="poisson: output lengths, as --npp-dist")
-    p.add_argument("--lengths", default=None, metavar="FILE.jsonl",
-                   help='poisson: one {"npp": N, "ntg": M} (optionally "at": seconds) per line, cycled')
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_SLO_TTFT_MS,
-                   help="goodput: a good request's time to first token at most this (default %(default)s)")
-    p.add_argument("--slo-itl-ms", type=float, default=DEFAULT_SLO_ITL_MS,
-                   help="goodput: ... and its time per output token after the first (default %(default)s)")
+    p.add_argument(
+        "--lengths",
+        default=None,
+        metavar="FILE.jsonl",
+        help='poisson: one {"npp": N, "ntg": M} (optionally "at": seconds) per line, cycled',
+    )
+    p.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=DEFAULT_SLO_TTFT_MS,
+        help="goodput: a good request's time to first token at most this (default %(default)s)",
+    )
+    p.add_argument(
+        "--slo-itl-ms",
+        type=float,
+        default=DEFAULT_SLO_ITL_MS,
+        help="goodput: ... and its time per output token after the first (default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="also draw the runs into a PNG (OPS-1; needs matplotlib: pip install 'llamactor[plot]')")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="also draw the runs into a PNG (sweeps, mixed workload; needs matplotlib: pip install 'llamactor[plot]')",
+    )
 
 
 def _given(a: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -128,12 +194,25 @@ def _swept_rate(sweep: str | None) -> float | None:
 
 def workload_from_args(a: argparse.Namespace) -> Workload[Any]:
     """The workload ``a`` asks for; a ValueError naming the flag for bad settings."""
-    common = Common(api=a.api, warmup=a.warmup, temperature=a.temperature, seed=a.seed, timeout_s=a.timeout,
-                    slo_ttft_ms=a.slo_ttft_ms, slo_itl_ms=a.slo_itl_ms)
+    common = Common(
+        api=a.api,
+        warmup=a.warmup,
+        temperature=a.temperature,
+        seed=a.seed,
+        timeout_s=a.timeout,
+        slo_ttft_ms=a.slo_ttft_ms,
+        slo_itl_ms=a.slo_itl_ms,
+    )
     sizes = _given(a, "npp", "ntg")
     if a.workload == "mixed":
-        return Mixed(streams=a.streams, arrival_npp=a.arrival_npp, arrival_ntg=a.arrival_ntg,
-                     arrivals_s=a.arrivals, common=common, **sizes)
+        return Mixed(
+            streams=a.streams,
+            arrival_npp=a.arrival_npp,
+            arrival_ntg=a.arrival_ntg,
+            arrivals_s=a.arrivals,
+            common=common,
+            **sizes,
+        )
     if a.workload == "cohort":
         sizes.pop("npp", None)
         return Cohort(npps=a.cohort_npp, common=common, **sizes)
@@ -144,11 +223,15 @@ def workload_from_args(a: argparse.Namespace) -> Workload[Any]:
     if a.workload == "chat":
         return Chat(common=common, **sizes, **_given(a, "users", "prefix_npp", "conversations", "turns"))
     if a.workload == "poisson":
-        return Poisson(rate=a.rate if a.rate is not None else _swept_rate(a.sweep),
-                       requests=a.requests if a.requests is not None else DEFAULT_POISSON_REQUESTS,
-                       npp_dist=_dist(a, "npp") or DEFAULT_LENGTHS, ntg_dist=_dist(a, "ntg") or DEFAULT_LENGTHS,
-                       lengths_file=a.lengths, lengths=load_lengths(a.lengths) if a.lengths is not None else None,
-                       common=common)
+        return Poisson(
+            rate=a.rate if a.rate is not None else _swept_rate(a.sweep),
+            requests=a.requests if a.requests is not None else DEFAULT_POISSON_REQUESTS,
+            npp_dist=_dist(a, "npp") or DEFAULT_LENGTHS,
+            ntg_dist=_dist(a, "ntg") or DEFAULT_LENGTHS,
+            lengths_file=a.lengths,
+            lengths=load_lengths(a.lengths) if a.lengths is not None else None,
+            common=common,
+        )
     return ClosedLoop(common=common, **sizes, **_given(a, "users", "requests"))
 
 
@@ -157,8 +240,18 @@ def _validate(workload: Workload[Any]) -> None:
     for flag, ms in (("--slo-ttft-ms", common.slo_ttft_ms), ("--slo-itl-ms", common.slo_itl_ms)):
         if not math.isfinite(ms) or ms <= 0:
             raise ValueError(f"{flag} must be a number of milliseconds > 0, got {ms}")
-    for name in ("users", "requests", "npp", "ntg", "streams", "arrival_npp", "arrival_ntg", "prefix_npp",
-                 "conversations", "turns"):
+    for name in (
+        "users",
+        "requests",
+        "npp",
+        "ntg",
+        "streams",
+        "arrival_npp",
+        "arrival_ntg",
+        "prefix_npp",
+        "conversations",
+        "turns",
+    ):
         value = getattr(workload, name, None)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -1,4 +1,4 @@
-"""BE-3: the multi-turn chat workload (``llamactor bench --workload chat``).
+"""The multi-turn chat workload (``llamactor bench --workload chat``).
 
 ``conversations`` conversations of ``turns`` turns each. At most ``users`` turns are in flight
 at a time, taken round-robin across conversations (turn 1 of every conversation, then turn 2
@@ -66,8 +66,9 @@ class ChatFeed:
                 self.skipped += 1
                 ended.set()
                 continue
-            return Request(self._history[c] + self.user_texts[c][t], self.ntg, cache_prompt=True, keep_ids=True,
-                           tag=(c, t))
+            return Request(
+                self._history[c] + self.user_texts[c][t], self.ntg, cache_prompt=True, keep_ids=True, tag=(c, t)
+            )
         return None
 
     def done(self, request: Request, record: RequestRecord) -> None:
@@ -97,17 +98,28 @@ class Chat:
 
     def __post_init__(self) -> None:
         if self.common.api != "native":
-            raise ValueError("--workload chat needs --api native: the replies' token ids come from /completion's "
-                             "stream")
+            raise ValueError(
+                "--workload chat needs --api native: the replies' token ids come from /completion's stream"
+            )
 
     @property
     def n_requests(self) -> int:
         return self.conversations * self.turns
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
-        warm = [Job("warmup", tuple(Request(prompts.take(self.prefix_npp + self.npp), WARMUP_NTG)
-                                    for _ in range(self.common.warmup)))
-                for _ in range(self.users)] if self.common.warmup > 0 else []
+        warm = (
+            [
+                Job(
+                    "warmup",
+                    tuple(
+                        Request(prompts.take(self.prefix_npp + self.npp), WARMUP_NTG) for _ in range(self.common.warmup)
+                    ),
+                )
+                for _ in range(self.users)
+            ]
+            if self.common.warmup > 0
+            else []
+        )
         system = prompts.take(self.prefix_npp)
         texts = [[prompts.take(self.npp) for _ in range(self.turns)] for _ in range(self.conversations)]
         feed = ChatFeed(system, texts, self.ntg)
@@ -123,15 +135,30 @@ class Chat:
         generated = sum(r.n_generated for r in ok)
         sent = sum(r.n_prompt_sent for r in records)
         return ChatResult(
-            conversations=self.conversations, turns=self.turns, users=self.users, prefix_npp=self.prefix_npp,
-            npp=self.npp, ntg=self.ntg, api=self.common.api, ok=len(ok), failed=len(records) - len(ok),
-            skipped=feed.skipped, warmup_failed=warmup_failed, errors=error_sample(records),
-            makespan_s=phase.wall_s, generated_tokens=generated, tok_s=ratio(float(generated), phase.wall_s),
+            conversations=self.conversations,
+            turns=self.turns,
+            users=self.users,
+            prefix_npp=self.prefix_npp,
+            npp=self.npp,
+            ntg=self.ntg,
+            api=self.common.api,
+            ok=len(ok),
+            failed=len(records) - len(ok),
+            skipped=feed.skipped,
+            warmup_failed=warmup_failed,
+            errors=error_sample(records),
+            makespan_s=phase.wall_s,
+            generated_tokens=generated,
+            tok_s=ratio(float(generated), phase.wall_s),
             first_turns=latency_of(first, phase.wall_s, self.common),
             later_turns=latency_of(later, phase.wall_s, self.common),
-            prompt_tokens_sent=sent, prompt_tokens_server=phase.server_prompt_tokens,
-            short_replies=feed.short_replies, cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s,
-            slo=latency_of(records, phase.wall_s, self.common), records=records,
+            prompt_tokens_sent=sent,
+            prompt_tokens_server=phase.server_prompt_tokens,
+            short_replies=feed.short_replies,
+            cross_check=phase.cross_check,
+            client_cpu_s=phase.client_cpu_s,
+            slo=latency_of(records, phase.wall_s, self.common),
+            records=records,
         )
 
 
@@ -170,23 +197,35 @@ class ChatResult:
         if self.skipped:
             out.append(f"{self.skipped} turn(s) not sent: an earlier turn of their conversation failed")
         if self.short_replies:
-            out.append(f"{self.short_replies} repl(ies) streamed fewer token ids than the server generated "
-                       "(a token ending inside a UTF-8 sequence); those conversations' histories lack them")
+            out.append(
+                f"{self.short_replies} repl(ies) streamed fewer token ids than the server generated "
+                "(a token ending inside a UTF-8 sequence); those conversations' histories lack them"
+            )
         if self.conversations <= self.users:
-            out.append("no more conversations than --users: each turn waits for its own conversation's previous "
-                       "turn; use more --conversations than the server has slots")
+            out.append(
+                "no more conversations than --users: each turn waits for its own conversation's previous "
+                "turn; use more --conversations than the server has slots"
+            )
         return out
 
     def figures(self) -> dict[str, float | int | None]:
         f, later = self.first_turns, self.later_turns
         return {
-            "first_ttft_mean_ms": f.ttft_mean_ms, "first_ttft_p50_ms": f.ttft_p50_ms, "first_ttft_p99_ms": f.ttft_p99_ms,
-            "later_ttft_mean_ms": later.ttft_mean_ms, "later_ttft_p50_ms": later.ttft_p50_ms,
-            "later_ttft_p99_ms": later.ttft_p99_ms, "prompt_sent": self.prompt_tokens_sent,
+            "first_ttft_mean_ms": f.ttft_mean_ms,
+            "first_ttft_p50_ms": f.ttft_p50_ms,
+            "first_ttft_p99_ms": f.ttft_p99_ms,
+            "later_ttft_mean_ms": later.ttft_mean_ms,
+            "later_ttft_p50_ms": later.ttft_p50_ms,
+            "later_ttft_p99_ms": later.ttft_p99_ms,
+            "prompt_sent": self.prompt_tokens_sent,
             "prompt_processed": self.prompt_tokens_server,
-            "processed_share": ratio(self.prompt_tokens_server, self.prompt_tokens_sent), "tok_s": self.tok_s,
-            "ok": self.ok, "failed": self.failed, "server_tokens": self.cross_check.server_tokens,
-            "diff_percent": self.cross_check.diff_percent, **self.slo.figures(),
+            "processed_share": ratio(self.prompt_tokens_server, self.prompt_tokens_sent),
+            "tok_s": self.tok_s,
+            "ok": self.ok,
+            "failed": self.failed,
+            "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent,
+            **self.slo.figures(),
         }
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 check 2, run by .ci/run after the tests: the registry's `ops` package (Canonical's
+# Namespace check, run by .ci/run after the tests: the registry's `ops` package (Canonical's
 # charm framework) installed into the same venv leaves both working, since llamactor installs
 # only the `llamactor` import package. Uninstalls `ops` afterwards (the test suite checks that a
 # fresh venv has no bare `ops`).

@@ -49,7 +49,7 @@ def parse_metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if not line.startswith(name):
             continue
-        rest = line[len(name):]
+        rest = line[len(name) :]
         if rest[:1] not in ("{", " ", "\t"):
             continue  # a longer name sharing the prefix
         value = rest.rsplit("}", 1)[-1].split()
@@ -77,13 +77,21 @@ class BenchClient:
         await self._http.__aenter__()
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._pool.close()
         await self._http.__aexit__(et, e, tb)
 
-    async def complete(self, prompt: list[int], n_predict: int, temperature: float, *,
-                       cache_prompt: bool = False, keep_ids: bool = False) -> RequestRecord:
+    async def complete(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        temperature: float,
+        *,
+        cache_prompt: bool = False,
+        keep_ids: bool = False,
+    ) -> RequestRecord:
         """Send one streaming completion and record it; never raises for a failed request.
 
         Called once per request by a simulated user; concurrent calls share the pool.
@@ -137,9 +145,11 @@ class BenchClient:
     async def prompt_ids(self) -> list[int]:
         """Distinct ids to draw prompts from: the passage's tokens, else ids below 200."""
         try:
-            resp = await self._http.post(self.url + "/tokenize", json={"content": PROMPT_ID_PASSAGE,
-                                                                      "add_special": False},
-                                         timeout=PROBE_TIMEOUT_S)
+            resp = await self._http.post(
+                self.url + "/tokenize",
+                json={"content": PROMPT_ID_PASSAGE, "add_special": False},
+                timeout=PROBE_TIMEOUT_S,
+            )
             tokens = resp.json().get("tokens") if resp.status_code == httpx.codes.OK else None
         except (httpx.HTTPError, ValueError):
             tokens = None
@@ -147,4 +157,4 @@ class BenchClient:
         return ids if len(ids) >= MIN_PROMPT_IDS else list(FALLBACK_PROMPT_IDS)
 
 
-__all__ = ["BenchClient", "FALLBACK_PROMPT_IDS", "PROMPT_TOKENS_METRIC", "TOKENS_PREDICTED_METRIC", "parse_metric"]
+__all__ = ["FALLBACK_PROMPT_IDS", "PROMPT_TOKENS_METRIC", "TOKENS_PREDICTED_METRIC", "BenchClient", "parse_metric"]

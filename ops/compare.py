@@ -55,15 +55,20 @@ def parse_sweep(spec: str, workload: Workload[Any]) -> list[tuple[str, Workload[
     try:
         points = [kind(v) for v in values.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--sweep values of {name} must be {'integers' if kind is int else 'numbers'}, "
-                         f"got {values!r}") from None
+        raise ValueError(
+            f"--sweep values of {name} must be {'integers' if kind is int else 'numbers'}, got {values!r}"
+        ) from None
     if not points:
         raise ValueError(f"--sweep {spec!r} lists no values")
     return [(f"{name}={v}", dataclasses.replace(cast(Any, workload), **{name: v})) for v in points]
 
 
-async def run_matrix(targets: list[Target], points: list[tuple[str | None, Workload[Any]]], pairs: int,
-                     progress: Callable[[str, int], Progress]) -> list[Run]:
+async def run_matrix(
+    targets: list[Target],
+    points: list[tuple[str | None, Workload[Any]]],
+    pairs: int,
+    progress: Callable[[str, int], Progress],
+) -> list[Run]:
     """Every point, ``pairs`` times, every target in turn (A B A B ...); prompts from A's probe.
 
     ``progress(label, n_requests)`` makes the progress bar of one run.
@@ -75,8 +80,9 @@ async def run_matrix(targets: list[Target], points: list[tuple[str | None, Workl
             seed = run_seed(workload.common.seed, p_index, pair)
             for target in targets:
                 label = " ".join(x for x in (target.label, point, f"pair {pair + 1}/{pairs}" if pairs > 1 else "") if x)
-                result = await run_workload(target.url, workload, seed=seed, prompt_ids=ids,
-                                            progress=progress(label, workload.n_requests))
+                result = await run_workload(
+                    target.url, workload, seed=seed, prompt_ids=ids, progress=progress(label, workload.n_requests)
+                )
                 runs.append(Run(target, point, pair, result))
     return runs
 

@@ -1,4 +1,4 @@
-"""The step cost of the replay's fake engine, fitted from a trace's recorded steps (SPEC BE-5).
+"""The step cost of the replay's fake engine, fitted from a trace's recorded steps.
 
 Two least-squares fits over the recorded steps, each ``ms = a + b * prompt_tokens +
 c * generated_tokens``, plus ``d * kv_cells`` (the KV cells the step's slots hold) when that
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
+
 from llamactor.ops.tracefile import Step
 
 KV_MIN_GAIN = 0.05  # the KV term is kept when it removes at least 5 % of the squared error
@@ -52,8 +53,10 @@ class Linear:
         return value
 
     def formula(self) -> str:
-        text = (f"{self.intercept_ms:.4g} + {self.per_prompt_ms:.4g}*prompt_tokens "
-                f"+ {self.per_generated_ms:.4g}*generated_tokens")
+        text = (
+            f"{self.intercept_ms:.4g} + {self.per_prompt_ms:.4g}*prompt_tokens "
+            f"+ {self.per_generated_ms:.4g}*generated_tokens"
+        )
         if self.uses_kv:
             text += f" + {self.per_kv_ms:.4g}*kv_cells"
         return text.replace("+ -", "- ")
@@ -106,7 +109,7 @@ def _fit(rows: list[Step], y: np.ndarray) -> Linear:
         coef_kv, ss_kv = _lstsq(with_kv, y)
         if coef_kv[3] > 0 and ss - ss_kv > max(KV_MIN_GAIN * ss, _NOISE * ss_tot):
             coef, ss, uses_kv, kv_coef = coef_kv[:3], ss_kv, True, float(coef_kv[3])
-    scale = max(float(np.sum(y ** 2)), 1.0)
+    scale = max(float(np.sum(y**2)), 1.0)
     if ss_tot > _NOISE * scale:
         r2 = max(0.0, 1.0 - ss / ss_tot)
     else:

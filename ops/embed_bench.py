@@ -1,4 +1,4 @@
-"""Chat and embeddings served at once by one server (issue 11, check 2; API-10).
+"""Chat and embeddings served at once by one server: the embeddings' cost to the chat streams.
 
     python -m llamactor.ops.embed_bench --url http://127.0.0.1:8080 [--streams 8] [--ntg 128]
                                         [--embed-clients 2] [--embed-batch 32] [--embed-words 48]
@@ -28,8 +28,32 @@ import anyio
 import httpx
 import numpy as np
 
-WORDS = ("river bridge harvest library morning committee village letter record price bread history "
-         "school photograph map cold old new short long bright quiet garden window").split()
+WORDS = [
+    "river",
+    "bridge",
+    "harvest",
+    "library",
+    "morning",
+    "committee",
+    "village",
+    "letter",
+    "record",
+    "price",
+    "bread",
+    "history",
+    "school",
+    "photograph",
+    "map",
+    "cold",
+    "old",
+    "new",
+    "short",
+    "long",
+    "bright",
+    "quiet",
+    "garden",
+    "window",
+]
 MS_PER_S = 1000.0
 TIMEOUT_S = 600.0
 
@@ -66,13 +90,16 @@ def _texts(n: int, words: int, salt: int) -> list[str]:
     return [f"{salt}-{i}: " + " ".join(rng.choice(WORDS, words)) for i in range(n)]
 
 
-async def _embed_loop(client: httpx.AsyncClient, phase: Phase, args: argparse.Namespace, stop: anyio.Event,
-                      salt: int) -> None:
+async def _embed_loop(
+    client: httpx.AsyncClient, phase: Phase, args: argparse.Namespace, stop: anyio.Event, salt: int
+) -> None:
     k = 0
     while not stop.is_set():
         k += 1
-        r = await client.post("/v1/embeddings", json={"input": _texts(args.embed_batch, args.embed_words,
-                                                                      salt * 100003 + k), "encoding_format": "base64"})
+        r = await client.post(
+            "/v1/embeddings",
+            json={"input": _texts(args.embed_batch, args.embed_words, salt * 100003 + k), "encoding_format": "base64"},
+        )
         if r.status_code != 200:
             phase.errors.append(f"embeddings {r.status_code}: {r.text[:200]}")
             return
@@ -85,8 +112,13 @@ async def _embed_loop(client: httpx.AsyncClient, phase: Phase, args: argparse.Na
 
 
 async def _stream(client: httpx.AsyncClient, phase: Phase, args: argparse.Namespace, i: int) -> None:
-    body = {"prompt": f"Stream {i}: tell me about the {WORDS[i % len(WORDS)]}", "n_predict": args.ntg,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "prompt": f"Stream {i}: tell me about the {WORDS[i % len(WORDS)]}",
+        "n_predict": args.ntg,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     last = None
     async with client.stream("POST", "/completion", json=body) as resp:
         if resp.status_code != 200:
@@ -130,8 +162,10 @@ async def run(args: argparse.Namespace) -> list[Phase]:
     async with httpx.AsyncClient(base_url=args.url, timeout=60) as client:
         probe = await client.post("/v1/embeddings", json={"input": "probe"})
         if probe.status_code != 200:
-            raise SystemExit(f"the server does not serve embeddings ({probe.status_code}: {probe.text[:200]}); "
-                             f"start it with --embedding --pooling mean")
+            raise SystemExit(
+                f"the server does not serve embeddings ({probe.status_code}: {probe.text[:200]}); "
+                f"start it with --embedding --pooling mean"
+            )
         await client.post("/completion", json={"prompt": "warm up", "n_predict": 4})
     return [
         await _run_phase(args.url, "embeddings", args, chat=False, embed=True),
@@ -141,8 +175,17 @@ async def run(args: argparse.Namespace) -> list[Phase]:
 
 
 def render(rows: list[dict[str, object]]) -> str:
-    cols = ("phase", "seconds", "embed_inputs_per_s", "embed_tokens_per_s", "chat_tok_per_s", "itl_p50_ms",
-            "itl_p99_ms", "itl_max_ms", "errors")
+    cols = (
+        "phase",
+        "seconds",
+        "embed_inputs_per_s",
+        "embed_tokens_per_s",
+        "chat_tok_per_s",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "itl_max_ms",
+        "errors",
+    )
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols) + " |")

@@ -114,7 +114,7 @@ class _Connection(asyncio.Protocol):
                 self._buf = buf
                 return
             self._parse_head(buf[:end])
-            buf = buf[end + 4:]
+            buf = buf[end + 4 :]
             if self._done is None:
                 return  # an empty body: the response already ended
         if self._chunked:
@@ -157,7 +157,7 @@ class _Connection(asyncio.Protocol):
         pos = 0
         while pos < len(buf) and self._done is not None:
             if self._chunk_state == "data":
-                piece = buf[pos: pos + self._remaining]
+                piece = buf[pos : pos + self._remaining]
                 self._emit(piece, now)
                 pos += len(piece)
                 self._remaining -= len(piece)
@@ -214,8 +214,7 @@ class Http1Pool:
         self._all.append(conn)
         return conn, False
 
-    async def post(self, path: str, body: bytes, sink: BodySink, on_sent: Callable[[], None],
-                   timeout_s: float) -> int:
+    async def post(self, path: str, body: bytes, sink: BodySink, on_sent: Callable[[], None], timeout_s: float) -> int:
         """POST ``body`` as JSON; ``sink`` gets the response body as it arrives; the status is
         returned once it has ended. ``on_sent`` is called right before the request is written
         (after any connect, so TTFT never includes connection set-up).
@@ -223,9 +222,11 @@ class Http1Pool:
         A kept-alive connection that the server closed while it sat idle fails before a single
         response byte; that request is sent again once, on a new connection.
         """
-        head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         conn, reused = await self._acquire()
         while True:
             on_sent()

@@ -1,4 +1,4 @@
-"""Latency figures and goodput of every workload's records (SPEC BE-4).
+"""Latency figures and goodput of every workload's records.
 
 The definitions live in ``ops.slo`` (shared with trace replay); this module only turns the
 client's ``RequestRecord``s into its ``Sample``s, and names the figure keys every result
@@ -14,8 +14,16 @@ from llamactor.ops.slo import LatencyReport, Sample
 from llamactor.ops.stats import RequestRecord
 
 # LatencyReport.figures() keys, in their order: the second table of the report
-LATENCY_KEYS = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "makespan_s", "goodput",
-                "goodput_rps")
+LATENCY_KEYS = (
+    "ttft_mean_ms",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "makespan_s",
+    "goodput",
+    "goodput_rps",
+)
 # compared B/A under --vs for every workload
 RATIO_KEYS = ("ttft_mean_ms", "ttft_p50_ms", "itl_p99_ms", "makespan_s", "goodput")
 

@@ -1,4 +1,4 @@
-"""BE-1: closed-loop users. K users released together, each sending R requests in turn.
+"""Closed-loop users. K users released together, each sending R requests in turn.
 
 Every request has a prompt of exactly ``npp`` token ids and generates exactly ``ntg`` tokens
 (``ignore_eos``). Aggregate throughput is the generated tokens of the measured phase over its
@@ -50,12 +50,19 @@ class ClosedLoop:
     def n_requests(self) -> int:
         return self.users * self.requests
 
-
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
-        warm = [Job("user", tuple(Request(prompts.take(self.npp), WARMUP_NTG) for _ in range(self.common.warmup)))
-                for _ in range(self.users)] if self.common.warmup > 0 else []
-        jobs = [Job("user", tuple(Request(prompts.take(self.npp), self.ntg) for _ in range(self.requests)))
-                for _ in range(self.users)]
+        warm = (
+            [
+                Job("user", tuple(Request(prompts.take(self.npp), WARMUP_NTG) for _ in range(self.common.warmup)))
+                for _ in range(self.users)
+            ]
+            if self.common.warmup > 0
+            else []
+        )
+        jobs = [
+            Job("user", tuple(Request(prompts.take(self.npp), self.ntg) for _ in range(self.requests)))
+            for _ in range(self.users)
+        ]
         return warm, jobs
 
     def summarize(self, phase: PhaseResult, warmup_failed: int) -> ClosedLoopResult:
@@ -63,16 +70,27 @@ class ClosedLoop:
         ok = [r for r in records if r.ok]
         generated = sum(r.n_generated for r in ok)
         return ClosedLoopResult(
-            users=self.users, requests_per_user=self.requests, npp=self.npp, ntg=self.ntg, api=self.common.api,
-            ok=len(ok), failed=len(records) - len(ok), warmup_failed=warmup_failed, errors=error_sample(records),
-            wall_s=phase.wall_s, generated_tokens=generated,
+            users=self.users,
+            requests_per_user=self.requests,
+            npp=self.npp,
+            ntg=self.ntg,
+            api=self.common.api,
+            ok=len(ok),
+            failed=len(records) - len(ok),
+            warmup_failed=warmup_failed,
+            errors=error_sample(records),
+            wall_s=phase.wall_s,
+            generated_tokens=generated,
             tok_s=finite(generated / phase.wall_s) if phase.wall_s > 0 else None,
             ttft=Distribution.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None]),
             tpot=Distribution.of_seconds([r.tpot_s for r in ok if r.tpot_s is not None]),
             gap=Distribution.of_seconds([g for r in ok for g in r.gaps_s()]),
             latency=Distribution.of_seconds([r.latency_s for r in ok if r.latency_s is not None]),
-            prompt_mismatches=prompt_mismatches(records), cross_check=phase.cross_check,
-            client_cpu_s=phase.client_cpu_s, slo=latency_of(records, phase.wall_s, self.common), records=records,
+            prompt_mismatches=prompt_mismatches(records),
+            cross_check=phase.cross_check,
+            client_cpu_s=phase.client_cpu_s,
+            slo=latency_of(records, phase.wall_s, self.common),
+            records=records,
             workload=self.name,
         )
 
@@ -113,8 +131,12 @@ class ClosedLoopResult:
     def figures(self) -> dict[str, float | int | None]:
         """Own figures, then the latency ones (TTFT, inter-token gaps = ``gap``, makespan = wall)."""
         return {
-            "tok_s": self.tok_s, "tpot_p50_ms": self.tpot.p50_ms, "ok": self.ok, "failed": self.failed,
-            "server_tokens": self.cross_check.server_tokens, "diff_percent": self.cross_check.diff_percent,
+            "tok_s": self.tok_s,
+            "tpot_p50_ms": self.tpot.p50_ms,
+            "ok": self.ok,
+            "failed": self.failed,
+            "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent,
             **self.slo.figures(),
         }
 

@@ -85,17 +85,20 @@ class PhaseResult:
         return [r for recs in self.records for r in recs]
 
 
-async def _send(client: BenchClient, req: Request, temperature: float, out: list[RequestRecord],
-                progress: Progress) -> RequestRecord:
-    rec = await client.complete(req.prompt, req.n_predict, temperature, cache_prompt=req.cache_prompt,
-                                keep_ids=req.keep_ids)
+async def _send(
+    client: BenchClient, req: Request, temperature: float, out: list[RequestRecord], progress: Progress
+) -> RequestRecord:
+    rec = await client.complete(
+        req.prompt, req.n_predict, temperature, cache_prompt=req.cache_prompt, keep_ids=req.keep_ids
+    )
     out.append(rec)
     progress.advance(rec.ok)
     return rec
 
 
-async def _run_job(client: BenchClient, job: Job, temperature: float, out: list[RequestRecord],
-                   progress: Progress) -> None:
+async def _run_job(
+    client: BenchClient, job: Job, temperature: float, out: list[RequestRecord], progress: Progress
+) -> None:
     for req in job.requests:
         await _send(client, req, temperature, out, progress)
     if job.feed is not None:
@@ -112,8 +115,9 @@ async def warm_up(client: BenchClient, warmup_jobs: list[Job], temperature: floa
     return out
 
 
-async def measure(client: BenchClient, jobs: list[Job], temperature: float,
-                  progress: Progress | None = None) -> PhaseResult:
+async def measure(
+    client: BenchClient, jobs: list[Job], temperature: float, progress: Progress | None = None
+) -> PhaseResult:
     """Park every job on a barrier, open it, and wait until every job has ended."""
     if not jobs:
         raise ValueError("a measured phase needs at least one job")
@@ -152,4 +156,4 @@ async def measure(client: BenchClient, jobs: list[Job], temperature: float,
     return PhaseResult(jobs, records, t0, end, cpu, CrossCheck.of(counted, before, after), prompt)
 
 
-__all__ = ["Feed", "Job", "PhaseResult", "Request", "WARMUP_NTG", "measure", "warm_up"]
+__all__ = ["WARMUP_NTG", "Feed", "Job", "PhaseResult", "Request", "measure", "warm_up"]

@@ -1,4 +1,4 @@
-"""``llamactor bench --plot FILE.png`` (OPS-1): the pictures of a finished benchmark.
+"""``llamactor bench --plot FILE.png``: the pictures of a finished benchmark.
 
 - closed loop (a sweep, or one point): aggregate tok/s and TTFT (p50 solid, p99 dashed)
   against the swept setting (users unless ``--sweep`` names another), one line per server
@@ -92,10 +92,17 @@ def _sweep(fig: Figure, runs: Sequence[Run]) -> None:
         xs = sorted(points)
         line = tok_ax.plot(xs, [_median(points[x], "tok_s") for x in xs], marker="o", label=server)[0]
         color = line.get_color()
-        ttft_ax.plot(xs, [_median(points[x], "ttft_p50_ms") for x in xs], marker="o", color=color,
-                     label=f"{server} p50")
-        ttft_ax.plot(xs, [_median(points[x], "ttft_p99_ms") for x in xs], marker=".", linestyle="--", color=color,
-                     label=f"{server} p99")
+        ttft_ax.plot(
+            xs, [_median(points[x], "ttft_p50_ms") for x in xs], marker="o", color=color, label=f"{server} p50"
+        )
+        ttft_ax.plot(
+            xs,
+            [_median(points[x], "ttft_p99_ms") for x in xs],
+            marker=".",
+            linestyle="--",
+            color=color,
+            label=f"{server} p99",
+        )
     tok_ax.set(title="throughput", xlabel=x_name, ylabel="generated tok/s")
     ttft_ax.set(title="time to first token", xlabel=x_name, ylabel="TTFT ms")
     for ax in (tok_ax, ttft_ax):
@@ -111,8 +118,11 @@ def _median(figs: list[dict[str, Any]], key: str) -> float:
 
 
 def _settings(result: Any) -> str:
-    parts = [f"{name}={getattr(result, name)}" for name in ("npp", "ntg", "requests_per_user", "api")
-             if hasattr(result, name)]
+    parts = [
+        f"{name}={getattr(result, name)}"
+        for name in ("npp", "ntg", "requests_per_user", "api")
+        if hasattr(result, name)
+    ]
     return " ".join(parts)
 
 
@@ -131,25 +141,45 @@ def _mixed(fig: Figure, runs: Sequence[Run]) -> None:
         t0 = min(r.sent_s for r in records)
         for i, rec in enumerate(records[: res.streams]):
             times = rec.event_times
-            ax.plot([t - t0 for t in times[1:]], [(b - a) * MS_PER_S for a, b in zip(times, times[1:])],
-                    linewidth=1, drawstyle="steps-pre", label=f"stream {i + 1}")  # a gap spans up to its token
-        for j, rec in enumerate(records[res.streams:]):
-            ax.axvline(rec.sent_s - t0, color="black", linestyle=":", linewidth=1,
-                       label="long prompt arrives" if j == 0 else None)
+            ax.plot(
+                [t - t0 for t in times[1:]],
+                [(b - a) * MS_PER_S for a, b in zip(times, times[1:])],
+                linewidth=1,
+                drawstyle="steps-pre",
+                label=f"stream {i + 1}",
+            )  # a gap spans up to its token
+        for j, rec in enumerate(records[res.streams :]):
+            ax.axvline(
+                rec.sent_s - t0,
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label="long prompt arrives" if j == 0 else None,
+            )
             if rec.ttft_s is not None:
-                ax.axvspan(rec.sent_s - t0, rec.sent_s - t0 + rec.ttft_s, color="grey", alpha=0.15,
-                           label="its prefill (until its first token)" if j == 0 else None)
+                ax.axvspan(
+                    rec.sent_s - t0,
+                    rec.sent_s - t0 + rec.ttft_s,
+                    color="grey",
+                    alpha=0.15,
+                    label="its prefill (until its first token)" if j == 0 else None,
+                )
         figs = res.figures()
-        ax.set_title(f"{_label(run)}  (gap p99 {_fmt(figs.get('gap_p99_ms'))} ms, max {_fmt(figs.get('gap_max_ms'))} ms, "
-                     f"arrival TTFT p50 {_fmt(figs.get('arrival_ttft_p50_ms'))} ms)", fontsize="medium")
+        ax.set_title(
+            f"{_label(run)}  (gap p99 {_fmt(figs.get('gap_p99_ms'))} ms, max {_fmt(figs.get('gap_max_ms'))} ms, "
+            f"arrival TTFT p50 {_fmt(figs.get('arrival_ttft_p50_ms'))} ms)",
+            fontsize="medium",
+        )
         ax.set_ylabel("inter-token gap ms")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", loc="upper right", ncols=2)
     axes[-1].set_xlabel("seconds since the measured phase began")
     first = runs[0].result
-    fig.suptitle(f"mixed workload: {first.streams} streams of {first.ntg} tokens, "
-                 f"long prompts of {first.arrival_npp} tokens arriving")
+    fig.suptitle(
+        f"mixed workload: {first.streams} streams of {first.ntg} tokens, "
+        f"long prompts of {first.arrival_npp} tokens arriving"
+    )
 
 
 def _cohort(fig: Figure, runs: Sequence[Run]) -> None:

@@ -1,4 +1,4 @@
-"""Record llama-server's token ids for fixed requests on the tiny test model (API-16).
+"""Record llama-server's token ids for fixed requests on the tiny test model (for the token-parity test).
 
 Usage: ``.venv/bin/python ops/record_golden.py [/path/to/llama-server]``. Writes
 tests/golden/llama_server_tokens.json, which tests/test_parity.py replays against llamactor.
@@ -31,19 +31,48 @@ CASES: dict[str, dict[str, Any]] = {
     "temp_seed": {"temperature": 0.8, "seed": 42},
     "temp_high_seed": {"temperature": 1.5, "seed": 7, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
     "top_k_p_min_p": {"temperature": 1.2, "seed": 3, "top_k": 20, "top_p": 0.9, "min_p": 0.02},
-    "penalties": {"temperature": 1.0, "seed": 11, "repeat_penalty": 1.3, "repeat_last_n": 32,
-                  "frequency_penalty": 0.4, "presence_penalty": 0.3},
+    "penalties": {
+        "temperature": 1.0,
+        "seed": 11,
+        "repeat_penalty": 1.3,
+        "repeat_last_n": 32,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.3,
+    },
     "typical": {"temperature": 1.0, "seed": 5, "typical_p": 0.8, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
     "mirostat_v1": {"temperature": 1.0, "seed": 9, "mirostat": 1, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
     "mirostat_v2": {"temperature": 1.0, "seed": 9, "mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1},
-    "xtc": {"temperature": 1.0, "seed": 13, "xtc_probability": 0.7, "xtc_threshold": 0.05, "top_k": 0,
-            "top_p": 1.0, "min_p": 0.0},
-    "dry": {"temperature": 0.7, "seed": 17, "dry_multiplier": 1.5, "dry_base": 1.75, "dry_allowed_length": 1,
-            "dry_penalty_last_n": 64},
-    "top_n_sigma_dynatemp": {"temperature": 1.0, "seed": 21, "top_n_sigma": 2.0, "dynatemp_range": 0.5,
-                             "dynatemp_exponent": 1.5},
-    "samplers_order": {"temperature": 0.9, "seed": 23, "samplers": ["temperature", "top_k", "min_p"],
-                       "top_k": 30, "min_p": 0.03},
+    "xtc": {
+        "temperature": 1.0,
+        "seed": 13,
+        "xtc_probability": 0.7,
+        "xtc_threshold": 0.05,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+    },
+    "dry": {
+        "temperature": 0.7,
+        "seed": 17,
+        "dry_multiplier": 1.5,
+        "dry_base": 1.75,
+        "dry_allowed_length": 1,
+        "dry_penalty_last_n": 64,
+    },
+    "top_n_sigma_dynatemp": {
+        "temperature": 1.0,
+        "seed": 21,
+        "top_n_sigma": 2.0,
+        "dynatemp_range": 0.5,
+        "dynatemp_exponent": 1.5,
+    },
+    "samplers_order": {
+        "temperature": 0.9,
+        "seed": 23,
+        "samplers": ["temperature", "top_k", "min_p"],
+        "top_k": 30,
+        "min_p": 0.03,
+    },
 }
 
 
@@ -72,9 +101,24 @@ def main() -> None:
         model = write_tiny_model(pathlib.Path(tmp) / "tiny.gguf")
         port = _free_port()
         proc = subprocess.Popen(
-            [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-t", "1",
-             "-c", "2048", "--no-webui"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                server,
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-np",
+                "1",
+                "-t",
+                "1",
+                "-c",
+                "2048",
+                "--no-webui",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             url = f"http://127.0.0.1:{port}"
@@ -94,8 +138,12 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(10)
-    OUT.write_text(json.dumps({"llama_cpp": version, "server": "llama-server", "model": "tests/tinymodel.py",
-                               "cases": cases}, indent=1) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {"llama_cpp": version, "server": "llama-server", "model": "tests/tinymodel.py", "cases": cases}, indent=1
+        )
+        + "\n"
+    )
     print(f"wrote {OUT} ({len(cases)} cases, {version})")
 
 

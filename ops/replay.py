@@ -1,4 +1,4 @@
-"""``llamactor replay``: pick or write a scheduling policy for your own traffic, offline (SPEC BE-5).
+"""``llamactor replay``: pick or write a scheduling policy for your own traffic, offline.
 
     llamactor serve ... --record-trace run.jsonl      # serve real traffic, then stop the server
     llamactor replay run.jsonl --scheduler continuous --scheduler stall-free \\
@@ -33,29 +33,52 @@ from llamactor.protocol.errors import ConfigError
 EXIT_OK, EXIT_POLICY_FAILED, EXIT_USAGE = 0, 1, 2
 RECORDED = "recorded"
 COLUMNS = {
-    "ttft_mean_ms": "TTFT mean ms", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
-    "itl_p50_ms": "ITL p50 ms", "itl_p99_ms": "ITL p99 ms", "makespan_s": "makespan s",
-    "goodput": "goodput", "goodput_rps": "good/s",
+    "ttft_mean_ms": "TTFT mean ms",
+    "ttft_p50_ms": "TTFT p50 ms",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "itl_p50_ms": "ITL p50 ms",
+    "itl_p99_ms": "ITL p99 ms",
+    "makespan_s": "makespan s",
+    "goodput": "goodput",
+    "goodput_rps": "good/s",
 }
 _OPTIONS = ("prefill_budget", "target_itl_ms", "target_ttft_ms", "cohort_max_generate_ms")
 
 
 def add_replay_parser(sub: Any) -> None:
     """Add the ``replay`` subcommand to ``llamactor``'s subparsers (called once at start-up)."""
-    p = sub.add_parser("replay", help="replay a --record-trace file against scheduling policies (BE-5)",
-                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "replay",
+        help="replay a --record-trace file against scheduling policies, offline",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("trace", metavar="FILE", help="a trace written by llamactor serve --record-trace FILE")
-    p.add_argument("--scheduler", action="append", default=None, metavar="NAME|module:Class",
-                   help="a policy to replay (repeat for several); default: the recorded one")
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_SLO_TTFT_MS,
-                   help=f"goodput: time to first token target (default {DEFAULT_SLO_TTFT_MS:g})")
-    p.add_argument("--slo-itl-ms", type=float, default=DEFAULT_SLO_ITL_MS,
-                   help=f"goodput: time per output token target (default {DEFAULT_SLO_ITL_MS:g})")
+    p.add_argument(
+        "--scheduler",
+        action="append",
+        default=None,
+        metavar="NAME|module:Class",
+        help="a policy to replay (repeat for several); default: the recorded one",
+    )
+    p.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=DEFAULT_SLO_TTFT_MS,
+        help=f"goodput: time to first token target (default {DEFAULT_SLO_TTFT_MS:g})",
+    )
+    p.add_argument(
+        "--slo-itl-ms",
+        type=float,
+        default=DEFAULT_SLO_ITL_MS,
+        help=f"goodput: time per output token target (default {DEFAULT_SLO_ITL_MS:g})",
+    )
     p.add_argument("--prefill-budget", type=int, default=None, help="override the recorded --prefill-budget")
     p.add_argument("--target-itl-ms", type=float, default=None, help="override the recorded --target-itl-ms")
     p.add_argument("--target-ttft-ms", type=float, default=None, help="override the recorded --target-ttft-ms")
-    p.add_argument("--cohort-max-generate-ms", type=float, default=None,
-                   help="override the recorded --cohort-max-generate-ms")
+    p.add_argument(
+        "--cohort-max-generate-ms", type=float, default=None, help="override the recorded --cohort-max-generate-ms"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -85,8 +108,15 @@ def recorded_report(trace: Trace, slo_ttft_ms: float, slo_itl_ms: float) -> Late
     return dataclasses.replace(report, itl_p50_ms=None, itl_p99_ms=None)
 
 
-def replay(trace: Trace, policy_cls: type[Policy], cost: CostModel, options: dict[str, float],
-           slo_ttft_ms: float, slo_itl_ms: float, spec: str) -> Replayed:
+def replay(
+    trace: Trace,
+    policy_cls: type[Policy],
+    cost: CostModel,
+    options: dict[str, float],
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    spec: str,
+) -> Replayed:
     result = simulate(trace, policy_cls, cost, options)
     return Replayed(spec, result, LatencyReport.of(result.samples(), result.makespan_s, slo_ttft_ms, slo_itl_ms))
 
@@ -117,10 +147,13 @@ def run_replay(args: argparse.Namespace) -> int:
             runs.append(replay(trace, cls, cost, options, args.slo_ttft_ms, args.slo_itl_ms, spec))
         except SimulationError as exc:
             failures.append(f"{spec}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a custom policy's own bug: report it, go on with the others
+        except Exception as exc:
             failures.append(f"{spec}: the policy raised {type(exc).__name__}: {exc}")
-    failures += [f"{r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
-                 for r in runs if r.result.unfinished]
+    failures += [
+        f"{r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
+        for r in runs
+        if r.result.unfinished
+    ]
     recorded = recorded_report(trace, args.slo_ttft_ms, args.slo_itl_ms)
     if args.json:
         json.dump(to_json(trace, cost, recorded, runs, options, failures), sys.stdout, indent=2)
@@ -141,28 +174,40 @@ def describe_trace(trace: Trace, options: dict[str, float]) -> str:
     h = trace.header
     ok = sum(r.ok for r in trace.requests)
     opts = ", ".join(f"{k}={v:g}" for k, v in sorted(options.items()) if v) or "defaults"
-    return (f"trace {trace.path}: {len(trace.requests)} requests ({ok} completed), {trace.generated_tokens} tokens "
-            f"generated, {len(trace.steps)} steps; model {h.model or '?'}, {h.groups} group(s) x {h.n_slots} slots, "
-            f"n_batch {h.n_batch}; recorded with --scheduler {h.policy}; policy options: {opts}")
+    return (
+        f"trace {trace.path}: {len(trace.requests)} requests ({ok} completed), {trace.generated_tokens} tokens "
+        f"generated, {len(trace.steps)} steps; model {h.model or '?'}, {h.groups} group(s) x {h.n_slots} slots, "
+        f"n_batch {h.n_batch}; recorded with --scheduler {h.policy}; policy options: {opts}"
+    )
 
 
-def render(trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed],
-           options: dict[str, float]) -> str:
+def render(
+    trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed], options: dict[str, float]
+) -> str:
     header = ["policy", *COLUMNS.values()]
     rows = [[f"{RECORDED} ({trace.header.policy})", *(fmt(v) for v in recorded.figures().values())]]
     rows += [[r.scheduler, *(fmt(v) for v in r.report.figures().values())] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    slo = (f"goodput: share of requests with TTFT <= {recorded.slo_ttft_ms:g} ms and time per output token <= "
-           f"{recorded.slo_itl_ms:g} ms ({RECORDED}: ITL percentiles not in the trace)")
+    slo = (
+        f"goodput: share of requests with TTFT <= {recorded.slo_ttft_ms:g} ms and time per output token <= "
+        f"{recorded.slo_itl_ms:g} ms ({RECORDED}: ITL percentiles not in the trace)"
+    )
     lines = [describe_trace(trace, options), cost.describe(), slo, ""]
     lines.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-              for row in rows]
+    lines += [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    ]
     return "\n".join(lines)
 
 
-def to_json(trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed],
-            options: dict[str, float], failures: list[str]) -> dict[str, Any]:
+def to_json(
+    trace: Trace,
+    cost: CostModel,
+    recorded: LatencyReport,
+    runs: list[Replayed],
+    options: dict[str, float],
+    failures: list[str],
+) -> dict[str, Any]:
     import msgspec
 
     return {
@@ -172,14 +217,26 @@ def to_json(trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[R
         "generated_tokens": trace.generated_tokens,
         "steps": len(trace.steps),
         "policy_options": options,
-        "fit": {part: {**dataclasses.asdict(fit), "formula": fit.formula()}
-                for part, fit in (("decode", cost.decode), ("loop", cost.loop))},
+        "fit": {
+            part: {**dataclasses.asdict(fit), "formula": fit.formula()}
+            for part, fit in (("decode", cost.decode), ("loop", cost.loop))
+        },
         "slo": {"ttft_ms": recorded.slo_ttft_ms, "itl_ms": recorded.slo_itl_ms},
         "recorded": {"scheduler": trace.header.policy, "figures": recorded.figures(), "good": recorded.good},
-        "policies": [{"scheduler": r.scheduler, "name": r.result.policy, "figures": r.report.figures(),
-                      "good": r.report.good, "requests": len(r.result.outcomes),
-                      "unfinished": r.result.unfinished, "generated_tokens": r.result.generated_tokens,
-                      "prompt_tokens": r.result.prompt_tokens, "steps": r.result.steps} for r in runs],
+        "policies": [
+            {
+                "scheduler": r.scheduler,
+                "name": r.result.policy,
+                "figures": r.report.figures(),
+                "good": r.report.good,
+                "requests": len(r.result.outcomes),
+                "unfinished": r.result.unfinished,
+                "generated_tokens": r.result.generated_tokens,
+                "prompt_tokens": r.result.prompt_tokens,
+                "steps": r.result.steps,
+            }
+            for r in runs
+        ],
         "notes": list(trace.notes),
         "errors": failures,
     }

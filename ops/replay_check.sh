@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BE-5 check of the replay model (issue 12): serve with --record-trace, run one `llamactor bench`
+# Check of the replay model (``llamactor replay``): serve with --record-trace, run one `llamactor bench`
 # against it, stop the server, replay the trace with the policy that served it, and compare the
 # predicted TTFT p50 and inter-token p99 with what the benchmark measured (the bar: within 15 %).
 #

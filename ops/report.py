@@ -12,18 +12,41 @@ from llamactor.ops.latency import LATENCY_KEYS
 
 CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
 HEADERS = {
-    "tok_s": "tok/s", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_p50_ms": "TPOT p50 ms",
-    "gap_p50_ms": "gap p50 ms", "gap_p99_ms": "gap p99 ms", "gap_max_ms": "gap max ms", "ok": "ok",
-    "failed": "failed", "wall_s": "wall s", "server_tokens": "srv tokens", "diff_percent": "diff %",
-    "arrival_ttft_p50_ms": "arr TTFT p50 ms", "arrival_ttft_max_ms": "arr TTFT max ms",
-    "prefill_tok_s": "prefill tok/s", "makespan_s": "makespan s", "overlap": "overlap",
-    "all_prefilled_s": "all prefilled s", "gen_tok_s": "gen tok/s",
-    "ttft_mean_ms": "TTFT mean ms", "itl_p50_ms": "ITL p50 ms", "itl_p99_ms": "ITL p99 ms", "goodput": "goodput",
-    "goodput_rps": "good req/s", "prompt_sent": "prompt sent", "prompt_processed": "prompt processed",
-    "processed_share": "processed/sent", "first_ttft_mean_ms": "1st TTFT mean ms",
-    "first_ttft_p50_ms": "1st TTFT p50 ms", "first_ttft_p99_ms": "1st TTFT p99 ms",
-    "later_ttft_mean_ms": "later TTFT mean ms", "later_ttft_p50_ms": "later TTFT p50 ms",
-    "later_ttft_p99_ms": "later TTFT p99 ms", "offered_rps": "offered req/s", "done_rps": "done req/s",
+    "tok_s": "tok/s",
+    "ttft_p50_ms": "TTFT p50 ms",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "tpot_p50_ms": "TPOT p50 ms",
+    "gap_p50_ms": "gap p50 ms",
+    "gap_p99_ms": "gap p99 ms",
+    "gap_max_ms": "gap max ms",
+    "ok": "ok",
+    "failed": "failed",
+    "wall_s": "wall s",
+    "server_tokens": "srv tokens",
+    "diff_percent": "diff %",
+    "arrival_ttft_p50_ms": "arr TTFT p50 ms",
+    "arrival_ttft_max_ms": "arr TTFT max ms",
+    "prefill_tok_s": "prefill tok/s",
+    "makespan_s": "makespan s",
+    "overlap": "overlap",
+    "all_prefilled_s": "all prefilled s",
+    "gen_tok_s": "gen tok/s",
+    "ttft_mean_ms": "TTFT mean ms",
+    "itl_p50_ms": "ITL p50 ms",
+    "itl_p99_ms": "ITL p99 ms",
+    "goodput": "goodput",
+    "goodput_rps": "good req/s",
+    "prompt_sent": "prompt sent",
+    "prompt_processed": "prompt processed",
+    "processed_share": "processed/sent",
+    "first_ttft_mean_ms": "1st TTFT mean ms",
+    "first_ttft_p50_ms": "1st TTFT p50 ms",
+    "first_ttft_p99_ms": "1st TTFT p99 ms",
+    "later_ttft_mean_ms": "later TTFT mean ms",
+    "later_ttft_p50_ms": "later TTFT p50 ms",
+    "later_ttft_p99_ms": "later TTFT p99 ms",
+    "offered_rps": "offered req/s",
+    "done_rps": "done req/s",
     "lag_max_ms": "send lag max ms",
 }
 
@@ -74,10 +97,19 @@ def render_runs(runs: list[Run]) -> str:
     out = _grid(header + [HEADERS.get(k, k) for k in own], [c + [fmt(f[k]) for k in own] for c, f in zip(cells, figs)])
     if common:
         slo = getattr(runs[0].result, "slo", None)
-        title = "" if slo is None else (f"good request: TTFT <= {slo.slo_ttft_ms:g} ms and time per output token "
-                                        f"<= {slo.slo_itl_ms:g} ms")
-        out += "\n\n" + (title + "\n" if title else "") + _grid(
-            header + [HEADERS.get(k, k) for k in common], [c + [fmt(f[k]) for k in common] for c, f in zip(cells, figs)])
+        title = (
+            ""
+            if slo is None
+            else (f"good request: TTFT <= {slo.slo_ttft_ms:g} ms and time per output token <= {slo.slo_itl_ms:g} ms")
+        )
+        out += (
+            "\n\n"
+            + (title + "\n" if title else "")
+            + _grid(
+                header + [HEADERS.get(k, k) for k in common],
+                [c + [fmt(f[k]) for k in common] for c, f in zip(cells, figs)],
+            )
+        )
     return out
 
 
@@ -86,8 +118,10 @@ def render_ratios(ratios: list[PairRatio]) -> str:
         return ""
     keys = list(ratios[0].ratios)
     header = ["point", "pair"] + [f"B/A {HEADERS.get(k, k)}" for k in keys]
-    rows = [[r.point or "", "median" if r.pair is None else str(r.pair + 1)] + [fmt(r.ratios[k]) for k in keys]
-            for r in ratios]
+    rows = [
+        [r.point or "", "median" if r.pair is None else str(r.pair + 1)] + [fmt(r.ratios[k]) for k in keys]
+        for r in ratios
+    ]
     return _grid(header, rows)
 
 
@@ -104,16 +138,19 @@ def notes(runs: list[Run]) -> list[str]:
         if getattr(res, "prompt_tokens_server", 0) is None and cc.server_tokens is not None:
             out.append(f"{where}: no llamacpp:prompt_tokens_total on /metrics; prompt tokens processed not measured")
         if cc.server_tokens is None:
-            out.append(f"{where}: no llamacpp:tokens_predicted_total on /metrics (llama-server: add --metrics); "
-                       "token count not cross-checked")
+            out.append(
+                f"{where}: no llamacpp:tokens_predicted_total on /metrics (llama-server: add --metrics); "
+                "token count not cross-checked"
+            )
         elif cc.diff_percent != 0.0:
-            out.append(f"{where}: client counted {cc.client_tokens} generated tokens, the server "
-                       f"{cc.server_tokens} (another client on this server?)")
+            out.append(
+                f"{where}: client counted {cc.client_tokens} generated tokens, the server "
+                f"{cc.server_tokens} (another client on this server?)"
+            )
         out += [f"{where}: {text}" for text in res.notes()]
         wall = elapsed_s(res)
         if wall > 0 and res.client_cpu_s / wall > CLIENT_CPU_WARN_FRACTION:
-            out.append(f"{where}: the client used {res.client_cpu_s / wall:.0%} of a core; figures may be "
-                       "client-bound")
+            out.append(f"{where}: the client used {res.client_cpu_s / wall:.0%} of a core; figures may be client-bound")
     return out
 
 
@@ -128,11 +165,20 @@ def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str
     """Lines naming the servers, the workload and its settings, printed above the table."""
     swept, _, values = (sweep or "").partition("=")
     swept = swept.strip().replace("-", "_")
-    parts = [f"{f.name}={values if f.name == swept else getattr(workload, f.name)}"
-             for f in dataclasses.fields(workload) if f.name != "common" and f.metadata.get("report", True)]
+    parts = [
+        f"{f.name}={values if f.name == swept else getattr(workload, f.name)}"
+        for f in dataclasses.fields(workload)
+        if f.name != "common" and f.metadata.get("report", True)
+    ]
     common = workload.common
-    parts += [f"api={common.api}", f"warmup={common.warmup}", f"temperature={common.temperature}",
-              f"seed={common.seed}", f"slo_ttft_ms={common.slo_ttft_ms:g}", f"slo_itl_ms={common.slo_itl_ms:g}"]
+    parts += [
+        f"api={common.api}",
+        f"warmup={common.warmup}",
+        f"temperature={common.temperature}",
+        f"seed={common.seed}",
+        f"slo_ttft_ms={common.slo_ttft_ms:g}",
+        f"slo_itl_ms={common.slo_itl_ms:g}",
+    ]
     servers = [f"{t.label} = {t.url}" for t in targets] if len(targets) > 1 else [f"server {targets[0].url}"]
     return "\n".join(servers + [f"workload {workload.name}: " + " ".join(parts)])
 
@@ -140,8 +186,7 @@ def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str
 def _plain(obj: Any) -> Any:
     """Dataclasses to dicts, leaving out fields marked ``metadata={"report": False}``."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if f.metadata.get("report", True)}
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.metadata.get("report", True)}
     if isinstance(obj, (list, tuple)):
         return [_plain(x) for x in obj]
     if isinstance(obj, dict):
@@ -151,9 +196,18 @@ def _plain(obj: Any) -> Any:
 
 def to_json(runs: list[Run], ratios: list[PairRatio]) -> dict[str, Any]:
     return {
-        "runs": [{"server": r.target.label, "url": r.target.url, "point": r.point, "pair": r.pair,
-                  "workload": r.result.workload, "figures": r.result.figures(), "result": _plain(r.result)}
-                 for r in runs],
+        "runs": [
+            {
+                "server": r.target.label,
+                "url": r.target.url,
+                "point": r.point,
+                "pair": r.pair,
+                "workload": r.result.workload,
+                "figures": r.result.figures(),
+                "result": _plain(r.result),
+            }
+            for r in runs
+        ],
         "ratios": [_plain(x) for x in ratios],
         "notes": notes(runs),
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark pipeline groups over a ggml-rpc layer split on one machine (issue: RPC, check 3).
+# Benchmark pipeline groups over a ggml-rpc layer split on one machine.
 # Two loopback workers (1 thread each), two servers (N=1 and N=2), local CPU listed last;
 # the harness alternates A (N=1) and B (N=2) and prints B/A per sweep point.
 #   ops/rpc_bench.sh MODEL.gguf [users sweep, default 16,32,64]

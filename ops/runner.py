@@ -60,8 +60,14 @@ async def probe_prompt_ids(url: str) -> list[int]:
         return await client.prompt_ids()
 
 
-async def run_workload(url: str, workload: Workload[Any], *, seed: int | None = None,
-                       prompt_ids: list[int] | None = None, progress: Progress | None = None) -> Any:
+async def run_workload(
+    url: str,
+    workload: Workload[Any],
+    *,
+    seed: int | None = None,
+    prompt_ids: list[int] | None = None,
+    progress: Progress | None = None,
+) -> Any:
     """Warm up, measure and summarize ``workload`` against ``url``.
 
     ``seed`` overrides ``workload.common.seed`` (``--vs`` and ``--sweep`` derive one per run);
@@ -76,4 +82,4 @@ async def run_workload(url: str, workload: Workload[Any], *, seed: int | None = 
     return workload.summarize(phase, warmup_failed=sum(not r.ok for r in warm))
 
 
-__all__ = ["Common", "DEFAULT_TIMEOUT_S", "Workload", "probe_prompt_ids", "run_workload"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Common", "Workload", "probe_prompt_ids", "run_workload"]

@@ -1,15 +1,20 @@
-"""The replay simulator (SPEC BE-5): a recorded trace's arrivals against any policy, offline.
+"""The replay simulator: a recorded trace's arrivals against any policy, offline.
 
 A discrete-event simulation of the runtime's scheduling path with a fake engine:
 
-- **supervisor**: a request is submitted at its recorded time and takes a free slot (the
-  group with the fewest busy slots, then the lowest slot id; its recorded group first when it
-  reused a cached prefix there, since that is why it went there); when every slot is busy it
-  waits in a FCFS queue, started in order as slots free up (n > 1 needs n slots of one group);
-  as live, the group that freed a slot has started its next step before the supervisor hears
-  of it, so the queued request joins at the step after;
+- **supervisor**: a request is submitted at its recorded time and takes free slots by the
+  supervisor's own rule (``actors.scheduling.choose_slots``: the longest reusable cached
+  prefix, then the group with the fewest busy slots, then the lowest slot id; n > 1 needs n
+  slots of one group). A trace records how many prompt tokens a request reused and in which
+  group, not the tokens: the simulated table says that every slot of that group holds that
+  prefix (``_prompt_of``), so the supervisor's rule sends the request back there when the
+  prefix covers enough of its prompt (``PREFIX_SIMILARITY``). When no slot fits, it waits in a
+  FCFS queue, started in order as slots free up; as live, the group that freed a slot has
+  started its next step before the supervisor hears of it, so the queued request joins at the
+  step after;
 - **group**: at each step boundary it takes its new requests (a policy ``ARRIVED`` event),
-  asks its policy for a plan from a ``GroupView`` (the real ``plan(view, grant)``), checks
+  asks its policy for a plan from a ``GroupView`` (built by ``actors.scheduling.group_view``,
+  as the live group builds it; the real ``plan(view, grant)``), checks
   the plan and runs it on the fake engine: its tokens are sent after ``CostModel.decode_ms``
   and the next step starts after ``CostModel.ms`` (decode + the loop's own time), both of
   (prompt tokens, tokens sampled, KV cells). A prompt whose last chunk
@@ -32,8 +37,11 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from llamactor.actors.costs import StepCosts
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+from llamactor.actors.policy import GroupView, Policy, StepPlan
+from llamactor.actors.scheduling import SlotEntry, SlotSnapshot, choose_slots, group_view
 from llamactor.ops.costfit import CostModel
 from llamactor.ops.slo import Sample
 from llamactor.ops.tracefile import Request, Trace
@@ -126,7 +134,7 @@ class SimResult:
 
 
 class _Group:
-    def __init__(self, index: int, policy: Policy, n_slots: int, n_batch: int) -> None:
+    def __init__(self, index: int, policy: Policy, n_slots: int, n_batch: int, entries: list[SlotEntry]) -> None:
         self.index = index
         self.policy = policy
         self.n_slots = n_slots
@@ -134,7 +142,7 @@ class _Group:
         self.costs = StepCosts()
         self.grant: Grant | None = None
         self.slots: dict[int, tuple[_Live, _Choice]] = {}  # local -> its request and choice
-        self.reserved: set[int] = set()  # slots the supervisor gave away (busy in its table)
+        self.entries = entries  # its rows of the supervisor's table, by local id (busy: given away)
         self.inbox: list[tuple[_Live, tuple[int, ...]]] = []  # assigned, not yet taken by the group
         self.pending: list[PhaseEvent] = []  # events not yet seen by the coordinator
         self.running = False  # a step is in flight
@@ -144,25 +152,34 @@ class _Group:
         self.tick_for: tuple[int, float] = (0, 0.0)  # the deadline a tick is armed for
         self.order = 0
 
-    def free(self) -> list[int]:
-        return [i for i in range(self.n_slots) if i not in self.reserved]
-
 
 class Simulation:
     """Replay ``trace`` against one policy class; ``run`` once."""
 
-    def __init__(self, trace: Trace, policy_cls: type[Policy], cost: CostModel,
-                 options: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, trace: Trace, policy_cls: type[Policy], cost: CostModel, options: Mapping[str, float] | None = None
+    ) -> None:
         h = trace.header
         opts = dict(h.policy_options if options is None else options)
         self.trace = trace
         self.cost = cost
         self.name = getattr(policy_cls, "name", policy_cls.__name__)
-        self.groups = [_Group(g, policy_cls(g, **opts), h.n_slots, h.n_batch) for g in range(h.groups)]
+        # The supervisor's slot table. What a slot of group g holds is the prefix the recorded
+        # requests of group g reused (token g, as long as the longest prompt; see ``_prompt_of``).
+        longest = max((r.prompt for r in trace.requests), default=0)
+        held = [np.full(longest, g, dtype=np.int32) for g in range(h.groups)]
+        self.table = [
+            SlotEntry(g * h.n_slots + i, g, i, cached=held[g]) for g in range(h.groups) for i in range(h.n_slots)
+        ]
+        self.groups = [
+            _Group(g, policy_cls(g, **opts), h.n_slots, h.n_batch, self.table[g * h.n_slots : (g + 1) * h.n_slots])
+            for g in range(h.groups)
+        ]
         self._warm_costs()
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._queue: deque[int] = deque()
+        self._prompts: dict[int, np.ndarray] = {}  # stand-in prompts of queued requests
         self._outcomes: dict[int, Outcome] = {}
         self._live: dict[int, _Live] = {}
         self.steps = 0
@@ -176,7 +193,8 @@ class Simulation:
         for step in self.trace.steps:
             if step.start < first and 0 <= step.group < len(self.groups):
                 self.groups[step.group].costs.learn(
-                    StepResult(n_prompt=step.prompt, n_generated=step.generated, n_rows=step.slots), step.ms)
+                    StepResult(n_prompt=step.prompt, n_generated=step.generated, n_rows=step.slots), step.ms
+                )
 
     # ---- the event loop ------------------------------------------------------------------
 
@@ -202,11 +220,18 @@ class Simulation:
             if i not in self._outcomes:
                 live = self._live.get(i)
                 first = live.first_token if live is not None else None
-                self._outcomes[i] = Outcome(False, False, r.submitted, None,
-                                            None if first is None else first - r.submitted, (),
-                                            sum(c.generated for c in live.choices) if live else 0)
-        return SimResult(self.name, tuple(self._outcomes[i] for i in range(len(self.trace.requests))),
-                         self.steps, self.prompt_tokens)
+                self._outcomes[i] = Outcome(
+                    False,
+                    False,
+                    r.submitted,
+                    None,
+                    None if first is None else first - r.submitted,
+                    (),
+                    sum(c.generated for c in live.choices) if live else 0,
+                )
+        return SimResult(
+            self.name, tuple(self._outcomes[i] for i in range(len(self.trace.requests))), self.steps, self.prompt_tokens
+        )
 
     def _push(self, t: float, kind: int, x: int) -> None:
         self._seq += 1
@@ -216,33 +241,42 @@ class Simulation:
 
     def _schedule(self) -> None:
         for i in list(self._queue):
-            chosen = self._choose(self.trace.requests[i])
-            if chosen is None:
+            rec = self.trace.requests[i]
+            prompt = self._prompts.get(i)
+            if prompt is None:
+                prompt = self._prompts[i] = self._prompt_of(rec)
+            ids = self.choose(rec, prompt)
+            if ids is None:
                 continue
             self._queue.remove(i)
-            g, locals_ = chosen
-            g.reserved.update(locals_)
-            rec = self.trace.requests[i]
+            del self._prompts[i]
+            g = self.groups[self.table[ids[0]].group]
+            locals_ = tuple(self.table[sid].local for sid in ids)
+            for local in locals_:
+                g.entries[local].busy = True
             targets = rec.per_choice
-            choices = [_Choice(local, targets[k], -1 if k == 0 else locals_[0], "prefill" if k == 0 else "ready")
-                       for k, local in enumerate(locals_)]
+            choices = [
+                _Choice(local, targets[k], -1 if k == 0 else locals_[0], "prefill" if k == 0 else "ready")
+                for k, local in enumerate(locals_)
+            ]
             live = _Live(i, rec, 0, rec.prompt - rec.cached, choices)
             choices[0].n_past = rec.cached
             self._live[i] = live
             g.inbox.append((live, locals_))
             g.wake = True
 
-    def _choose(self, rec: Request) -> tuple[_Group, tuple[int, ...]] | None:
-        best: tuple[bool, int, int] | None = None
-        chosen: tuple[_Group, tuple[int, ...]] | None = None
-        for g in self.groups:
-            free = g.free()
-            if len(free) < rec.n:
-                continue
-            key = (g.index == rec.group and rec.cached > 0, -len(g.reserved), -(g.index * g.n_slots + free[0]))
-            if best is None or key > best:
-                best, chosen = key, (g, tuple(free[: rec.n]))
-        return chosen
+    def choose(self, rec: Request, prompt: np.ndarray | None = None) -> tuple[int, ...] | None:
+        """The slot ids (parent first) the supervisor's rule gives ``rec`` over the table now,
+        or None when it must wait."""
+        return choose_slots(self.table, self._prompt_of(rec) if prompt is None else prompt, n=rec.n)
+
+    @staticmethod
+    def _prompt_of(rec: Request) -> np.ndarray:
+        """Stand-in tokens for ``rec``'s prompt: its reused prefix is its group's token (what that
+        group's slots hold in the table), the rest a token no slot holds."""
+        prompt = np.full(rec.prompt, -1, dtype=np.int32)
+        prompt[: rec.cached] = rec.group
+        return prompt
 
     # ---- a group's step boundary ---------------------------------------------------------
 
@@ -263,15 +297,22 @@ class Simulation:
         self._start_step(g, plan, t)
 
     def _view(self, g: _Group, t: float) -> GroupView:
-        views = []
-        for local, (live, c) in g.slots.items():
-            if c.done and c.phase == "generate":
-                continue  # a finished choice waits for its siblings; the real view leaves it out
-            left = live.prompt_left if c.phase == "prefill" else 0
-            views.append(SlotView(local, c.phase, left, live.order, c.parent, live.rec.submitted, live.rec.prompt,
-                                  c.generated, live.prompt_done))
-        views.sort(key=lambda v: (v.order, v.local))
-        return GroupView(g.index, g.n_batch, tuple(views), t, g.costs.ms_per_prompt_token, g.costs.ms_per_step)
+        busy = (
+            SlotSnapshot(
+                local,
+                c.phase,
+                live.prompt_left,
+                live.order,
+                c.parent,
+                live.rec.submitted,
+                live.rec.prompt,
+                c.generated,
+                live.prompt_done,
+                c.done and c.phase == "generate",  # a finished choice waits for its siblings
+            )
+            for local, (live, c) in g.slots.items()
+        )
+        return group_view(g.index, g.n_batch, busy, t, g.costs.ms_per_prompt_token, g.costs.ms_per_step)
 
     def _deliver(self, g: _Group, t: float) -> bool:
         """The coordinator handles the group's events: True if the grant changed."""
@@ -371,8 +412,10 @@ class Simulation:
         end_t = t + self.cost.ms(n_prompt, len(emitted), kv) / 1e3  # then the loop's own time
         for live in prompts_done:
             live.prompt_done = decoded_t
-        g.costs.learn(StepResult(n_prompt=n_prompt, n_generated=len(emitted),
-                                 n_rows=len(plan.prefill) + len(plan.generate)), decode_ms)
+        g.costs.learn(
+            StepResult(n_prompt=n_prompt, n_generated=len(emitted), n_rows=len(plan.prefill) + len(plan.generate)),
+            decode_ms,
+        )
         for live, c in emitted:
             self._token(live, c, decoded_t)
             if all(ch.done for ch in live.choices) and live not in g.ending:
@@ -403,16 +446,23 @@ class Simulation:
             g.pending.append(PhaseEvent(g.index, kind, live.parent.local, 0, t, live.order))
             for c in live.choices:
                 g.slots.pop(c.local, None)
-                g.reserved.discard(c.local)
+                g.entries[c.local].busy = False
             first = live.first_token
             self._outcomes[live.index] = Outcome(
-                True, finished, rec.submitted, t, None if first is None else first - rec.submitted,
-                tuple(gap for c in live.choices for gap in c.gaps), sum(c.generated for c in live.choices))
+                True,
+                finished,
+                rec.submitted,
+                t,
+                None if first is None else first - rec.submitted,
+                tuple(gap for c in live.choices for gap in c.gaps),
+                sum(c.generated for c in live.choices),
+            )
         g.ending = []
 
 
-def simulate(trace: Trace, policy_cls: type[Policy], cost: CostModel,
-             options: Mapping[str, float] | None = None) -> SimResult:
+def simulate(
+    trace: Trace, policy_cls: type[Policy], cost: CostModel, options: Mapping[str, float] | None = None
+) -> SimResult:
     """Replay every request of ``trace`` against ``policy_cls`` (options: the recorded ones)."""
     return Simulation(trace, policy_cls, cost, options).run()
 

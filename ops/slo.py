@@ -1,4 +1,4 @@
-"""Latency figures and goodput of one run (SPEC BE-4, BE-5), shared by the benchmark and replay.
+"""Latency figures and goodput of one run, shared by the benchmark and replay.
 
 Goodput follows vLLM's benchmark and DistServe: a request is *good* when it completed, its
 time to first token is at most ``slo_ttft_ms`` and its time per output token after the first
@@ -62,8 +62,13 @@ class LatencyReport:
     goodput_rps: float | None  # good requests per second of makespan
 
     @classmethod
-    def of(cls, samples: Sequence[Sample], makespan_s: float, slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS,
-           slo_itl_ms: float = DEFAULT_SLO_ITL_MS) -> LatencyReport:
+    def of(
+        cls,
+        samples: Sequence[Sample],
+        makespan_s: float,
+        slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS,
+        slo_itl_ms: float = DEFAULT_SLO_ITL_MS,
+    ) -> LatencyReport:
         ttfts = [s.ttft_s * MS_PER_S for s in samples if s.ok and s.ttft_s is not None]
         gaps = [g * MS_PER_S for s in samples if s.ok for g in s.gaps_s]
         good = sum(s.good(slo_ttft_ms, slo_itl_ms) for s in samples)
@@ -84,9 +89,14 @@ class LatencyReport:
 
     def figures(self) -> dict[str, float | int | None]:
         return {
-            "ttft_mean_ms": self.ttft_mean_ms, "ttft_p50_ms": self.ttft_p50_ms, "ttft_p99_ms": self.ttft_p99_ms,
-            "itl_p50_ms": self.itl_p50_ms, "itl_p99_ms": self.itl_p99_ms, "makespan_s": self.makespan_s,
-            "goodput": self.goodput_share, "goodput_rps": self.goodput_rps,
+            "ttft_mean_ms": self.ttft_mean_ms,
+            "ttft_p50_ms": self.ttft_p50_ms,
+            "ttft_p99_ms": self.ttft_p99_ms,
+            "itl_p50_ms": self.itl_p50_ms,
+            "itl_p99_ms": self.itl_p99_ms,
+            "makespan_s": self.makespan_s,
+            "goodput": self.goodput_share,
+            "goodput_rps": self.goodput_rps,
         }
 
 

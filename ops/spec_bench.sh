@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13 (EN-2) benchmark: n-gram speculation at 1 user on a "repeat this text with small
+# Speculative decoding benchmark: n-gram speculation at 1 user on a "repeat this text with small
 # edits" prompt, llamactor and llama.cpp's llama-server, each with and without speculation.
 #
 #   ops/spec_bench.sh [MODEL.gguf] [LLAMA_SERVER] [extra speculation flags for both servers...]

@@ -1,4 +1,4 @@
-"""What one decode step costs on this machine, for the chat workload's shape (issue 13).
+"""What one decode step costs on this machine, for the chat workload's shape.
 
     python -m llamactor.ops.step_costs [MODEL] [--slots 8] [--history 583] [--new 65] [--threads 2]
                                        [--ctx 32768] [--repeat 5]
@@ -132,15 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         cost = {k: b.timed([(s, a.history, a.new) for s in range(k)], a.repeat) for k in range(1, a.slots + 1)}
     finally:
         b.close()
-    print(f"{os.path.basename(a.model)}: {a.slots} slots holding {a.history} tokens, {a.threads} threads, "
-          f"median of {a.repeat}")
+    print(
+        f"{os.path.basename(a.model)}: {a.slots} slots holding {a.history} tokens, {a.threads} threads, "
+        f"median of {a.repeat}"
+    )
     print(f"| step | tokens | ms | ms per turn |\n|---|---:|---:|---:|\n| generate | {a.slots} | {gen:.1f} | |")
     for k, ms in cost.items():
         print(f"| prefill {k} × {a.new} | {k * a.new} | {ms:.1f} | {ms / k:.1f} |")
     p50, mean, p50_split, mean_split = wave_floor(cost, a.slots)
-    print(f"a wave of {a.slots} turns at once, no generation step between: first token p50 >= {p50:.0f} ms "
-          f"(steps of {'+'.join(map(str, p50_split))}), mean >= {mean:.0f} ms "
-          f"(steps of {'+'.join(map(str, mean_split))})")
+    print(
+        f"a wave of {a.slots} turns at once, no generation step between: first token p50 >= {p50:.0f} ms "
+        f"(steps of {'+'.join(map(str, p50_split))}), mean >= {mean:.0f} ms "
+        f"(steps of {'+'.join(map(str, mean_split))})"
+    )
     return 0
 
 

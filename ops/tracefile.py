@@ -1,4 +1,4 @@
-"""Reading a ``--record-trace`` file (SPEC BE-5): JSON lines written by ``actors.recorder``.
+"""Reading a ``--record-trace`` file: JSON lines written by ``actors.recorder``.
 
 One header line, then request and step lines in the order they were written (requests when
 they ended). ``load_trace`` validates every line against the types below and returns the
@@ -123,8 +123,9 @@ def load_trace(path: str | Path) -> Trace:
             item = decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             if number == 1:
-                raise TraceError(f"{p} is not a llamactor trace (line 1: {exc}); record one with "
-                                 f"llamactor serve --record-trace FILE") from None
+                raise TraceError(
+                    f"{p} is not a llamactor trace (line 1: {exc}); record one with llamactor serve --record-trace FILE"
+                ) from None
             raise TraceError(f"{p} line {number}: {exc}") from None
         if number == 1 and not isinstance(item, Header):
             raise TraceError(f"{p} is not a llamactor trace: its first line is not a header")
@@ -139,8 +140,7 @@ def load_trace(path: str | Path) -> Trace:
             requests.append(item)
         else:
             if not 0 <= item.group < header.groups:  # type: ignore[union-attr]
-                raise TraceError(f"{p} line {number}: step of group {item.group}, the trace has "
-                                 f"{header.groups}")  # type: ignore[union-attr]
+                raise TraceError(f"{p} line {number}: step of group {item.group}, the trace has {header.groups}")  # type: ignore[union-attr]
             steps.append(item)
     assert header is not None
     order = sorted(range(len(requests)), key=lambda i: (requests[i].submitted, i))
@@ -153,8 +153,10 @@ def _check_request(p: Path, number: int, r: Request, header: Header | None) -> N
     if not 0 <= r.group < header.groups:
         raise TraceError(f"{p} line {number}: request of group {r.group}, the trace has {header.groups}")
     if r.prompt < 1 or not 0 <= r.cached < r.prompt or r.generated < 0 or not 1 <= r.n <= header.n_slots:
-        raise TraceError(f"{p} line {number}: a request needs prompt >= 1, 0 <= cached < prompt, "
-                         f"generated >= 0 and 1 <= n <= n_slots")
+        raise TraceError(
+            f"{p} line {number}: a request needs prompt >= 1, 0 <= cached < prompt, "
+            f"generated >= 0 and 1 <= n <= n_slots"
+        )
 
 
 __all__ = ["ENDED_BADLY", "Header", "Request", "Step", "Trace", "TraceError", "load_trace"]

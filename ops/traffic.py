@@ -1,4 +1,4 @@
-"""BE-4: more shapes of traffic for ``llamactor bench``: burst, shared prefix, open-loop Poisson.
+"""More shapes of traffic for ``llamactor bench``: burst, shared prefix, open-loop Poisson.
 
 Burst: ``users`` closed-loop users released together, each sending ``requests`` long distinct
 prompts (1,000 tokens by default) one after another; the shape where a policy that shares a
@@ -69,8 +69,11 @@ class SharedPrefixResult(ClosedLoopResult):
 
     def figures(self) -> dict[str, float | int | None]:
         figs = super().figures()
-        own = {"prompt_sent": self.prompt_tokens_sent, "prompt_processed": self.prompt_tokens_server,
-               "processed_share": ratio(self.prompt_tokens_server, self.prompt_tokens_sent)}
+        own = {
+            "prompt_sent": self.prompt_tokens_sent,
+            "prompt_processed": self.prompt_tokens_server,
+            "processed_share": ratio(self.prompt_tokens_server, self.prompt_tokens_sent),
+        }
         return {**own, **figs}
 
 
@@ -88,19 +91,32 @@ class SharedPrefix(ClosedLoop):
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         n = self.prefix_npp + self.npp
-        warm = [Job("user", tuple(Request(prompts.take(n), WARMUP_NTG) for _ in range(self.common.warmup)))
-                for _ in range(self.users)] if self.common.warmup > 0 else []
+        warm = (
+            [
+                Job("user", tuple(Request(prompts.take(n), WARMUP_NTG) for _ in range(self.common.warmup)))
+                for _ in range(self.users)
+            ]
+            if self.common.warmup > 0
+            else []
+        )
         prefix = prompts.take(self.prefix_npp)
-        jobs = [Job("user", tuple(Request(prefix + prompts.take(self.npp), self.ntg, cache_prompt=True)
-                                  for _ in range(self.requests)))
-                for _ in range(self.users)]
+        jobs = [
+            Job(
+                "user",
+                tuple(
+                    Request(prefix + prompts.take(self.npp), self.ntg, cache_prompt=True) for _ in range(self.requests)
+                ),
+            )
+            for _ in range(self.users)
+        ]
         return warm, jobs
 
     def summarize(self, phase: PhaseResult, warmup_failed: int) -> SharedPrefixResult:
         base = super().summarize(phase, warmup_failed)
         return SharedPrefixResult(
             **{f.name: getattr(base, f.name) for f in fields(ClosedLoopResult)},
-            prefix_npp=self.prefix_npp, prompt_tokens_sent=sum(r.n_prompt_sent for r in base.records),
+            prefix_npp=self.prefix_npp,
+            prompt_tokens_sent=sum(r.n_prompt_sent for r in base.records),
             prompt_tokens_server=phase.server_prompt_tokens,
         )
 
@@ -138,8 +154,9 @@ class LengthDist:
             else:
                 values = [int(x) for x in args]
         except ValueError:
-            raise ValueError(f"{flag} {text!r}: {'numbers' if kind == 'lognormal' else 'integers'} expected "
-                             f"after {kind}:") from None
+            raise ValueError(
+                f"{flag} {text!r}: {'numbers' if kind == 'lognormal' else 'integers'} expected after {kind}:"
+            ) from None
         if kind == "lognormal":
             if not (math.isfinite(median) and median > 0 and math.isfinite(sigma) and sigma >= 0):
                 raise ValueError(f"{flag} {text!r}: lognormal needs MEDIAN > 0 and SIGMA >= 0")
@@ -189,20 +206,21 @@ def load_lengths(path: str, flag: str = "--lengths") -> tuple[Shape, ...]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected an object like {{\"npp\": 128, \"ntg\": 64}}")
+            raise ValueError(f'{where}: expected an object like {{"npp": 128, "ntg": 64}}')
         npp, ntg, at = obj.get("npp"), obj.get("ntg"), obj.get("at")
         for name, value in (("npp", npp), ("ntg", ntg)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{where}: \"{name}\" must be an integer >= 1, got {value!r}")
-        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))
-                               or not math.isfinite(at) or at < 0):
-            raise ValueError(f"{where}: \"at\" must be a number of seconds >= 0, got {at!r}")
+                raise ValueError(f'{where}: "{name}" must be an integer >= 1, got {value!r}')
+        if at is not None and (
+            isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0
+        ):
+            raise ValueError(f'{where}: "at" must be a number of seconds >= 0, got {at!r}')
         shapes.append(Shape(npp, ntg, None if at is None else float(at)))  # type: ignore[arg-type]
     if not shapes:
         raise ValueError(f"{flag} {path}: no lines")
     timed = sum(s.at is not None for s in shapes)
     if 0 < timed < len(shapes):
-        raise ValueError(f"{flag} {path}: \"at\" on {timed} of {len(shapes)} lines; give it on all or none")
+        raise ValueError(f'{flag} {path}: "at" on {timed} of {len(shapes)} lines; give it on all or none')
     return tuple(shapes)
 
 
@@ -217,8 +235,11 @@ def _cycled(trace: list[Shape], n: int) -> list[Shape]:
     mean gap (last ``at`` / lines) after the previous one's last arrival."""
     last = trace[-1].at or 0.0
     period = last + last / len(trace)
-    return [Shape(s.npp, s.ntg, (s.at or 0.0) + (i // len(trace)) * period)
-            for i in range(n) for s in (trace[i % len(trace)],)]
+    return [
+        Shape(s.npp, s.ntg, (s.at or 0.0) + (i // len(trace)) * period)
+        for i in range(n)
+        for s in (trace[i % len(trace)],)
+    ]
 
 
 DEFAULT_LENGTHS = LengthDist("fixed", 128)  # prompt and output lengths when none are given
@@ -242,8 +263,9 @@ class Poisson:
     def __post_init__(self) -> None:
         timed = self.lengths is not None and self.lengths[0].at is not None
         if timed and self.rate is not None:
-            raise ValueError(f"--rate and the arrival times (\"at\") of --lengths {self.lengths_file} exclude "
-                             "each other; drop one")
+            raise ValueError(
+                f'--rate and the arrival times ("at") of --lengths {self.lengths_file} exclude each other; drop one'
+            )
         if not timed and (self.rate is None or not math.isfinite(self.rate) or self.rate <= 0):
             raise ValueError(f"--rate must be a number of requests per second > 0, got {self.rate}")
         if self.requests < 1:
@@ -269,28 +291,50 @@ class Poisson:
 
     def plan(self, prompts: PromptSource) -> tuple[list[Job], list[Job]]:
         shapes = self.schedule()
-        warm = [Job("warmup", tuple(Request(prompts.take(s.npp), WARMUP_NTG) for _ in range(self.common.warmup)))
-                for s in shapes[:POISSON_WARMUP_JOBS]] if self.common.warmup > 0 else []
+        warm = (
+            [
+                Job("warmup", tuple(Request(prompts.take(s.npp), WARMUP_NTG) for _ in range(self.common.warmup)))
+                for s in shapes[:POISSON_WARMUP_JOBS]
+            ]
+            if self.common.warmup > 0
+            else []
+        )
         jobs = [Job("arrival", (Request(prompts.take(s.npp), s.ntg),), offset_s=s.at or 0.0) for s in shapes]
         return warm, jobs
 
     def summarize(self, phase: PhaseResult, warmup_failed: int) -> PoissonResult:
         records = phase.of_kind("arrival")
-        lags = [rec.sent_s - (phase.t0_s + job.offset_s)
-                for job, recs in zip(phase.jobs, phase.records) for rec in recs if rec.sent_s > 0]
+        lags = [
+            rec.sent_s - (phase.t0_s + job.offset_s)
+            for job, recs in zip(phase.jobs, phase.records)
+            for rec in recs
+            if rec.sent_s > 0
+        ]
         last_arrival = max((job.offset_s for job in phase.jobs), default=0.0)
         ok = [r for r in records if r.ok]
         generated = sum(r.n_generated for r in ok)
         return PoissonResult(
-            rate=self.rate, requests=self.requests, npp_dist=str(self.npp_dist), ntg_dist=str(self.ntg_dist),
-            lengths_file=self.lengths_file, api=self.common.api, ok=len(ok), failed=len(records) - len(ok),
-            warmup_failed=warmup_failed, errors=error_sample(records), makespan_s=phase.wall_s,
-            offered_rps=ratio(float(len(records) - 1), last_arrival), done_rps=ratio(float(len(ok)), phase.wall_s),
-            generated_tokens=generated, tok_s=ratio(float(generated), phase.wall_s),
+            rate=self.rate,
+            requests=self.requests,
+            npp_dist=str(self.npp_dist),
+            ntg_dist=str(self.ntg_dist),
+            lengths_file=self.lengths_file,
+            api=self.common.api,
+            ok=len(ok),
+            failed=len(records) - len(ok),
+            warmup_failed=warmup_failed,
+            errors=error_sample(records),
+            makespan_s=phase.wall_s,
+            offered_rps=ratio(float(len(records) - 1), last_arrival),
+            done_rps=ratio(float(len(ok)), phase.wall_s),
+            generated_tokens=generated,
+            tok_s=ratio(float(generated), phase.wall_s),
             prompt_tokens_sent=sum(r.n_prompt_sent for r in records),
             lag_max_ms=finite(max(lags) * MS_PER_S) if lags else None,
-            cross_check=phase.cross_check, client_cpu_s=phase.client_cpu_s,
-            slo=latency_of(records, phase.wall_s, self.common), records=records,
+            cross_check=phase.cross_check,
+            client_cpu_s=phase.client_cpu_s,
+            slo=latency_of(records, phase.wall_s, self.common),
+            records=records,
         )
 
 
@@ -323,18 +367,36 @@ class PoissonResult:
 
     def notes(self) -> list[str]:
         if self.lag_max_ms is not None and self.lag_max_ms > LAG_WARN_MS:
-            return [f"a request left {self.lag_max_ms:.0f} ms after its arrival time: the client could not keep "
-                    "the schedule (open loop), arrivals were later than planned"]
+            return [
+                f"a request left {self.lag_max_ms:.0f} ms after its arrival time: the client could not keep "
+                "the schedule (open loop), arrivals were later than planned"
+            ]
         return []
 
     def figures(self) -> dict[str, float | int | None]:
         return {
-            "offered_rps": self.offered_rps, "done_rps": self.done_rps, "tok_s": self.tok_s,
-            "lag_max_ms": self.lag_max_ms, "ok": self.ok, "failed": self.failed,
-            "server_tokens": self.cross_check.server_tokens, "diff_percent": self.cross_check.diff_percent,
+            "offered_rps": self.offered_rps,
+            "done_rps": self.done_rps,
+            "tok_s": self.tok_s,
+            "lag_max_ms": self.lag_max_ms,
+            "ok": self.ok,
+            "failed": self.failed,
+            "server_tokens": self.cross_check.server_tokens,
+            "diff_percent": self.cross_check.diff_percent,
             **self.slo.figures(),
         }
 
 
-__all__ = ["DEFAULT_LENGTHS", "DEFAULT_POISSON_REQUESTS", "Burst", "LengthDist", "Poisson", "PoissonResult", "Shape", "SharedPrefix", "SharedPrefixResult",
-           "arrival_times", "load_lengths"]
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "DEFAULT_POISSON_REQUESTS",
+    "Burst",
+    "LengthDist",
+    "Poisson",
+    "PoissonResult",
+    "Shape",
+    "SharedPrefix",
+    "SharedPrefixResult",
+    "arrival_times",
+    "load_lengths",
+]

@@ -1,4 +1,4 @@
-"""The embedding actor's mailbox and what it answers (API-10, API-11).
+"""The embedding actor's mailbox and what it answers (embeddings and rerank).
 
     Runtime ──EmbedJob──► EmbeddingActor ──Embedded | Failed──► job.sink
 
@@ -32,6 +32,14 @@ class EmbedJob(msgspec.Struct, frozen=True, tag=True):
 
 
 EmbedMsg = EmbedJob
+
+
+class EmbedderInfo(msgspec.Struct, frozen=True):
+    """What an embedding context can do: its pooling, vector width and longest input."""
+
+    pooling: str
+    n_embd: int
+    max_input_tokens: int
 
 
 class Embedded(msgspec.Struct, frozen=True):

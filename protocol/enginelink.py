@@ -1,85 +1,87 @@
-"""The messages between the API process and the engine process (issue 14), msgpack-framed.
+"""The messages between the API process and the engine process, msgpack-framed.
 
     engine ──Ready──► API              first, once its model is loaded and its actors run
-    API ──Submit──► engine             a request (a Task without its stream), maybe a resume
+    API ──Submit──► engine             a request (a task without its stream), maybe a resume
     API ──Cancel──► engine             the client left
-    API ──Call──► engine               anything else (slots, metrics, the live view, slot files)
-    API ──Embed──► engine              embeddings and rerank (answered by EmbedDone)
+    API ──GetSlots/SlotAction/GetMetrics/GetLive/Embed──► engine
+    engine ──Slots/SlotDone/MetricsText/Live/EmbedDone──► API     their answers, by ``call_id``
+    engine ──CallFailed──► API         a call that raised: the error, by class name
     engine ──Events──► API             every event of one decode step, all requests together
-    engine ──Reply──► API              the answer to a Call
     engine ──Beat──► API               once a second: the engine's event loop is alive
 
-A frame is a 4-byte big-endian length and a msgpack body (``encode``/``decode``).
+Each direction is one tagged union; a call and its answer share a ``call_id`` and each call
+has its own answer type. Errors cross as ``events.Failed`` (class name and message) and are
+made again by ``errors.error_from``. A frame is a 4-byte big-endian length and a msgpack body.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
-from llamactor.protocol.events import Event
-from llamactor.protocol.messages import REQUEST_FIELDS, Cancel, Request  # Cancel: the supervisor's, passed on
+from llamactor.protocol.embedding import EmbedderInfo
+from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.live import LiveSnapshot
+from llamactor.protocol.messages import Cancel, TaskSpec  # Cancel: the supervisor's, passed on
+from llamactor.protocol.slots import SlotActionResult, SlotState
 
 HEADER = struct.Struct(">I")
 
 
-class WireTask(Request, frozen=True, kw_only=True):
-    """``messages.Task`` without its stream: what the engine needs to serve it."""
+class WireTask(TaskSpec, frozen=True, kw_only=True):
+    """A ``messages.Task`` without its stream: what the engine needs to serve it."""
 
-    id: int
     prompt: bytes  # int32 token ids, native byte order (both ends are one machine)
 
-    def tokens(self) -> np.ndarray:
+    def tokens(self) -> npt.NDArray[np.int32]:
         return np.frombuffer(self.prompt, dtype=np.int32)
 
-    def fields(self) -> dict[str, Any]:
-        """The ``Request`` fields, to build a ``Task`` from."""
-        return {name: getattr(self, name) for name in REQUEST_FIELDS}
 
-
-class EmbedderInfo(msgspec.Struct, frozen=True):
-    pooling: str
-    n_embd: int
-    max_input_tokens: int
-
-
-class Ready(msgspec.Struct, frozen=True, tag=True):
-    pid: int
-    embedder: EmbedderInfo | None = None  # the engine serves embeddings (--embedding)
-
-
-class Embed(msgspec.Struct, frozen=True, tag=True):
-    """Embed token-id inputs (int32 bytes each) with the engine's embedding actor."""
-
-    job_id: int
-    inputs: tuple[bytes, ...]
-    normalize: int
-
-
-class EmbedDone(msgspec.Struct, frozen=True, tag=True):
-    """An ``Embed``'s answer: per input a float32 array as (bytes, shape); or an error."""
-
-    job_id: int
-    vectors: tuple[tuple[bytes, tuple[int, ...]], ...] = ()
-    n_tokens: tuple[int, ...] = ()
-    pooling: str = ""
-    error: str = ""
-    kind: str = ""
+# ---- API process -> engine ----------------------------------------------------------------
 
 
 class Submit(msgspec.Struct, frozen=True, tag=True):
     task: WireTask
 
 
-class Call(msgspec.Struct, frozen=True, tag=True):
-    """Run ``RuntimeCore.<method>(*args)`` in the engine process (awaited if it is a coroutine)."""
+class GetSlots(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+
+
+class SlotAction(msgspec.Struct, frozen=True, tag=True):
+    """Erase, save or restore one slot (answered by ``SlotDone``)."""
 
     call_id: int
-    method: str
-    args: tuple[Any, ...] = ()
+    slot: int
+    action: str
+    path: str = ""
+
+
+class GetMetrics(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+
+
+class GetLive(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+
+
+class Embed(msgspec.Struct, frozen=True, tag=True):
+    """Embed token-id inputs (int32 bytes each) with the engine's embedding actor."""
+
+    call_id: int
+    inputs: tuple[bytes, ...]
+    normalize: int
+
+
+# ---- engine -> API process ----------------------------------------------------------------
+
+
+class Ready(msgspec.Struct, frozen=True, tag=True):
+    pid: int
+    embedder: EmbedderInfo | None = None  # the engine serves embeddings (--embedding)
 
 
 class Events(msgspec.Struct, frozen=True, tag=True):
@@ -89,19 +91,48 @@ class Events(msgspec.Struct, frozen=True, tag=True):
     ended: tuple[int, ...] = ()
 
 
-class Reply(msgspec.Struct, frozen=True, tag=True):
-    call_id: int
-    value: Any = None
-    error: str = ""  # the exception's message, and its class name in ``kind``
-    kind: str = ""
-
-
 class Beat(msgspec.Struct, frozen=True, tag=True):
     steps: int  # decode steps so far, all groups: progress the API process can watch
 
 
-ToEngine = Submit | Cancel | Call | Embed
-FromEngine = Ready | Events | Reply | Beat | EmbedDone
+class Slots(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    slots: tuple[SlotState, ...]
+
+
+class SlotDone(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    result: SlotActionResult
+
+
+class MetricsText(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    text: bytes  # Prometheus exposition text
+
+
+class Live(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    snapshot: LiveSnapshot
+
+
+class EmbedDone(msgspec.Struct, frozen=True, tag=True):
+    """An ``Embed``'s answer: per input a float32 array as (bytes, shape)."""
+
+    call_id: int
+    vectors: tuple[tuple[bytes, tuple[int, ...]], ...]
+    n_tokens: tuple[int, ...]
+    pooling: str
+
+
+class CallFailed(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    error: Failed
+
+
+Call = GetSlots | SlotAction | GetMetrics | GetLive | Embed
+Answer = Slots | SlotDone | MetricsText | Live | EmbedDone | CallFailed
+ToEngine = Submit | Cancel | Call
+FromEngine = Ready | Events | Beat | Answer
 
 _encoder = msgspec.msgpack.Encoder()
 _to_engine = msgspec.msgpack.Decoder(ToEngine)

@@ -14,7 +14,9 @@
     └── Closed             the runtime is shutting down or closed: HTTP 503
 
 Foreign errors (msgspec validation, anyio stream errors, OS errors) are mapped to these at
-the boundary in one place: ``runtime.httperrors``.
+the boundary in one place: ``runtime.http.errors``. An error that crosses a request's stream or
+the link to an engine process travels as its class name and message (``events.Failed``) and is
+made again by ``error_from``, the one decoder.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class ExceedContextSize(RequestError):
 
     kind = "exceed_context_size_error"
 
-    def __init__(self, message: str, *, n_prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, message: str, *, n_prompt_tokens: int = 0, n_ctx: int = 0) -> None:
         super().__init__(message)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
@@ -89,3 +91,16 @@ class EngineError(LlamactorError):
 class Closed(LlamactorError):
     status = 503
     kind = "unavailable_error"
+
+
+def _subclasses(cls: type[LlamactorError]) -> list[type[LlamactorError]]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
+
+
+ERRORS: dict[str, type[LlamactorError]] = {cls.__name__: cls for cls in _subclasses(LlamactorError)}
+
+
+def error_from(name: str, message: str) -> LlamactorError:
+    """The error named ``name`` (a class of this module) with ``message``; an unknown name is an
+    ``EngineError``. The one decoder of errors that crossed a stream or a process boundary."""
+    return ERRORS.get(name, EngineError)(message)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from llamactor.protocol.errors import ERRORS
+
 
 class TopProb(msgspec.Struct, frozen=True, array_like=True):
     token: int
@@ -39,8 +41,8 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     prompt_ms: float
     predicted_ms: float
     slot: int
-    truncated: bool = False  # the context was shifted: old tokens were dropped (EN-4)
-    n_draft: int = 0  # draft tokens verified for this choice (EN-2; timings.draft_n)
+    truncated: bool = False  # the context was shifted: old tokens were dropped
+    n_draft: int = 0  # draft tokens verified for this choice (speculative decoding; timings.draft_n)
     n_draft_accepted: int = 0  # of those, accepted (timings.draft_n_accepted)
 
 
@@ -56,10 +58,17 @@ class Progress(msgspec.Struct, frozen=True, tag=True):
 
 
 class Failed(msgspec.Struct, frozen=True, tag=True):
-    """The request failed as a whole (engine error, shutdown). ``kind`` maps to an HTTP status."""
+    """The request failed as a whole (engine error, shutdown). ``error`` names the class in
+    ``protocol.errors`` (``errors.error_from`` makes it again, with its HTTP status)."""
 
     message: str
-    kind: str = "server_error"
+    error: str = "EngineError"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failed:
+        """The event for ``exc``: its class name if it is one of ours, else an engine error."""
+        name = type(exc).__name__
+        return cls(str(exc), name if name in ERRORS else "EngineError")
 
 
 Event = Token | Done | Progress | Failed

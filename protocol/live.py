@@ -1,4 +1,4 @@
-"""The live view's data (API-17): one frozen snapshot of a runtime's groups, slots and counters.
+"""The live view's data (the built-in page at GET /): one frozen snapshot of a runtime's groups, slots and counters.
 
 ``RuntimeCore.live_snapshot()`` builds one from the actors' own frozen reports (the
 supervisor's table snapshot and slot rows, each policy's ``PolicyStatus``, the per-group

@@ -1,4 +1,4 @@
-"""LoRA adapter sets (EN-1): which adapters, at which scales, one decode step applies.
+"""LoRA adapter sets: which adapters, at which scales, one decode step applies.
 
 A ``LoraSet`` is the canonical form of a request's effective adapters: ``(adapter id, scale)``
 pairs in id order, scales rounded to float32 (what llama.cpp stores and compares) and
@@ -13,9 +13,19 @@ import math
 import numbers
 from collections.abc import Iterable
 
+import msgspec
 import numpy as np
 
 LoraSet = tuple[tuple[int, float], ...]
+
+
+class LoraScale(msgspec.Struct, frozen=True, kw_only=True):
+    """One adapter of a request's ``lora`` or of ``POST /lora-adapters``, as llama-server reads
+    it: adapters not listed get scale 0, and a missing scale is 0."""
+
+    id: int
+    scale: float = 0.0
+
 
 NO_LORA: LoraSet = ()
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # llama.cpp holds scales as float

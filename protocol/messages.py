@@ -21,8 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.protocol.request import GenerationRequest
 from llamactor.protocol.sampling import SamplingParams
-
+from llamactor.protocol.slots import SlotActionResult
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -46,41 +47,59 @@ else:
     EventSink = Any
 
 
-class Request(msgspec.Struct, frozen=True, kw_only=True):
-    """What a validated generation request asks for, wherever it travels: a ``Task`` in the
-    engine's mailboxes, a ``WireTask`` over the link to an engine process (issue 14)."""
+class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """An admitted request as the engine serves it, without its prompt tokens and its stream:
+    the part that is journaled and crosses the link to an engine process (``WireTask``).
 
-    params: SamplingParams
-    n_predict: int
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    id_slot: int = -1
-    cache_prompt: bool = True
-    ignore_eos: bool = False
-    n_keep: int = 0  # context shift (EN-4): prompt tokens kept at the start (-1: the whole prompt)
-    n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
-    return_progress: bool = False  # send Progress events while the prompt is processed
-    lora: LoraSet = NO_LORA  # the adapters its decode steps apply (EN-1), resolved at admission
-    # Resume after an engine restart (issue 14): per choice, the tokens already delivered. The
-    # group replays them after the prompt one decode step at a time (teacher forcing: the same
-    # numerics as the run that produced them), sampling nothing and sending no Token event.
-    replay: tuple[tuple[int, ...], ...] = ()
-    # ``--resume fast``: the delivered tokens were appended to ``prompt`` (prefilled at once,
-    # numerically not bit-identical); the group only primes the sampler and text stream with them
-    replay_in_prompt: bool = False
-
-
-REQUEST_FIELDS = Request.__struct_fields__
-
-
-class Task(Request, frozen=True, kw_only=True):
-    """One validated, tokenized generation request. Created once by the Runtime facade.
-
-    ``sink`` is the send end of the request's bounded result stream (anyio); the group that
-    serves the task is the only writer. ``n`` choices share one prompt prefill (PG-10).
+    ``request`` is the request as asked (its prompt, messages and infill parts dropped: the
+    task holds their tokens); the other fields are what admission resolved from it and the
+    server's defaults, the only values the engine reads for them.
     """
 
     id: int
+    request: GenerationRequest
+    params: SamplingParams  # the request's sampling over the server's defaults
+    n_predict: int  # tokens it may generate (0: none; bounded by the slot unless the context shifts)
+    stop: tuple[str, ...] = ()
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    n_keep: int = 0  # context shift: prompt tokens kept at the start (-1: the whole prompt)
+    lora: LoraSet = NO_LORA  # the adapters its decode steps apply
+    # Resume after an engine restart: per choice, the tokens already delivered. The group
+    # replays them after the prompt one decode step at a time (teacher forcing: the same
+    # numerics as the run that produced them), sampling nothing and sending no Token event.
+    replay: tuple[tuple[int, ...], ...] = ()
+    # ``--resume fast``: the delivered tokens were appended to the prompt (prefilled at once,
+    # numerically not bit-identical); the group only primes the sampler and text stream with them
+    replay_in_prompt: bool = False
+
+    # The request's own fields the engine reads, by their names.
+
+    @property
+    def n(self) -> int:
+        """Choices; they share one prompt prefill and live in one group."""
+        return self.request.n
+
+    @property
+    def id_slot(self) -> int:
+        return self.request.id_slot
+
+    @property
+    def n_discard(self) -> int:
+        return self.request.n_discard
+
+    @property
+    def return_progress(self) -> bool:
+        return self.request.return_progress
+
+
+class Task(TaskSpec, frozen=True, kw_only=True):
+    """One validated, tokenized generation request in the engine's mailboxes.
+
+    ``sink`` is the send end of the request's bounded result stream (anyio); the group that
+    serves the task is the only writer.
+    """
+
     prompt: npt.NDArray[np.int32]  # token ids
     sink: EventSink  # the send end of the request's bounded result stream
     arrived: float = 0.0  # time.perf_counter() at submit
@@ -104,7 +123,7 @@ class Released(msgspec.Struct, frozen=True, tag=True):
     slots: tuple[int, ...]
     cached: tuple[tuple[int, ...], ...]
     task_id: int = -1  # the task these slots served; -1 after a slot command
-    lora: tuple[LoraSet, ...] = ()  # per slot: the LoRA set its cached KV was computed under (EN-1)
+    lora: tuple[LoraSet, ...] = ()  # per slot: the LoRA set its cached KV was computed under
 
 
 class SlotCached(msgspec.Struct, frozen=True, tag=True):
@@ -116,12 +135,12 @@ class SlotCached(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotRequest(msgspec.Struct, frozen=True, tag=True):
-    """Erase/save/restore one slot (API-5); answered on ``reply`` once the owning group did it."""
+    """Erase/save/restore one slot (POST /slots/{id}); answered on ``reply`` once the owning group did it."""
 
     action: str  # "erase" | "save" | "restore"
     slot: int
     path: str  # "" for erase
-    reply: ReplyChannel[dict[str, Any]]
+    reply: ReplyChannel[SlotActionResult]
 
 
 SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest
@@ -144,12 +163,12 @@ class Revoke(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotCommand(msgspec.Struct, frozen=True, tag=True):
-    """Erase/save/restore one idle local slot; runs between decode steps of this group only (PG-4, PG-5)."""
+    """Erase/save/restore one idle local slot; runs between decode steps of this group only."""
 
     action: str
     slot: int
     path: str  # "" for erase
-    reply: ReplyChannel[dict[str, Any]]
+    reply: ReplyChannel[SlotActionResult]
 
 
 class Grant(msgspec.Struct, frozen=True, tag=True):

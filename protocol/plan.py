@@ -1,4 +1,4 @@
-"""The plain data a scheduling policy, a group and the engine share (SPEC section 4).
+"""The plain data a scheduling policy, a group and the engine share .
 
 A group hands its policy a ``GroupView`` (a snapshot of its busy slots) and gets back a
 ``StepPlan`` (who prefills how many prompt tokens, who generates); the engine decodes exactly
@@ -7,9 +7,13 @@ that plan. A policy reports its own state to the coordinator as a frozen ``Polic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
+
+NO_TAGS: Mapping[str, str] = MappingProxyType({})
 
 
 class SlotView(NamedTuple):
@@ -24,6 +28,8 @@ class SlotView(NamedTuple):
     n_prompt: int = 0  # the request's whole prompt, in tokens (cached prefix included)
     n_generated: int = 0  # tokens sampled so far (0 while prefilling)
     first_token_at: float = 0.0  # perf_counter seconds of its first token (0.0: none yet)
+    priority: int = 0  # the request's priority (lower first, under the priority policy)
+    tags: Mapping[str, str] = NO_TAGS  # the request's free-form labels
 
 
 class GroupView(NamedTuple):
@@ -39,7 +45,7 @@ class StepPlan(NamedTuple):
     """One decode step: ``prefill`` is (local slot, n prompt tokens); ``generate`` one token each.
 
     ``release`` lists READY slots whose kept logits are sampled this step (no decode for them).
-    ``lora`` is the LoRA set the step decodes under (EN-1): every slot in ``prefill`` and
+    ``lora`` is the LoRA set the step decodes under: every slot in ``prefill`` and
     ``generate`` has it. Policies leave it out; the group sets it (``actors.loraturns``).
     """
 

@@ -25,7 +25,15 @@ DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 
 # llama-server's default sampler order (common_params_sampling::samplers).
 DEFAULT_SAMPLERS = (
-    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
 )
 _CANONICAL = frozenset((*DEFAULT_SAMPLERS, "infill"))
 # The aliases llama.cpp's common_sampler_types_from_names accepts, and its one-letter codes.
@@ -33,11 +41,23 @@ SAMPLER_ALIASES: dict[str, str] = {
     **{name: name for name in _CANONICAL},
     **{name.replace("_", "-"): name for name in _CANONICAL if "_" in name},
     **{name.replace("_", ""): name for name in _CANONICAL if "_" in name},
-    "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p", "typical": "typ_p",
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+    "typical_p": "typ_p",
+    "typical": "typ_p",
 }
 SAMPLER_CHARS: dict[str, str] = {
-    "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-    "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties",
+    "d": "dry",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "s": "top_n_sigma",
+    "m": "min_p",
+    "t": "temperature",
+    "x": "xtc",
+    "i": "infill",
+    "e": "penalties",
 }
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 
@@ -75,17 +95,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = DEFAULT_SEED
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str = ""
-    # Lazy grammar (API-8): the grammar engages only once the generated text ends with one of
+    # Lazy grammar (for tool calls): the grammar engages only once the generated text ends with one of
     # these literal words, and is fed from that word on (llama.cpp's lazy grammar sampler);
     # until then nothing is constrained, so plain answers cost no grammar work.
     grammar_lazy: bool = False
     grammar_triggers: tuple[str, ...] = ()
     n_probs: int = 0
-    # API-14: n_probs read after the sampler chain (llama-server's post_sampling_probs), and a
+    # n_probs read after the sampler chain (llama-server's post_sampling_probs), and a
     # time limit on the prediction phase that stops at a newline once exceeded (0: none).
     post_sampling_probs: bool = False
     t_max_predict_ms: int = 0
-    # EN-2: the request's speculative.n_max / n_min / p_min (llama-server's names); None: the
+    # speculative decoding: the request's speculative.n_max / n_min / p_min (llama-server's names); None: the
     # server's (--spec-draft-n-max ...). n_max 0 turns speculation off for this request.
     speculative_n_max: int | None = None
     speculative_n_min: int | None = None
@@ -102,8 +122,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def penalties_on(self) -> bool:
-        return "penalties" in self.samplers and self.repeat_last_n != 0 and (
-            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (
+            "penalties" in self.samplers
+            and self.repeat_last_n != 0
+            and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
         )
 
     @property
@@ -120,8 +142,9 @@ def sampler_names(raw: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     if isinstance(raw, str):
         unknown = [c for c in raw if c not in SAMPLER_CHARS]
         if unknown:
-            raise ParamError(f"samplers: unknown sampler letter(s) {''.join(unknown)!r}; "
-                             f"known: {''.join(SAMPLER_CHARS)}")
+            raise ParamError(
+                f"samplers: unknown sampler letter(s) {''.join(unknown)!r}; known: {''.join(SAMPLER_CHARS)}"
+            )
         return tuple(SAMPLER_CHARS[c] for c in raw)
     out = []
     for name in raw:
@@ -133,9 +156,22 @@ def sampler_names(raw: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 _FINITE = (
-    "temperature", "dynatemp_range", "dynatemp_exponent", "top_p", "min_p", "typical_p", "top_n_sigma",
-    "xtc_probability", "xtc_threshold", "repeat_penalty", "presence_penalty", "frequency_penalty",
-    "dry_multiplier", "dry_base", "mirostat_tau", "mirostat_eta",
+    "temperature",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "mirostat_tau",
+    "mirostat_eta",
 )
 _INT32_MAX = 2**31 - 1
 
@@ -178,8 +214,9 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
         raise ParamError("logit_bias bans every token of the vocabulary: nothing could be sampled")
     if not p.dry_sequence_breakers:
         raise ParamError("dry_sequence_breakers must be a non-empty array of strings")
-    _check_words("dry_sequence_breakers", "entry", "entries", p.dry_sequence_breakers, MAX_DRY_BREAKERS,
-                 MAX_DRY_BREAKER_CHARS)
+    _check_words(
+        "dry_sequence_breakers", "entry", "entries", p.dry_sequence_breakers, MAX_DRY_BREAKERS, MAX_DRY_BREAKER_CHARS
+    )
     sampler_names(p.samplers)  # every name known
     _check_speculative(p)
     _check_triggers(p)
@@ -203,8 +240,9 @@ def _check_triggers(p: SamplingParams) -> None:
         raise ParamError("grammar_lazy needs a grammar and at least one grammar_triggers word")
     if p.grammar_triggers and not p.grammar_lazy:
         raise ParamError("grammar_triggers are only meaningful with grammar_lazy")
-    _check_words("grammar_triggers", "word", "words", p.grammar_triggers, MAX_GRAMMAR_TRIGGERS,
-                 MAX_GRAMMAR_TRIGGER_CHARS)
+    _check_words(
+        "grammar_triggers", "word", "words", p.grammar_triggers, MAX_GRAMMAR_TRIGGERS, MAX_GRAMMAR_TRIGGER_CHARS
+    )
 
 
 def _check_words(field: str, one: str, many: str, words: Sequence[str], max_words: int, max_chars: int) -> None:

@@ -16,7 +16,7 @@ import msgspec
 _encode = msgspec.json.Encoder().encode
 
 DONE = b"data: [DONE]\n\n"
-PING = b":\n\n"  # a comment: llama-server's keep-alive while a stream is silent (API-14)
+PING = b":\n\n"  # a comment: llama-server's keep-alive while a stream is silent
 
 # UTF-8 of the three, and their JSON escapes. In UTF-8 these byte pairs/triples only ever
 # encode these characters, and JSON text outside strings is ASCII: the replace is exact.

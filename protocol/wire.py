@@ -1,4 +1,4 @@
-"""HTTP bodies: llama-server's native API and the OpenAI API (API-2 … API-5).
+"""HTTP bodies: llama-server's native API and the OpenAI API.
 
 Requests are decoded straight into these Structs (``msgspec.json.decode(body, type=...)``),
 so a wrong type is a 400 whose message names the field. Request bodies accept unknown fields
@@ -13,15 +13,13 @@ from typing import Any
 
 import msgspec
 
+from llamactor.protocol.lora import LoraScale
+from llamactor.protocol.request import InfillChunk
+
 DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS = 16
 
 
-class LoraEntry(msgspec.Struct, kw_only=True):
-    """One adapter of a request's ``lora`` or of ``POST /lora-adapters`` (EN-1), as llama-server
-    reads it: adapters not listed get scale 0, and a missing scale is 0."""
-
-    id: int
-    scale: float = 0.0
+LoraEntry = LoraScale  # a request's ``lora`` item, and ``POST /lora-adapters``'s
 
 
 class _Generation(msgspec.Struct, kw_only=True):
@@ -29,7 +27,7 @@ class _Generation(msgspec.Struct, kw_only=True):
 
     A field left out (or sent as null, as llama-server reads null) is None: the server's
     default fills it in (``RuntimeConfig.sampling`` and friends, set by llama-server's flags
-    such as ``--temp``; API-15), in ``Runtime.submit``.
+    such as ``--temp``), in ``Runtime.submit``.
     """
 
     stream: bool = False
@@ -63,18 +61,24 @@ class _Generation(msgspec.Struct, kw_only=True):
     cache_prompt: bool | None = None
     id_slot: int = -1
     ignore_eos: bool | None = None
-    n_keep: int | None = None  # context shift (EN-4): prompt tokens kept; -1 all; None: the server's --keep
+    n_keep: int | None = None  # context shift: prompt tokens kept; -1 all; None: the server's --keep
     n_discard: int | None = None  # tokens dropped per shift; 0/None: half of what is not kept
-    # API-14 streaming knobs, as llama-server has them
-    sse_ping_interval: int | None = None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval
+    # streaming knobs, as llama-server has them
+    sse_ping_interval: int | None = (
+        None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval
+    )
     return_progress: bool = False  # stream prompt-processing progress chunks (``prompt_progress``)
     t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
-    lora: list[LoraEntry] | None = None  # EN-1: adapters and scales; None (or []): the global scales
-    # EN-2: speculative decoding of this request, llama-server's dotted names; None: the server's
+    lora: list[LoraScale] | None = None  # LoRA adapters and scales; None (or []): the global scales
+    # speculative decoding of this request, llama-server's dotted names; None: the server's
     speculative_n_max: int | None = msgspec.field(default=None, name="speculative.n_max")  # 0: off
     speculative_n_min: int | None = msgspec.field(default=None, name="speculative.n_min")
     speculative_p_min: float | None = msgspec.field(default=None, name="speculative.p_min")
+    # scheduling: vLLM's request priority (lower first, under the priority policy) and free-form
+    # labels a scheduling policy may read
+    priority: int = 0
+    tags: dict[str, str] | None = None
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):
@@ -115,9 +119,9 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str
     content: str | list[Any] | None = None
     name: str | None = None
-    tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier calls (API-8)
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier tool calls
     tool_call_id: str | None = None  # a tool message: the call it answers
-    reasoning_content: str | None = None  # an assistant's earlier reasoning (API-9)
+    reasoning_content: str | None = None  # an assistant's earlier reasoning
 
 
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
@@ -125,7 +129,7 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    # API-8 tool calls, API-9 reasoning (checked in runtime.service.chatturn)
+    # tool calls and reasoning (checked in runtime.service.chatturn)
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -175,7 +179,7 @@ class Timings(msgspec.Struct, omit_defaults=True):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
-    draft_n: int | None = None  # speculative decoding (EN-2): only when drafts were verified, as llama-server
+    draft_n: int | None = None  # speculative decoding: only when drafts were verified, as llama-server
     draft_n_accepted: int | None = None
 
 
@@ -199,14 +203,14 @@ class NativeResult(msgspec.Struct):
     tokens_cached: int
     stop_type: str  # "eos" | "word" | "limit"
     stopping_word: str
-    truncated: bool  # the context was shifted (EN-4); a prompt longer than the slot is refused, never cut
+    truncated: bool  # the context was shifted; a prompt longer than the slot is refused, never cut
     timings: Timings
     generation_settings: dict[str, Any] = msgspec.field(default_factory=dict)
     tokens: list[int] = msgspec.field(default_factory=list)
     completion_probabilities: list[dict[str, Any]] | None = None
 
 
-# ---- embeddings and rerank (API-10, API-11) ----------------------------------------------
+# ---- embeddings and rerank ---------------------------------------------------------------
 # ``input``/``content`` stay loose (a string, token ids, or a list of either) and are narrowed
 # in ``runtime.service.embeddings``, which names the bad item.
 
@@ -285,7 +289,7 @@ class TeiRerankResult(msgspec.Struct, omit_defaults=True):
     text: str | None = None
 
 
-# ---- tool calls (API-8) ----------------------------------------------------------------
+# ---- tool calls ------------------------------------------------------------------------
 
 
 class ToolFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -320,14 +324,7 @@ class ToolCallItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: str = "function"
 
 
-# ---- /infill (API-12) ------------------------------------------------------------------------
-
-
-class InfillChunk(msgspec.Struct, kw_only=True):
-    """One file of ``input_extra``: the repo-level FIM context before the prefix."""
-
-    text: str
-    filename: str = "tmp"
+# ---- /infill ---------------------------------------------------------------------------------
 
 
 class InfillRequest(NativeCompletionRequest, kw_only=True):

@@ -1,4 +1,4 @@
-"""llamactor's embedding API (SPEC section 7).
+"""llamactor's embedding API.
 
     from llamactor.runtime import Runtime, RuntimeConfig
     async with Runtime.open(RuntimeConfig(model=path, parallel=8)) as rt:
@@ -20,20 +20,31 @@ __all__ = [
     "Closed",
     "Completion",
     "ConfigError",
+    "Done",
     "EmbeddingResult",
     "EngineError",
+    "EngineStatus",
+    "EventStream",
     "ExceedContextSize",
+    "GenerationRequest",
+    "InfillChunk",
+    "InfillParts",
     "LlamactorError",
+    "LoraScale",
     "NotFound",
     "NotSupported",
     "Overloaded",
+    "Progress",
     "Ranked",
     "RequestError",
     "RequestHandle",
     "Runtime",
     "RuntimeConfig",
     "RuntimeState",
+    "SlotActionResult",
     "SlotBusy",
+    "SlotState",
+    "Token",
     "Unauthorized",
     "Unavailable",
 ]
@@ -45,13 +56,35 @@ _WHERE = {
     "ChatResult": "llamactor.runtime.service.chatturn",
     "Ranked": "llamactor.runtime.service.embeddings",
     "RuntimeState": "llamactor.runtime.service.core",
-    "Choice": "llamactor.runtime.service.handles",
-    "Completion": "llamactor.runtime.service.handles",
+    "EngineStatus": "llamactor.runtime.service.engine",
+    "Choice": "llamactor.runtime.service.results",
+    "Completion": "llamactor.runtime.service.results",
     "RequestHandle": "llamactor.runtime.service.handles",
-    **{name: _ERRORS for name in (
-        "Closed", "ConfigError", "EngineError", "ExceedContextSize", "LlamactorError", "NotFound", "NotSupported",
-        "Overloaded", "RequestError", "SlotBusy", "Unauthorized", "Unavailable",
-    )},
+    "EventStream": "llamactor.runtime.service.handles",
+    "GenerationRequest": "llamactor.protocol.request",
+    "InfillParts": "llamactor.protocol.request",
+    "InfillChunk": "llamactor.protocol.request",
+    "LoraScale": "llamactor.protocol.lora",
+    "SlotState": "llamactor.protocol.slots",
+    "SlotActionResult": "llamactor.protocol.slots",
+    **dict.fromkeys(("Token", "Done", "Progress"), "llamactor.protocol.events"),
+    **dict.fromkeys(
+        (
+            "Closed",
+            "ConfigError",
+            "EngineError",
+            "ExceedContextSize",
+            "LlamactorError",
+            "NotFound",
+            "NotSupported",
+            "Overloaded",
+            "RequestError",
+            "SlotBusy",
+            "Unauthorized",
+            "Unavailable",
+        ),
+        _ERRORS,
+    ),
 }
 
 
@@ -73,13 +106,29 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from llamactor.protocol.errors import (
-        Closed, ConfigError, EngineError, ExceedContextSize, LlamactorError, NotFound, NotSupported, Overloaded,
-        RequestError, SlotBusy, Unauthorized, Unavailable,
+        Closed,
+        ConfigError,
+        EngineError,
+        ExceedContextSize,
+        LlamactorError,
+        NotFound,
+        NotSupported,
+        Overloaded,
+        RequestError,
+        SlotBusy,
+        Unauthorized,
+        Unavailable,
     )
+    from llamactor.protocol.events import Done, Progress, Token
+    from llamactor.protocol.lora import LoraScale
+    from llamactor.protocol.request import GenerationRequest, InfillChunk, InfillParts
+    from llamactor.protocol.slots import SlotActionResult, SlotState
     from llamactor.runtime.api import Runtime
+    from llamactor.runtime.service.chatturn import ChatResult
     from llamactor.runtime.service.config import RuntimeConfig
     from llamactor.runtime.service.core import RuntimeState
-    from llamactor.runtime.service.chatturn import ChatResult
     from llamactor.runtime.service.embeddings import Embeddings as EmbeddingResult
     from llamactor.runtime.service.embeddings import Ranked
-    from llamactor.runtime.service.handles import Choice, Completion, RequestHandle
+    from llamactor.runtime.service.engine import EngineStatus
+    from llamactor.runtime.service.handles import EventStream, RequestHandle
+    from llamactor.runtime.service.results import Choice, Completion

@@ -59,9 +59,12 @@ def _opt(p: argparse.ArgumentParser, *flags: str, env: str, flag: bool = False, 
 
 def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", allow_abbrev=False, help="run the HTTP server (OpenAI-compatible and llama-server native API)",
+        "serve",
+        allow_abbrev=False,
+        help="run the HTTP server (OpenAI-compatible and llama-server native API)",
         description="llama-server's flags (README: Coming from llama-server): supported ones work, ones with no "
-                    "meaning here are logged and ignored, ones for features not built stop with exit code 2.")
+        "meaning here are logged and ignored, ones for features not built stop with exit code 2.",
+    )
     p.add_argument("--usage", action="help", help=argparse.SUPPRESS)
     cliargs.add_arguments(p, cliflags.GROUPS)
     return p
@@ -81,9 +84,12 @@ def run_worker(a: argparse.Namespace) -> int:
 
     threads = a.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("worker_exposed", host=a.host,
-                    warning="the ggml-rpc protocol has no authentication: anyone who can reach this port "
-                            "can use this machine; bind to a private network only")
+        log.warning(
+            "worker_exposed",
+            host=a.host,
+            warning="the ggml-rpc protocol has no authentication: anyone who can reach this port "
+            "can use this machine; bind to a private network only",
+        )
     log.info("worker_listening", host=a.host, port=a.port, threads=threads, device=a.device)
     try:
         rpc.serve_worker(a.host, a.port, threads, a.device, a.cache_dir)
@@ -109,7 +115,7 @@ class ServeOptions:
 
 
 def serve_options(a: argparse.Namespace) -> ServeOptions:
-    """Raise ConfigError naming every refused flag (API-15); sampling flags become the server's
+    """Raise ConfigError naming every refused flag (llama-server options not built); sampling flags become the server's
     defaults (``RuntimeConfig.sampling``)."""
     parsed = cliargs.read(a, cliflags.GROUPS)
     if parsed.refused:
@@ -133,14 +139,14 @@ def _gpu_layers_ignored(cfg: RuntimeConfig) -> bool:
 
 
 async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] | None = None) -> int:
-    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads (API-1)."""
+    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from llamactor.runtime.api import make_runtime
+    from llamactor.runtime.api import Runtime
     from llamactor.runtime.http.app import build_app
 
-    rt = make_runtime(cfg)
+    rt = Runtime(cfg)
     stop = anyio.Event()
     failed: list[BaseException] = []
 
@@ -148,7 +154,7 @@ async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] |
         try:
             async with rt:
                 await stop.wait()
-        except Exception as exc:  # noqa: BLE001 - a load failure ends the server with its message
+        except Exception as exc:
             log.error("startup_failed", error=str(exc))
             failed.append(exc)
             stop.set()
@@ -227,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = serve_options(args)
         if opts.version:
-            print(f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})")
+            print(
+                f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})"
+            )
             return 0
         configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
         cfg = opts.config.validated()
@@ -243,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name}: {description}")
             return 0
         if cfg.rpc_servers or cfg.devices:
-            from llamactor.runtime.service.core import load_options
+            from llamactor.runtime.service.inprocess import load_options
 
             load_options(cfg)  # register workers and check device names now: errors before listening
     except ConfigError as exc:

@@ -124,14 +124,19 @@ def add_arguments(parser: argparse.ArgumentParser, groups: Sequence[Group]) -> N
         for o in group.opts:
             kw: dict[str, Any] = {} if o.value is None else {"type": o.parse}
             section.add_argument(
-                *o.spellings, action=_Store, dest=_dest(group, o), spec=o,
+                *o.spellings,
+                action=_Store,
+                dest=_dest(group, o),
+                spec=o,
                 metavar=tuple(o.value.split()) if o.value and " " in o.value else o.value,
-                help=(o.help + (f" (env: {o.env})" if o.env else "")) or None, **kw,
+                help=(o.help + (f" (env: {o.env})" if o.env else "")) or None,
+                **kw,
             )
 
 
-def apply_env(parser: argparse.ArgumentParser, namespace: Any, groups: Sequence[Group],
-              environ: Mapping[str, str] = os.environ) -> None:
+def apply_env(
+    parser: argparse.ArgumentParser, namespace: Any, groups: Sequence[Group], environ: Mapping[str, str] = os.environ
+) -> None:
     """Fill options not given on the command line from their variables (the command line wins).
 
     A switch's variable is a boolean; ``LLAMA_ARG_NO_<X>`` turns a switch with --no- spellings

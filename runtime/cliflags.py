@@ -1,4 +1,4 @@
-"""llama-server's command line as one table (API-15).
+"""llama-server's command line as one table: every llama-server option is accepted here.
 
 Every option that ``llama-server --help`` lists (the llama.cpp that llama-cpp-python 0.3.36
 vendors, ``common/arg.cpp``), every spelling of it and its ``LLAMA_ARG_*`` variable, is in
@@ -33,7 +33,6 @@ from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
 from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.service.config import ALL_LAYERS
-
 
 # ---- value parsers (a ValueError or ArgumentTypeError becomes argparse's "invalid value") ----
 
@@ -78,7 +77,7 @@ def _schema_grammar(text: str) -> str:
     _json_object(text)
     try:
         return str(json_schema_to_gbnf(text))
-    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on bad schemas
+    except Exception as exc:
         raise argparse.ArgumentTypeError(f"unsupported JSON schema: {exc}") from None
 
 
@@ -109,6 +108,24 @@ def _logit_bias(text: str) -> tuple[int, float]:
     raise argparse.ArgumentTypeError(f"must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got {text!r}")
 
 
+def _scheduler_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``; a value that reads as an int, a float or true/false becomes one."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE with KEY a Python name, got {text!r}")
+    value: Any = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    else:
+        for number in (int, float):
+            try:
+                value = number(raw)
+                break
+            except ValueError:
+                continue
+    return key.strip(), value
+
+
 def _layers(text: str) -> int | None:
     if text == "auto":
         return None
@@ -127,8 +144,9 @@ def _auto_int(text: str) -> int | None:
 def _ctx_size(text: str) -> int:
     n = int(text)
     if n == 0:
-        raise argparse.ArgumentTypeError("0 (the model's training context) is not supported: give the total "
-                                         "context size for all slots")
+        raise argparse.ArgumentTypeError(
+            "0 (the model's training context) is not supported: give the total context size for all slots"
+        )
     return n
 
 
@@ -143,7 +161,7 @@ def _flatten(values: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
 
 
 def _lora(text: str) -> tuple[tuple[str, float], ...]:
-    """``--lora FNAME[,FNAME...]``: adapters at global scale 1 (EN-1)."""
+    """``--lora FNAME[,FNAME...]``: adapters at global scale 1."""
     return tuple((path, 1.0) for path in _csv(text))
 
 
@@ -178,7 +196,7 @@ def _cont_batching(on: bool) -> str | Ignored:
 
 
 def _spec_type(text: str) -> str:
-    """llama-server's comma-separated ``--spec-type``; llamactor runs one kind at a time (EN-2)."""
+    """llama-server's comma-separated ``--spec-type``; llamactor runs one kind at a time."""
     kinds = [k for k in dict.fromkeys(_csv(text)) if k != SPEC_NONE]
     unknown = [k for k in kinds if k not in SPEC_TYPES]
     if unknown:
@@ -194,422 +212,1031 @@ def _is(*values: Any) -> Callable[[Any], bool]:
 
 _off = _is(False)
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
-_DRAFT = ("draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
-          "synthetic acceptance and the tree split are not built")
+_DRAFT = (
+    "draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
+    "synthetic acceptance and the tree split are not built"
+)
 _MTMD = "no multimodal projector is loaded (--mmproj is refused), so this has no effect"
 
 # ---- the table ---------------------------------------------------------------------------
 
 GROUPS: tuple[Group, ...] = (
-    Group("Model and context", Use.CONFIG, "as in llama-server; -np/-t -1 = auto; -cb is logged (continuous batching "
-          "is always on), -nocb selects the no-cont-batching scheduler", (
-        opt("-m", "--model", field="model", value="FNAME", env="LLAMA_ARG_MODEL"),
-        opt("-a", "--alias", field="alias", value="STRING", env="LLAMA_ARG_ALIAS", convert=lambda v: _csv(v)[0],
-            help="model id shown by /v1/models (the first of a comma-separated list)"),
-        opt("-c", "--ctx-size", field="n_ctx", env="LLAMA_ARG_CTX_SIZE", parse=_ctx_size,
-            help="total context C over all slots"),
-        opt("-np", "--parallel", field="parallel", env="LLAMA_ARG_N_PARALLEL", parse=_auto_int, help="slots P"),
-        opt("-b", "--batch-size", field="n_batch", env="LLAMA_ARG_BATCH", parse=int),
-        opt("-ub", "--ubatch-size", field="n_ubatch", env="LLAMA_ARG_UBATCH", parse=int),
-        opt("-t", "--threads", field="threads", env="LLAMA_ARG_THREADS", parse=_auto_int, help="-1 = all cores"),
-        opt("-tb", "--threads-batch", field="threads_batch", parse=_auto_int),
-        switch("-kvu", "--kv-unified", neg=("-no-kvu", "--no-kv-unified"), field="kv_unified",
-               env="LLAMA_ARG_KV_UNIFIED"),
-        opt("-fa", "--flash-attn", field="flash_attn", value="on|off|auto", env="LLAMA_ARG_FLASH_ATTN",
-            parse=_choice("on", "off", "auto"), optional="on"),
-        opt("-n", "--predict", "--n-predict", field="n_predict_max", env="LLAMA_ARG_N_PREDICT", parse=int,
-            help="tokens to predict when a request sets no limit, and the most any request gets"),
-        switch("-cb", "--cont-batching", neg=("-nocb", "--no-cont-batching"), field="scheduler",
-               env="LLAMA_ARG_CONT_BATCHING", convert=_cont_batching,
-               help="--no-cont-batching selects the no-cont-batching scheduler"),
-        opt("-ctk", "--cache-type-k", field="cache_type_k", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_K"),
-        opt("-ctv", "--cache-type-v", field="cache_type_v", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_V"),
-        switch("--context-shift", neg=("--no-context-shift",), field="context_shift", env="LLAMA_ARG_CONTEXT_SHIFT"),
-        opt("--keep", field="n_keep", parse=int, help="prompt tokens a context shift keeps (-1 all)"),
-        opt("-cram", "--cache-ram", field="cache_ram_mib", env="LLAMA_ARG_CACHE_RAM", parse=int,
-            help="host-memory prompt cache in MiB (0 off, -1 no limit)"),
-        switch("--cache-idle-slots", neg=("--no-cache-idle-slots",), field="cache_idle_slots",
-               env="LLAMA_ARG_CACHE_IDLE_SLOTS",
-               help="save a slot's KV to the --cache-ram cache whenever a new prompt would lose part of it"),
-        switch("--cache-prompt", neg=("--no-cache-prompt",), field="cache_prompt", env="LLAMA_ARG_CACHE_PROMPT",
-               help="default of the request field cache_prompt"),
-        opt("-r", "--reverse-prompt", field="stop", value="PROMPT", many=True,
-            help="a stop string for requests that send none (repeatable)"),
-        switch("--ignore-eos", field="ignore_eos", help="default of the request field ignore_eos"),
-        opt("--slot-save-path", field="slot_save_path", value="PATH", env="LLAMA_ARG_SLOT_SAVE_PATH"),
-        opt("--api-key", field="api_keys", value="KEY", env="LLAMA_API_KEY", parse=_csv, many=True,
-            convert=_flatten, help="comma-separated keys"),
-        opt("--api-key-file", field="api_keys", value="FNAME", env="LLAMA_ARG_API_KEY_FILE", parse=_key_file,
-            many=True, convert=_flatten, help="one key per line, # comments"),
-        switch("--ui", "--webui", neg=("--no-ui", "--no-webui"), field="webui", env="LLAMA_ARG_UI",
-               help="the live page at GET /"),
-    )),
-    Group("Weights placement", Use.CONFIG, "-ngl on a machine without a GPU is logged and ignored, as llama-server "
-          "warns; --load-mode mlock is logged", (
-        opt("-ngl", "--gpu-layers", "--n-gpu-layers", field="n_gpu_layers", env="LLAMA_ARG_N_GPU_LAYERS",
-            parse=_layers, help="a number, auto or all"),
-        opt("-lm", "--load-mode", field="use_mmap", value="MODE", env="LLAMA_ARG_LOAD_MODE",
-            parse=_choice("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"), convert=_load_mode),
-        switch("--mmap", neg=("--no-mmap",), field="use_mmap", env="LLAMA_ARG_MMAP", help="older llama-server"),
-        opt("--rpc", field="rpc_servers", value="SERVERS", env="LLAMA_ARG_RPC", parse=_csv,
-            help="comma-separated HOST:PORT of ggml-rpc workers"),
-        opt("-dev", "--device", field="devices", value="DEVICES", env="LLAMA_ARG_DEVICE",
-            parse=lambda s: () if s == "none" else _csv(s),
-            help="comma-separated devices for the split, e.g. RPC0,CPU (list the local CPU last)"),
-        opt("-ts", "--tensor-split", field="tensor_split", value="N0,N1,...", env="LLAMA_ARG_TENSOR_SPLIT",
-            parse=_floats),
-        opt("-sm", "--split-mode", field="split_mode", value="MODE", env="LLAMA_ARG_SPLIT_MODE",
-            help="none | layer | row"),
-    )),
-    Group("Chat templates, embeddings", Use.CONFIG, "templates are always Jinja (a jinja2 sandbox): --chat-template "
-          "takes Jinja source or chatml", (
-        switch("--jinja", neg=("--no-jinja",), field="jinja", env="LLAMA_ARG_JINJA",
-               help="chat templates are always Jinja here; kept for the record"),
-        opt("--chat-template", field="chat_template", value="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE",
-            help="Jinja source (or chatml) used instead of the GGUF's template"),
-        opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
-        opt("--chat-template-kwargs", field="chat_template_kwargs", value="JSON",
-            env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", parse=_json_object, help="extra variables for the template"),
-        opt("--reasoning-format", field="reasoning_format", value="FORMAT", env="LLAMA_ARG_THINK",
-            parse=_choice("auto", "none", "deepseek", "deepseek-legacy")),
-        opt("--reasoning-budget", field="reasoning_budget", env="LLAMA_ARG_THINK_BUDGET", parse=int),
-        switch("--embedding", "--embeddings", field="embedding", env="LLAMA_ARG_EMBEDDINGS"),
-        opt("--pooling", field="pooling", value="TYPE", env="LLAMA_ARG_POOLING",
-            parse=_choice("none", "mean", "cls", "last", "rank")),
-        opt("--embd-normalize", field="embd_normalize", parse=int),
-        switch("--rerank", "--reranking", field="pooling", env="LLAMA_ARG_RERANKING",
-               convert=lambda on: Sets({"embedding": True, "pooling": "rank"}) if on else None,
-               help="embeddings with rank pooling: /rerank"),
-    )),
-    Group("CORS, POST /props", Use.CONFIG, "llama-server's defaults: every response allows origin * (the Origin "
-          "echoed with credentials), OPTIONS is answered on every path without a key", (
-        opt("--cors-origins", field="cors_origins", value="ORIGINS", env="LLAMA_ARG_CORS_ORIGINS",
-            help="comma-separated, or localhost"),
-        opt("--cors-methods", field="cors_methods", value="METHODS", env="LLAMA_ARG_CORS_METHODS"),
-        opt("--cors-headers", field="cors_headers", value="HEADERS", env="LLAMA_ARG_CORS_HEADERS"),
-        switch("--cors-credentials", neg=("--no-cors-credentials",), field="cors_credentials",
-               env="LLAMA_ARG_CORS_CREDENTIALS"),
-        switch("--props", field="endpoint_props", env="LLAMA_ARG_ENDPOINT_PROPS",
-               help="allow POST /props (it changes nothing, as in llama-server)"),
-    )),
-    Group("LoRA adapters", Use.CONFIG, "as in llama-server: loaded once, applied per request (request field "
-          "lora, GET/POST /lora-adapters); ids follow the command line", (
-        opt("--lora", field="lora", value="FNAME", parse=_lora, many=True, convert=_flatten, shared="lora",
-            help="comma-separated adapter files, global scale 1 (repeatable)"),
-        opt("--lora-scaled", field="lora", value="FNAME:SCALE,...", parse=_lora_scaled, many=True,
-            convert=_flatten, shared="lora", help="adapter files with their global scales (repeatable)"),
-        switch("--lora-init-without-apply", field="lora_init_without_apply",
-               help="load the adapters at global scale 0 (set them with POST /lora-adapters)"),
-    )),
-    Group("Speculative decoding", Use.CONFIG, "per group (EN-2): ngram-simple (prompt lookup) or a draft model "
-          "(-md, draft-simple), one draft context per group; --draft-max/--draft-min are older llama-server's "
-          "names of --spec-draft-n-max/-n-min", (
-        opt("--spec-type", field="spec_type", value="TYPES", env="LLAMA_ARG_SPEC_TYPE", parse=_spec_type,
-            help="none | ngram-simple | draft-simple (-md alone means draft-simple)"),
-        opt("--spec-ngram-simple-size-n", field="spec_ngram_size_n", parse=int,
-            help="ngram-simple: tokens looked up in the slot's history (default 12)"),
-        opt("--spec-ngram-simple-size-m", field="spec_ngram_size_m", parse=int,
-            help="ngram-simple: the longest draft (default 48)"),
-        opt("--spec-draft-model", "-md", "--model-draft", field="spec_draft_model", value="FNAME",
-            env="LLAMA_ARG_SPEC_DRAFT_MODEL", help="the draft model; its vocabulary must be the target's"),
-        opt("--spec-draft-n-max", field="spec_draft_n_max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", parse=int,
-            help="the longest draft-model draft (default 3)"),
-        opt("--spec-draft-n-min", field="spec_draft_n_min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", parse=int,
-            help="shorter drafts (either kind) are not verified"),
-        opt("--draft", "--draft-n", "--draft-max", field="spec_draft_n_max", env="LLAMA_ARG_DRAFT_MAX", parse=int,
-            help="older llama-server's --spec-draft-n-max"),
-        opt("--draft-min", "--draft-n-min", field="spec_draft_n_min", env="LLAMA_ARG_DRAFT_MIN", parse=int,
-            help="older llama-server's --spec-draft-n-min"),
-        opt("--spec-draft-p-min", "--draft-p-min", field="spec_draft_p_min", value="P",
-            env="LLAMA_ARG_SPEC_DRAFT_P_MIN", parse=float, help="the draft model stops below this probability"),
-        opt("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", field="spec_draft_n_gpu_layers",
-            env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", parse=_layers, help="the draft's layers on the GPU (default: as -ngl)"),
-        opt("--spec-draft-device", "-devd", "--device-draft", field="spec_draft_devices", value="DEVICES",
-            parse=lambda s: () if s == "none" else _csv(s), help="the draft model's devices (default: local)"),
-    )),
-    Group("Streaming", Use.CONFIG, "as in llama-server: a stream silent that long gets an SSE comment ping", (
-        opt("--sse-ping-interval", field="sse_ping_interval", value="N", env="LLAMA_ARG_SSE_PING_INTERVAL", parse=int,
-            help="seconds; -1 (or 0) sends none; the request field sse_ping_interval overrides it"),
-    )),
-    Group("Sampling defaults", Use.SAMPLING, "a request that leaves the field out gets this value (native and "
-          "OpenAI APIs, Runtime.complete); /props shows them", (
-        opt("--temp", "--temperature", field="temperature", env="LLAMA_ARG_TEMPERATURE",
-            parse=lambda s: max(float(s), 0.0)),
-        opt("--top-k", field="top_k", env="LLAMA_ARG_TOP_K", parse=int),
-        opt("--top-p", field="top_p", env="LLAMA_ARG_TOP_P", parse=float),
-        opt("--min-p", field="min_p", env="LLAMA_ARG_MIN_P", parse=float),
-        opt("--top-nsigma", "--top-n-sigma", field="top_n_sigma", parse=float),
-        opt("--xtc-probability", field="xtc_probability", parse=float),
-        opt("--xtc-threshold", field="xtc_threshold", parse=float),
-        opt("--typical", "--typical-p", field="typical_p", parse=float),
-        opt("--repeat-last-n", field="repeat_last_n", parse=int),
-        opt("--repeat-penalty", field="repeat_penalty", env="LLAMA_ARG_REPEAT_PENALTY", parse=float),
-        opt("--presence-penalty", field="presence_penalty", env="LLAMA_ARG_PRESENCE_PENALTY", parse=float),
-        opt("--frequency-penalty", field="frequency_penalty", env="LLAMA_ARG_FREQUENCY_PENALTY", parse=float),
-        opt("--dry-multiplier", field="dry_multiplier", parse=float),
-        opt("--dry-base", field="dry_base", parse=float),
-        opt("--dry-allowed-length", field="dry_allowed_length", parse=int),
-        opt("--dry-penalty-last-n", field="dry_penalty_last_n", parse=int),
-        opt("--dry-sequence-breaker", field="dry_sequence_breakers", value="STRING", many=True,
-            convert=_dry_breakers),
-        opt("--dynatemp-range", field="dynatemp_range", parse=float),
-        opt("--dynatemp-exp", field="dynatemp_exponent", parse=float),
-        opt("--mirostat", field="mirostat", parse=int),
-        opt("--mirostat-lr", field="mirostat_eta", parse=float),
-        opt("--mirostat-ent", field="mirostat_tau", parse=float),
-        opt("-s", "--seed", field="seed", value="SEED", parse=_seed, help="-1 = random"),
-        opt("--samplers", field="samplers", value="SAMPLERS", parse=_samplers, help="names separated by ';'"),
-        opt("--sampler-seq", "--sampling-seq", field="samplers", value="SEQUENCE", parse=_sampler_chars),
-        opt("-l", "--logit-bias", field="logit_bias", value="TOKEN_ID(+/-)BIAS", parse=_logit_bias, many=True),
-        opt("--grammar", field="grammar", value="GRAMMAR"),
-        opt("--grammar-file", field="grammar", value="FNAME", parse=_read),
-        opt("-j", "--json-schema", field="grammar", value="SCHEMA", parse=_schema_grammar),
-        opt("-jf", "--json-schema-file", field="grammar", value="FILE", parse=lambda p: _schema_grammar(_read(p))),
-    )),
-    Group("Process", Use.PROCESS, "--log-jsonl picks JSON logs; --ssl-* serve HTTPS", (
-        opt("--host", field="host", value="HOST", env="LLAMA_ARG_HOST"),
-        opt("--port", field="port", value="PORT", env="LLAMA_ARG_PORT", parse=int),
-        opt("--ssl-key-file", field="ssl_key_file", value="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
-        opt("--ssl-cert-file", field="ssl_cert_file", value="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
-        switch("--log-jsonl", neg=("--no-log-jsonl",), field="log_format", env="LLAMA_ARG_LOG_JSONL",
-               convert=lambda on: "json" if on else "text"),
-        switch("--list-devices", field="list_devices", help="print the devices and exit"),
-        switch("--version", field="version", help="print the version and exit"),
-    )),
+    Group(
+        "Model and context",
+        Use.CONFIG,
+        "as in llama-server; -np/-t -1 = auto; -cb is logged (continuous batching "
+        "is always on), -nocb selects the no-cont-batching scheduler",
+        (
+            opt("-m", "--model", field="model", value="FNAME", env="LLAMA_ARG_MODEL"),
+            opt(
+                "-a",
+                "--alias",
+                field="alias",
+                value="STRING",
+                env="LLAMA_ARG_ALIAS",
+                convert=lambda v: _csv(v)[0],
+                help="model id shown by /v1/models (the first of a comma-separated list)",
+            ),
+            opt(
+                "-c",
+                "--ctx-size",
+                field="n_ctx",
+                env="LLAMA_ARG_CTX_SIZE",
+                parse=_ctx_size,
+                help="total context C over all slots",
+            ),
+            opt("-np", "--parallel", field="parallel", env="LLAMA_ARG_N_PARALLEL", parse=_auto_int, help="slots P"),
+            opt("-b", "--batch-size", field="n_batch", env="LLAMA_ARG_BATCH", parse=int),
+            opt("-ub", "--ubatch-size", field="n_ubatch", env="LLAMA_ARG_UBATCH", parse=int),
+            opt("-t", "--threads", field="threads", env="LLAMA_ARG_THREADS", parse=_auto_int, help="-1 = all cores"),
+            opt("-tb", "--threads-batch", field="threads_batch", parse=_auto_int),
+            switch(
+                "-kvu",
+                "--kv-unified",
+                neg=("-no-kvu", "--no-kv-unified"),
+                field="kv_unified",
+                env="LLAMA_ARG_KV_UNIFIED",
+            ),
+            opt(
+                "-fa",
+                "--flash-attn",
+                field="flash_attn",
+                value="on|off|auto",
+                env="LLAMA_ARG_FLASH_ATTN",
+                parse=_choice("on", "off", "auto"),
+                optional="on",
+            ),
+            opt(
+                "-n",
+                "--predict",
+                "--n-predict",
+                field="n_predict_max",
+                env="LLAMA_ARG_N_PREDICT",
+                parse=int,
+                help="tokens to predict when a request sets no limit, and the most any request gets",
+            ),
+            switch(
+                "-cb",
+                "--cont-batching",
+                neg=("-nocb", "--no-cont-batching"),
+                field="scheduler",
+                env="LLAMA_ARG_CONT_BATCHING",
+                convert=_cont_batching,
+                help="--no-cont-batching selects the no-cont-batching scheduler",
+            ),
+            opt("-ctk", "--cache-type-k", field="cache_type_k", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_K"),
+            opt("-ctv", "--cache-type-v", field="cache_type_v", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_V"),
+            switch(
+                "--context-shift", neg=("--no-context-shift",), field="context_shift", env="LLAMA_ARG_CONTEXT_SHIFT"
+            ),
+            opt("--keep", field="n_keep", parse=int, help="prompt tokens a context shift keeps (-1 all)"),
+            opt(
+                "-cram",
+                "--cache-ram",
+                field="cache_ram_mib",
+                env="LLAMA_ARG_CACHE_RAM",
+                parse=int,
+                help="host-memory prompt cache in MiB (0 off, -1 no limit)",
+            ),
+            switch(
+                "--cache-idle-slots",
+                neg=("--no-cache-idle-slots",),
+                field="cache_idle_slots",
+                env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+                help="save a slot's KV to the --cache-ram cache whenever a new prompt would lose part of it",
+            ),
+            switch(
+                "--cache-prompt",
+                neg=("--no-cache-prompt",),
+                field="cache_prompt",
+                env="LLAMA_ARG_CACHE_PROMPT",
+                help="default of the request field cache_prompt",
+            ),
+            opt(
+                "-r",
+                "--reverse-prompt",
+                field="stop",
+                value="PROMPT",
+                many=True,
+                help="a stop string for requests that send none (repeatable)",
+            ),
+            switch("--ignore-eos", field="ignore_eos", help="default of the request field ignore_eos"),
+            opt("--slot-save-path", field="slot_save_path", value="PATH", env="LLAMA_ARG_SLOT_SAVE_PATH"),
+            opt(
+                "--api-key",
+                field="api_keys",
+                value="KEY",
+                env="LLAMA_API_KEY",
+                parse=_csv,
+                many=True,
+                convert=_flatten,
+                help="comma-separated keys",
+            ),
+            opt(
+                "--api-key-file",
+                field="api_keys",
+                value="FNAME",
+                env="LLAMA_ARG_API_KEY_FILE",
+                parse=_key_file,
+                many=True,
+                convert=_flatten,
+                help="one key per line, # comments",
+            ),
+            switch(
+                "--ui",
+                "--webui",
+                neg=("--no-ui", "--no-webui"),
+                field="webui",
+                env="LLAMA_ARG_UI",
+                help="the live page at GET /",
+            ),
+        ),
+    ),
+    Group(
+        "Weights placement",
+        Use.CONFIG,
+        "-ngl on a machine without a GPU is logged and ignored, as llama-server warns; --load-mode mlock is logged",
+        (
+            opt(
+                "-ngl",
+                "--gpu-layers",
+                "--n-gpu-layers",
+                field="n_gpu_layers",
+                env="LLAMA_ARG_N_GPU_LAYERS",
+                parse=_layers,
+                help="a number, auto or all",
+            ),
+            opt(
+                "-lm",
+                "--load-mode",
+                field="use_mmap",
+                value="MODE",
+                env="LLAMA_ARG_LOAD_MODE",
+                parse=_choice("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
+                convert=_load_mode,
+            ),
+            switch("--mmap", neg=("--no-mmap",), field="use_mmap", env="LLAMA_ARG_MMAP", help="older llama-server"),
+            opt(
+                "--rpc",
+                field="rpc_servers",
+                value="SERVERS",
+                env="LLAMA_ARG_RPC",
+                parse=_csv,
+                help="comma-separated HOST:PORT of ggml-rpc workers",
+            ),
+            opt(
+                "-dev",
+                "--device",
+                field="devices",
+                value="DEVICES",
+                env="LLAMA_ARG_DEVICE",
+                parse=lambda s: () if s == "none" else _csv(s),
+                help="comma-separated devices for the split, e.g. RPC0,CPU (list the local CPU last)",
+            ),
+            opt(
+                "-ts",
+                "--tensor-split",
+                field="tensor_split",
+                value="N0,N1,...",
+                env="LLAMA_ARG_TENSOR_SPLIT",
+                parse=_floats,
+            ),
+            opt(
+                "-sm",
+                "--split-mode",
+                field="split_mode",
+                value="MODE",
+                env="LLAMA_ARG_SPLIT_MODE",
+                help="none | layer | row",
+            ),
+        ),
+    ),
+    Group(
+        "Chat templates, embeddings",
+        Use.CONFIG,
+        "templates are always Jinja (a jinja2 sandbox): --chat-template takes Jinja source or chatml",
+        (
+            switch(
+                "--jinja",
+                neg=("--no-jinja",),
+                field="jinja",
+                env="LLAMA_ARG_JINJA",
+                help="chat templates are always Jinja here; kept for the record",
+            ),
+            opt(
+                "--chat-template",
+                field="chat_template",
+                value="JINJA_TEMPLATE",
+                env="LLAMA_ARG_CHAT_TEMPLATE",
+                help="Jinja source (or chatml) used instead of the GGUF's template",
+            ),
+            opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+            opt(
+                "--chat-template-kwargs",
+                field="chat_template_kwargs",
+                value="JSON",
+                env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+                parse=_json_object,
+                help="extra variables for the template",
+            ),
+            opt(
+                "--reasoning-format",
+                field="reasoning_format",
+                value="FORMAT",
+                env="LLAMA_ARG_THINK",
+                parse=_choice("auto", "none", "deepseek", "deepseek-legacy"),
+            ),
+            opt("--reasoning-budget", field="reasoning_budget", env="LLAMA_ARG_THINK_BUDGET", parse=int),
+            switch("--embedding", "--embeddings", field="embedding", env="LLAMA_ARG_EMBEDDINGS"),
+            opt(
+                "--pooling",
+                field="pooling",
+                value="TYPE",
+                env="LLAMA_ARG_POOLING",
+                parse=_choice("none", "mean", "cls", "last", "rank"),
+            ),
+            opt("--embd-normalize", field="embd_normalize", parse=int),
+            switch(
+                "--rerank",
+                "--reranking",
+                field="pooling",
+                env="LLAMA_ARG_RERANKING",
+                convert=lambda on: Sets({"embedding": True, "pooling": "rank"}) if on else None,
+                help="embeddings with rank pooling: /rerank",
+            ),
+        ),
+    ),
+    Group(
+        "CORS, POST /props",
+        Use.CONFIG,
+        "llama-server's defaults: every response allows origin * (the Origin "
+        "echoed with credentials), OPTIONS is answered on every path without a key",
+        (
+            opt(
+                "--cors-origins",
+                field="cors_origins",
+                value="ORIGINS",
+                env="LLAMA_ARG_CORS_ORIGINS",
+                help="comma-separated, or localhost",
+            ),
+            opt("--cors-methods", field="cors_methods", value="METHODS", env="LLAMA_ARG_CORS_METHODS"),
+            opt("--cors-headers", field="cors_headers", value="HEADERS", env="LLAMA_ARG_CORS_HEADERS"),
+            switch(
+                "--cors-credentials",
+                neg=("--no-cors-credentials",),
+                field="cors_credentials",
+                env="LLAMA_ARG_CORS_CREDENTIALS",
+            ),
+            switch(
+                "--props",
+                field="endpoint_props",
+                env="LLAMA_ARG_ENDPOINT_PROPS",
+                help="allow POST /props (it changes nothing, as in llama-server)",
+            ),
+        ),
+    ),
+    Group(
+        "LoRA adapters",
+        Use.CONFIG,
+        "as in llama-server: loaded once, applied per request (request field "
+        "lora, GET/POST /lora-adapters); ids follow the command line",
+        (
+            opt(
+                "--lora",
+                field="lora",
+                value="FNAME",
+                parse=_lora,
+                many=True,
+                convert=_flatten,
+                shared="lora",
+                help="comma-separated adapter files, global scale 1 (repeatable)",
+            ),
+            opt(
+                "--lora-scaled",
+                field="lora",
+                value="FNAME:SCALE,...",
+                parse=_lora_scaled,
+                many=True,
+                convert=_flatten,
+                shared="lora",
+                help="adapter files with their global scales (repeatable)",
+            ),
+            switch(
+                "--lora-init-without-apply",
+                field="lora_init_without_apply",
+                help="load the adapters at global scale 0 (set them with POST /lora-adapters)",
+            ),
+        ),
+    ),
+    Group(
+        "Speculative decoding",
+        Use.CONFIG,
+        "per group: ngram-simple (prompt lookup) or a draft model "
+        "(-md, draft-simple), one draft context per group; --draft-max/--draft-min are older llama-server's "
+        "names of --spec-draft-n-max/-n-min",
+        (
+            opt(
+                "--spec-type",
+                field="spec_type",
+                value="TYPES",
+                env="LLAMA_ARG_SPEC_TYPE",
+                parse=_spec_type,
+                help="none | ngram-simple | draft-simple (-md alone means draft-simple)",
+            ),
+            opt(
+                "--spec-ngram-simple-size-n",
+                field="spec_ngram_size_n",
+                parse=int,
+                help="ngram-simple: tokens looked up in the slot's history (default 12)",
+            ),
+            opt(
+                "--spec-ngram-simple-size-m",
+                field="spec_ngram_size_m",
+                parse=int,
+                help="ngram-simple: the longest draft (default 48)",
+            ),
+            opt(
+                "--spec-draft-model",
+                "-md",
+                "--model-draft",
+                field="spec_draft_model",
+                value="FNAME",
+                env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+                help="the draft model; its vocabulary must be the target's",
+            ),
+            opt(
+                "--spec-draft-n-max",
+                field="spec_draft_n_max",
+                env="LLAMA_ARG_SPEC_DRAFT_N_MAX",
+                parse=int,
+                help="the longest draft-model draft (default 3)",
+            ),
+            opt(
+                "--spec-draft-n-min",
+                field="spec_draft_n_min",
+                env="LLAMA_ARG_SPEC_DRAFT_N_MIN",
+                parse=int,
+                help="shorter drafts (either kind) are not verified",
+            ),
+            opt(
+                "--draft",
+                "--draft-n",
+                "--draft-max",
+                field="spec_draft_n_max",
+                env="LLAMA_ARG_DRAFT_MAX",
+                parse=int,
+                help="older llama-server's --spec-draft-n-max",
+            ),
+            opt(
+                "--draft-min",
+                "--draft-n-min",
+                field="spec_draft_n_min",
+                env="LLAMA_ARG_DRAFT_MIN",
+                parse=int,
+                help="older llama-server's --spec-draft-n-min",
+            ),
+            opt(
+                "--spec-draft-p-min",
+                "--draft-p-min",
+                field="spec_draft_p_min",
+                value="P",
+                env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
+                parse=float,
+                help="the draft model stops below this probability",
+            ),
+            opt(
+                "--spec-draft-ngl",
+                "-ngld",
+                "--gpu-layers-draft",
+                "--n-gpu-layers-draft",
+                field="spec_draft_n_gpu_layers",
+                env="LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+                parse=_layers,
+                help="the draft's layers on the GPU (default: as -ngl)",
+            ),
+            opt(
+                "--spec-draft-device",
+                "-devd",
+                "--device-draft",
+                field="spec_draft_devices",
+                value="DEVICES",
+                parse=lambda s: () if s == "none" else _csv(s),
+                help="the draft model's devices (default: local)",
+            ),
+        ),
+    ),
+    Group(
+        "Streaming",
+        Use.CONFIG,
+        "as in llama-server: a stream silent that long gets an SSE comment ping",
+        (
+            opt(
+                "--sse-ping-interval",
+                field="sse_ping_interval",
+                value="N",
+                env="LLAMA_ARG_SSE_PING_INTERVAL",
+                parse=int,
+                help="seconds; -1 (or 0) sends none; the request field sse_ping_interval overrides it",
+            ),
+        ),
+    ),
+    Group(
+        "Sampling defaults",
+        Use.SAMPLING,
+        "a request that leaves the field out gets this value (native and "
+        "OpenAI APIs, Runtime.complete); /props shows them",
+        (
+            opt(
+                "--temp",
+                "--temperature",
+                field="temperature",
+                env="LLAMA_ARG_TEMPERATURE",
+                parse=lambda s: max(float(s), 0.0),
+            ),
+            opt("--top-k", field="top_k", env="LLAMA_ARG_TOP_K", parse=int),
+            opt("--top-p", field="top_p", env="LLAMA_ARG_TOP_P", parse=float),
+            opt("--min-p", field="min_p", env="LLAMA_ARG_MIN_P", parse=float),
+            opt("--top-nsigma", "--top-n-sigma", field="top_n_sigma", parse=float),
+            opt("--xtc-probability", field="xtc_probability", parse=float),
+            opt("--xtc-threshold", field="xtc_threshold", parse=float),
+            opt("--typical", "--typical-p", field="typical_p", parse=float),
+            opt("--repeat-last-n", field="repeat_last_n", parse=int),
+            opt("--repeat-penalty", field="repeat_penalty", env="LLAMA_ARG_REPEAT_PENALTY", parse=float),
+            opt("--presence-penalty", field="presence_penalty", env="LLAMA_ARG_PRESENCE_PENALTY", parse=float),
+            opt("--frequency-penalty", field="frequency_penalty", env="LLAMA_ARG_FREQUENCY_PENALTY", parse=float),
+            opt("--dry-multiplier", field="dry_multiplier", parse=float),
+            opt("--dry-base", field="dry_base", parse=float),
+            opt("--dry-allowed-length", field="dry_allowed_length", parse=int),
+            opt("--dry-penalty-last-n", field="dry_penalty_last_n", parse=int),
+            opt(
+                "--dry-sequence-breaker",
+                field="dry_sequence_breakers",
+                value="STRING",
+                many=True,
+                convert=_dry_breakers,
+            ),
+            opt("--dynatemp-range", field="dynatemp_range", parse=float),
+            opt("--dynatemp-exp", field="dynatemp_exponent", parse=float),
+            opt("--mirostat", field="mirostat", parse=int),
+            opt("--mirostat-lr", field="mirostat_eta", parse=float),
+            opt("--mirostat-ent", field="mirostat_tau", parse=float),
+            opt("-s", "--seed", field="seed", value="SEED", parse=_seed, help="-1 = random"),
+            opt("--samplers", field="samplers", value="SAMPLERS", parse=_samplers, help="names separated by ';'"),
+            opt("--sampler-seq", "--sampling-seq", field="samplers", value="SEQUENCE", parse=_sampler_chars),
+            opt("-l", "--logit-bias", field="logit_bias", value="TOKEN_ID(+/-)BIAS", parse=_logit_bias, many=True),
+            opt("--grammar", field="grammar", value="GRAMMAR"),
+            opt("--grammar-file", field="grammar", value="FNAME", parse=_read),
+            opt("-j", "--json-schema", field="grammar", value="SCHEMA", parse=_schema_grammar),
+            opt("-jf", "--json-schema-file", field="grammar", value="FILE", parse=lambda p: _schema_grammar(_read(p))),
+        ),
+    ),
+    Group(
+        "Process",
+        Use.PROCESS,
+        "--log-jsonl picks JSON logs; --ssl-* serve HTTPS",
+        (
+            opt("--host", field="host", value="HOST", env="LLAMA_ARG_HOST"),
+            opt("--port", field="port", value="PORT", env="LLAMA_ARG_PORT", parse=int),
+            opt("--ssl-key-file", field="ssl_key_file", value="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
+            opt("--ssl-cert-file", field="ssl_cert_file", value="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
+            switch(
+                "--log-jsonl",
+                neg=("--no-log-jsonl",),
+                field="log_format",
+                env="LLAMA_ARG_LOG_JSONL",
+                convert=lambda on: "json" if on else "text",
+            ),
+            switch("--list-devices", field="list_devices", help="print the devices and exit"),
+            switch("--version", field="version", help="print the version and exit"),
+        ),
+    ),
     # ---- accepted, with one log line ----------------------------------------------------
-    Group("Thread placement", Use.IGNORE, "thread affinity, priority and polling are left to the OS", (
-        opt("-C", "--cpu-mask", value="M"), opt("-Cr", "--cpu-range", value="lo-hi"),
-        opt("--cpu-strict", value="<0|1>", parse=int, ok=_is(0)), opt("--prio", parse=int, ok=_is(0)),
-        opt("--poll", value="<0...100>"), opt("-Cb", "--cpu-mask-batch", value="M"),
-        opt("-Crb", "--cpu-range-batch", value="lo-hi"), opt("--cpu-strict-batch", parse=int, ok=_is(0)),
-        opt("--prio-batch", parse=int, ok=_is(0)), opt("--poll-batch", value="<0|1>"),
-        opt("--numa", value="TYPE", env="LLAMA_ARG_NUMA"),
-    )),
-    Group("Logging", Use.IGNORE, _LOGS, (
-        switch("--log-disable"), opt("--log-file", value="FNAME", env="LLAMA_ARG_LOG_FILE"),
-        opt("--log-colors", value="on|off|auto", env="LLAMA_ARG_LOG_COLORS"),
-        switch("-v", "--verbose", "--log-verbose"),
-        opt("-lv", "--verbosity", "--log-verbosity", env="LLAMA_ARG_LOG_VERBOSITY"),
-        switch("--log-prefix", neg=("--no-log-prefix",), env="LLAMA_ARG_LOG_PREFIX"),
-        switch("--log-timestamps", neg=("--no-log-timestamps",), env="LLAMA_ARG_LOG_TIMESTAMPS"),
-        opt("--log-prompts-dir", value="PATH"),
-        switch("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", ok=_off),
-    )),
-    Group("Downloads", Use.IGNORE, "llamactor never downloads anything: models are local files (-m)", (
-        switch("--offline", env="LLAMA_ARG_OFFLINE"), opt("-hft", "--hf-token", value="TOKEN"),
-        switch("--mmproj-auto", neg=("--no-mmproj", "--no-mmproj-auto"), env="LLAMA_ARG_MMPROJ_AUTO", ok=_off),
-    )),
-    Group("Always on here", Use.IGNORE, "always on in llamactor", (
-        switch("--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", help="/metrics is always served"),
-        switch("--slots", neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", help="/slots is always served"),
-    )),
-    Group("Memory tuning", Use.IGNORE, "llama.cpp's defaults are used for these", (
-        switch("-kvo", "--kv-offload", neg=("-nkvo", "--no-kv-offload"), env="LLAMA_ARG_KV_OFFLOAD"),
-        switch("--repack", neg=("-nr", "--no-repack"), env="LLAMA_ARG_REPACK"),
-        switch("--no-host", env="LLAMA_ARG_NO_HOST"),
-        switch("--op-offload", neg=("--no-op-offload",)),
-        opt("-mg", "--main-gpu", value="INDEX", env="LLAMA_ARG_MAIN_GPU", parse=int, ok=_is(0)),
-        opt("-fit", "--fit", value="on|off", env="LLAMA_ARG_FIT", ok=_is("off")),
-        opt("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET"),
-        opt("-fitc", "--fit-ctx", env="LLAMA_ARG_FIT_CTX"),
-        switch("--check-tensors"), switch("--swa-full", env="LLAMA_ARG_SWA_FULL"),
-        opt("-dt", "--defrag-thold", env="LLAMA_ARG_DEFRAG_THOLD", help="deprecated in llama.cpp"),
-        switch("--mlock", env="LLAMA_ARG_MLOCK", help="older llama-server"),
-        switch("--warmup", neg=("--no-warmup",), ok=_off, help="llamactor runs no warmup decode"),
-    )),
-    Group("Prompt cache", Use.IGNORE,
-          "the prompt cache is each slot's KV plus the host-memory cache (--cache-ram); no SWA checkpoints", (
-        opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS"),
-        opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
-        opt("-sps", "--slot-prompt-similarity", value="SIMILARITY",
-            help="slots are chosen by the longest cached prefix"),
-    )),
-    Group("HTTP server", Use.IGNORE, "hypercorn on asyncio serves HTTP; these knobs have no counterpart", (
-        opt("-to", "--timeout", env="LLAMA_ARG_TIMEOUT"), opt("--threads-http", env="LLAMA_ARG_THREADS_HTTP"),
-        switch("--reuse-port", env="LLAMA_ARG_REUSE_PORT"),
-        opt("--tags", value="STRING", env="LLAMA_ARG_TAGS", help="informational in llama-server"),
-    )),
-    Group("Web UI settings", Use.IGNORE, "llamactor's page at GET / has no settings", (
-        opt("--ui-config", "--webui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG"),
-        opt("--ui-config-file", "--webui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
-        switch("--ui-mcp-proxy", "--webui-mcp-proxy", neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
-               env="LLAMA_ARG_UI_MCP_PROXY", ok=_off),
-    )),
-    Group("Chat parsing", Use.IGNORE, "llamactor's chat handling has no such switch", (
-        opt("-rea", "--reasoning", value="on|off|auto", env="LLAMA_ARG_REASONING", ok=_is("auto")),
-        opt("--reasoning-effort", value="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", ok=_is("default")),
-        opt("--reasoning-budget-message", value="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
-        switch("--reasoning-preserve", neg=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE"),
-        switch("--skip-chat-parsing", neg=("--no-skip-chat-parsing",), env="LLAMA_ARG_SKIP_CHAT_PARSING",
-               ok=_off),
-        switch("--prefill-assistant", neg=("--no-prefill-assistant",), env="LLAMA_ARG_PREFILL_ASSISTANT"),
-        switch("-e", "--escape", neg=("--no-escape",), help="prompts come over HTTP, not from the command line"),
-        switch("--spm-infill", help="there is no /infill endpoint"),
-    )),
-    Group("Multimodal tuning", Use.IGNORE, _MTMD, (
-        switch("--mmproj-offload", neg=("--no-mmproj-offload",), env="LLAMA_ARG_MMPROJ_OFFLOAD"),
-        opt("-mmdev", "--mmproj-device", value="DEVICE", env="MTMD_BACKEND_DEVICE"),
-        opt("--image-min-tokens", env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
-        opt("--image-max-tokens", env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
-        opt("--mtmd-batch-max-tokens", env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS"),
-        opt("--video-fps", env="LLAMA_ARG_VIDEO_FPS"),
-        opt("--video-timestamp-interval", env="LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL"),
-        opt("--video-ffmpeg-dir", value="DIR", env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
-    )),
-    Group("Router and sampling backends", Use.IGNORE, "only meaningful for llama-server's router or GPU sampling", (
-        opt("--models-max", env="LLAMA_ARG_MODELS_MAX"),
-        switch("--models-autoload", neg=("--no-models-autoload",), env="LLAMA_ARG_MODELS_AUTOLOAD"),
-        switch("-bs", "--backend-sampling", env="LLAMA_ARG_BACKEND_SAMPLING", help="sampling runs on the CPU"),
-        opt("--adaptive-decay", parse=float, help="used only by --adaptive-target, which is refused"),
-    )),
-    Group("Speculative tuning", Use.IGNORE, _DRAFT, (
-        opt("--spec-draft-threads", "-td", "--threads-draft"),
-        opt("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"),
-        opt("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft", value="M"),
-        opt("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft", value="lo-hi"),
-        opt("--spec-draft-cpu-strict", "--cpu-strict-draft", value="<0|1>"),
-        opt("--spec-draft-prio", "--prio-draft"), opt("--spec-draft-poll", "--poll-draft", value="<0|1>"),
-        opt("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft", value="M"),
-        opt("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft", value="<0|1>"),
-        opt("--spec-draft-prio-batch", "--prio-batch-draft"),
-        opt("--spec-draft-poll-batch", "--poll-batch-draft", value="<0|1>"),
-        opt("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft", value="TYPE",
-            env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"),
-        opt("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft", value="TYPE",
-            env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"),
-        opt("--spec-draft-override-tensor", "-otd", "--override-tensor-draft", value="PATTERN=TYPE"),
-        switch("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft", env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE"),
-        opt("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft",
-            env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE"),
-        opt("--spec-synth-len", value="L", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
-        opt("--spec-synth-rates", value="P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
-        opt("--spec-draft-p-split", "--draft-p-split", value="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
-        switch("--spec-draft-backend-sampling", neg=("--no-spec-draft-backend-sampling",),
-               env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING"),
-    )),
-    Group("N-gram tuning", Use.IGNORE, "tuning of n-gram kinds not built (--spec-type refuses them); ngram-simple's "
-          "min-hits is unused in llama.cpp too", (
-        *(opt(f"--spec-ngram-{name}") for name in (
-            "mod-n-min", "mod-n-max", "mod-n-match", "simple-min-hits",
-            "map-k-size-n", "map-k-size-m", "map-k-min-hits", "map-k4v-size-n", "map-k4v-size-m",
-            "map-k4v-min-hits")),
-    )),
+    Group(
+        "Thread placement",
+        Use.IGNORE,
+        "thread affinity, priority and polling are left to the OS",
+        (
+            opt("-C", "--cpu-mask", value="M"),
+            opt("-Cr", "--cpu-range", value="lo-hi"),
+            opt("--cpu-strict", value="<0|1>", parse=int, ok=_is(0)),
+            opt("--prio", parse=int, ok=_is(0)),
+            opt("--poll", value="<0...100>"),
+            opt("-Cb", "--cpu-mask-batch", value="M"),
+            opt("-Crb", "--cpu-range-batch", value="lo-hi"),
+            opt("--cpu-strict-batch", parse=int, ok=_is(0)),
+            opt("--prio-batch", parse=int, ok=_is(0)),
+            opt("--poll-batch", value="<0|1>"),
+            opt("--numa", value="TYPE", env="LLAMA_ARG_NUMA"),
+        ),
+    ),
+    Group(
+        "Logging",
+        Use.IGNORE,
+        _LOGS,
+        (
+            switch("--log-disable"),
+            opt("--log-file", value="FNAME", env="LLAMA_ARG_LOG_FILE"),
+            opt("--log-colors", value="on|off|auto", env="LLAMA_ARG_LOG_COLORS"),
+            switch("-v", "--verbose", "--log-verbose"),
+            opt("-lv", "--verbosity", "--log-verbosity", env="LLAMA_ARG_LOG_VERBOSITY"),
+            switch("--log-prefix", neg=("--no-log-prefix",), env="LLAMA_ARG_LOG_PREFIX"),
+            switch("--log-timestamps", neg=("--no-log-timestamps",), env="LLAMA_ARG_LOG_TIMESTAMPS"),
+            opt("--log-prompts-dir", value="PATH"),
+            switch("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", ok=_off),
+        ),
+    ),
+    Group(
+        "Downloads",
+        Use.IGNORE,
+        "llamactor never downloads anything: models are local files (-m)",
+        (
+            switch("--offline", env="LLAMA_ARG_OFFLINE"),
+            opt("-hft", "--hf-token", value="TOKEN"),
+            switch("--mmproj-auto", neg=("--no-mmproj", "--no-mmproj-auto"), env="LLAMA_ARG_MMPROJ_AUTO", ok=_off),
+        ),
+    ),
+    Group(
+        "Always on here",
+        Use.IGNORE,
+        "always on in llamactor",
+        (
+            switch("--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", help="/metrics is always served"),
+            switch("--slots", neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", help="/slots is always served"),
+        ),
+    ),
+    Group(
+        "Memory tuning",
+        Use.IGNORE,
+        "llama.cpp's defaults are used for these",
+        (
+            switch("-kvo", "--kv-offload", neg=("-nkvo", "--no-kv-offload"), env="LLAMA_ARG_KV_OFFLOAD"),
+            switch("--repack", neg=("-nr", "--no-repack"), env="LLAMA_ARG_REPACK"),
+            switch("--no-host", env="LLAMA_ARG_NO_HOST"),
+            switch("--op-offload", neg=("--no-op-offload",)),
+            opt("-mg", "--main-gpu", value="INDEX", env="LLAMA_ARG_MAIN_GPU", parse=int, ok=_is(0)),
+            opt("-fit", "--fit", value="on|off", env="LLAMA_ARG_FIT", ok=_is("off")),
+            opt("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET"),
+            opt("-fitc", "--fit-ctx", env="LLAMA_ARG_FIT_CTX"),
+            switch("--check-tensors"),
+            switch("--swa-full", env="LLAMA_ARG_SWA_FULL"),
+            opt("-dt", "--defrag-thold", env="LLAMA_ARG_DEFRAG_THOLD", help="deprecated in llama.cpp"),
+            switch("--mlock", env="LLAMA_ARG_MLOCK", help="older llama-server"),
+            switch("--warmup", neg=("--no-warmup",), ok=_off, help="llamactor runs no warmup decode"),
+        ),
+    ),
+    Group(
+        "Prompt cache",
+        Use.IGNORE,
+        "the prompt cache is each slot's KV plus the host-memory cache (--cache-ram); no SWA checkpoints",
+        (
+            opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS"),
+            opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
+            opt(
+                "-sps",
+                "--slot-prompt-similarity",
+                value="SIMILARITY",
+                help="slots are chosen by the longest cached prefix",
+            ),
+        ),
+    ),
+    Group(
+        "HTTP server",
+        Use.IGNORE,
+        "hypercorn on asyncio serves HTTP; these knobs have no counterpart",
+        (
+            opt("-to", "--timeout", env="LLAMA_ARG_TIMEOUT"),
+            opt("--threads-http", env="LLAMA_ARG_THREADS_HTTP"),
+            switch("--reuse-port", env="LLAMA_ARG_REUSE_PORT"),
+            opt("--tags", value="STRING", env="LLAMA_ARG_TAGS", help="informational in llama-server"),
+        ),
+    ),
+    Group(
+        "Web UI settings",
+        Use.IGNORE,
+        "llamactor's page at GET / has no settings",
+        (
+            opt("--ui-config", "--webui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG"),
+            opt("--ui-config-file", "--webui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
+            switch(
+                "--ui-mcp-proxy",
+                "--webui-mcp-proxy",
+                neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
+                env="LLAMA_ARG_UI_MCP_PROXY",
+                ok=_off,
+            ),
+        ),
+    ),
+    Group(
+        "Chat parsing",
+        Use.IGNORE,
+        "llamactor's chat handling has no such switch",
+        (
+            opt("-rea", "--reasoning", value="on|off|auto", env="LLAMA_ARG_REASONING", ok=_is("auto")),
+            opt("--reasoning-effort", value="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", ok=_is("default")),
+            opt("--reasoning-budget-message", value="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+            switch("--reasoning-preserve", neg=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE"),
+            switch("--skip-chat-parsing", neg=("--no-skip-chat-parsing",), env="LLAMA_ARG_SKIP_CHAT_PARSING", ok=_off),
+            switch("--prefill-assistant", neg=("--no-prefill-assistant",), env="LLAMA_ARG_PREFILL_ASSISTANT"),
+            switch("-e", "--escape", neg=("--no-escape",), help="prompts come over HTTP, not from the command line"),
+            switch("--spm-infill", help="there is no /infill endpoint"),
+        ),
+    ),
+    Group(
+        "Multimodal tuning",
+        Use.IGNORE,
+        _MTMD,
+        (
+            switch("--mmproj-offload", neg=("--no-mmproj-offload",), env="LLAMA_ARG_MMPROJ_OFFLOAD"),
+            opt("-mmdev", "--mmproj-device", value="DEVICE", env="MTMD_BACKEND_DEVICE"),
+            opt("--image-min-tokens", env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
+            opt("--image-max-tokens", env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
+            opt("--mtmd-batch-max-tokens", env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS"),
+            opt("--video-fps", env="LLAMA_ARG_VIDEO_FPS"),
+            opt("--video-timestamp-interval", env="LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL"),
+            opt("--video-ffmpeg-dir", value="DIR", env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
+        ),
+    ),
+    Group(
+        "Router and sampling backends",
+        Use.IGNORE,
+        "only meaningful for llama-server's router or GPU sampling",
+        (
+            opt("--models-max", env="LLAMA_ARG_MODELS_MAX"),
+            switch("--models-autoload", neg=("--no-models-autoload",), env="LLAMA_ARG_MODELS_AUTOLOAD"),
+            switch("-bs", "--backend-sampling", env="LLAMA_ARG_BACKEND_SAMPLING", help="sampling runs on the CPU"),
+            opt("--adaptive-decay", parse=float, help="used only by --adaptive-target, which is refused"),
+        ),
+    ),
+    Group(
+        "Speculative tuning",
+        Use.IGNORE,
+        _DRAFT,
+        (
+            opt("--spec-draft-threads", "-td", "--threads-draft"),
+            opt("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"),
+            opt("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft", value="M"),
+            opt("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft", value="lo-hi"),
+            opt("--spec-draft-cpu-strict", "--cpu-strict-draft", value="<0|1>"),
+            opt("--spec-draft-prio", "--prio-draft"),
+            opt("--spec-draft-poll", "--poll-draft", value="<0|1>"),
+            opt("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft", value="M"),
+            opt("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft", value="<0|1>"),
+            opt("--spec-draft-prio-batch", "--prio-batch-draft"),
+            opt("--spec-draft-poll-batch", "--poll-batch-draft", value="<0|1>"),
+            opt(
+                "--spec-draft-type-k",
+                "-ctkd",
+                "--cache-type-k-draft",
+                value="TYPE",
+                env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+            ),
+            opt(
+                "--spec-draft-type-v",
+                "-ctvd",
+                "--cache-type-v-draft",
+                value="TYPE",
+                env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
+            ),
+            opt("--spec-draft-override-tensor", "-otd", "--override-tensor-draft", value="PATTERN=TYPE"),
+            switch("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft", env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE"),
+            opt(
+                "--spec-draft-n-cpu-moe",
+                "--spec-draft-ncmoe",
+                "-ncmoed",
+                "--n-cpu-moe-draft",
+                env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE",
+            ),
+            opt("--spec-synth-len", value="L", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
+            opt("--spec-synth-rates", value="P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
+            opt("--spec-draft-p-split", "--draft-p-split", value="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
+            switch(
+                "--spec-draft-backend-sampling",
+                neg=("--no-spec-draft-backend-sampling",),
+                env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING",
+            ),
+        ),
+    ),
+    Group(
+        "N-gram tuning",
+        Use.IGNORE,
+        "tuning of n-gram kinds not built (--spec-type refuses them); ngram-simple's "
+        "min-hits is unused in llama.cpp too",
+        (
+            *(
+                opt(f"--spec-ngram-{name}")
+                for name in (
+                    "mod-n-min",
+                    "mod-n-max",
+                    "mod-n-match",
+                    "simple-min-hits",
+                    "map-k-size-n",
+                    "map-k-size-m",
+                    "map-k-min-hits",
+                    "map-k4v-size-n",
+                    "map-k4v-size-m",
+                    "map-k4v-min-hits",
+                )
+            ),
+        ),
+    ),
     # ---- refused: exit code 2 naming them ---------------------------------------------
-    Group("Other speculation", Use.REFUSE, "not built: speculation is ngram-simple or draft-simple (--spec-type); "
-          "no draft downloads, no lookup-cache files", (
-        opt("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO",
-            env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
-        switch("--spec-default"),
-        opt("-lcs", "--lookup-cache-static", value="FNAME"), opt("-lcd", "--lookup-cache-dynamic", value="FNAME"),
-    )),
-    Group("Removed from llama-server", Use.REFUSE, "removed from llama-server too (see its --help)", (
-        opt("--spec-ngram-size-n"), opt("--spec-ngram-size-m"), opt("--spec-ngram-min-hits"),
-        opt("-gan", "--grp-attn-n"), opt("-gaw", "--grp-attn-w"),
-    )),
-    Group("Control vectors", Use.REFUSE, "control vectors are not built", (
-        opt("--control-vector", value="FNAME"), opt("--control-vector-scaled", value="FNAME:SCALE,..."),
-        opt("--control-vector-layer-range", value="START END"),
-    )),
-    Group("Multimodal", Use.REFUSE, "multimodal input (images, audio, video) is not built", (
-        opt("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
-        opt("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL"),
-        opt("--media-path", value="PATH"),
-    )),
-    Group("Model sources", Use.REFUSE, "llamactor never downloads models: pass -m with a local GGUF file", (
-        opt("-mu", "--model-url", value="URL", env="LLAMA_ARG_MODEL_URL"),
-        opt("-dr", "--docker-repo", value="REPO", env="LLAMA_ARG_DOCKER_REPO"),
-        opt("-hf", "-hfr", "--hf-repo", value="REPO", env="LLAMA_ARG_HF_REPO"),
-        opt("-hff", "--hf-file", value="FILE", env="LLAMA_ARG_HF_FILE"),
-        switch("-cl", "--cache-list"),
-        *(switch(f"--{name}") for name in (
-            "embd-gemma-default", "fim-qwen-1.5b-default", "fim-qwen-3b-default", "fim-qwen-7b-default",
-            "fim-qwen-7b-spec", "fim-qwen-14b-spec", "fim-qwen-30b-default", "gpt-oss-20b-default",
-            "gpt-oss-120b-default", "vision-gemma-4b-default", "vision-gemma-12b-default")),
-    )),
-    Group("Model overrides", Use.REFUSE, "not built: the GGUF's own values are used", (
-        opt("--rope-scaling", value="TYPE", env="LLAMA_ARG_ROPE_SCALING_TYPE"),
-        *(opt(f"--{name}", env=f"LLAMA_ARG_{env}") for name, env in (
-            ("rope-scale", "ROPE_SCALE"), ("rope-freq-base", "ROPE_FREQ_BASE"),
-            ("rope-freq-scale", "ROPE_FREQ_SCALE"), ("yarn-orig-ctx", "YARN_ORIG_CTX"),
-            ("yarn-ext-factor", "YARN_EXT_FACTOR"), ("yarn-attn-factor", "YARN_ATTN_FACTOR"),
-            ("yarn-beta-slow", "YARN_BETA_SLOW"), ("yarn-beta-fast", "YARN_BETA_FAST"))),
-        opt("--override-kv", value="KEY=TYPE:VALUE"),
-        opt("-ot", "--override-tensor", value="PATTERN=TYPE", env="LLAMA_ARG_OVERRIDE_TENSOR"),
-        switch("-cmoe", "--cpu-moe", env="LLAMA_ARG_CPU_MOE"),
-        opt("-ncmoe", "--n-cpu-moe", env="LLAMA_ARG_N_CPU_MOE", parse=int, ok=_is(0)),
-        opt("-ncffn", "--n-cpu-ffn", env="LLAMA_ARG_N_CPU_FFN", parse=int, ok=_is(0)),
-        opt("-lzm", "--lazy-mode", value="MODE", env="LLAMA_ARG_LAZY_MODE", ok=_is("auto", "off")),
-        opt("--kv-unified-per-slot", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
-    )),
-    Group("Server features", Use.REFUSE, "not built in llamactor", (
-        opt("--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", parse=int, ok=_is(0)),
-        opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
-        switch("-sp", "--special", help="special tokens render empty in generated text"),
-        opt("--sleep-idle-seconds", value="SECONDS", parse=int, ok=_is(-1)),
-        opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
-        opt("--api-prefix", value="PREFIX", env="LLAMA_ARG_API_PREFIX", ok=_is("")),
-        opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
-        opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
-        opt("--mcp-servers-config", value="PATH", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
-        opt("--mcp-servers-json", value="JSON", env="LLAMA_ARG_MCP_SERVERS_JSON"),
-        switch("-ag", "--agent", neg=("-no-ag", "--no-agent"), env="LLAMA_ARG_AGENT", ok=_off),
-        switch("--completion-bash"),
-        opt("--models-dir", value="PATH", env="LLAMA_ARG_MODELS_DIR", help="the router mode"),
-        opt("--models-preset", value="PATH", env="LLAMA_ARG_MODELS_PRESET", help="the router mode"),
-    )),
+    Group(
+        "Other speculation",
+        Use.REFUSE,
+        "not built: speculation is ngram-simple or draft-simple (--spec-type); "
+        "no draft downloads, no lookup-cache files",
+        (
+            opt(
+                "--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"
+            ),
+            switch("--spec-default"),
+            opt("-lcs", "--lookup-cache-static", value="FNAME"),
+            opt("-lcd", "--lookup-cache-dynamic", value="FNAME"),
+        ),
+    ),
+    Group(
+        "Removed from llama-server",
+        Use.REFUSE,
+        "removed from llama-server too (see its --help)",
+        (
+            opt("--spec-ngram-size-n"),
+            opt("--spec-ngram-size-m"),
+            opt("--spec-ngram-min-hits"),
+            opt("-gan", "--grp-attn-n"),
+            opt("-gaw", "--grp-attn-w"),
+        ),
+    ),
+    Group(
+        "Control vectors",
+        Use.REFUSE,
+        "control vectors are not built",
+        (
+            opt("--control-vector", value="FNAME"),
+            opt("--control-vector-scaled", value="FNAME:SCALE,..."),
+            opt("--control-vector-layer-range", value="START END"),
+        ),
+    ),
+    Group(
+        "Multimodal",
+        Use.REFUSE,
+        "multimodal input (images, audio, video) is not built",
+        (
+            opt("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
+            opt("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL"),
+            opt("--media-path", value="PATH"),
+        ),
+    ),
+    Group(
+        "Model sources",
+        Use.REFUSE,
+        "llamactor never downloads models: pass -m with a local GGUF file",
+        (
+            opt("-mu", "--model-url", value="URL", env="LLAMA_ARG_MODEL_URL"),
+            opt("-dr", "--docker-repo", value="REPO", env="LLAMA_ARG_DOCKER_REPO"),
+            opt("-hf", "-hfr", "--hf-repo", value="REPO", env="LLAMA_ARG_HF_REPO"),
+            opt("-hff", "--hf-file", value="FILE", env="LLAMA_ARG_HF_FILE"),
+            switch("-cl", "--cache-list"),
+            *(
+                switch(f"--{name}")
+                for name in (
+                    "embd-gemma-default",
+                    "fim-qwen-1.5b-default",
+                    "fim-qwen-3b-default",
+                    "fim-qwen-7b-default",
+                    "fim-qwen-7b-spec",
+                    "fim-qwen-14b-spec",
+                    "fim-qwen-30b-default",
+                    "gpt-oss-20b-default",
+                    "gpt-oss-120b-default",
+                    "vision-gemma-4b-default",
+                    "vision-gemma-12b-default",
+                )
+            ),
+        ),
+    ),
+    Group(
+        "Model overrides",
+        Use.REFUSE,
+        "not built: the GGUF's own values are used",
+        (
+            opt("--rope-scaling", value="TYPE", env="LLAMA_ARG_ROPE_SCALING_TYPE"),
+            *(
+                opt(f"--{name}", env=f"LLAMA_ARG_{env}")
+                for name, env in (
+                    ("rope-scale", "ROPE_SCALE"),
+                    ("rope-freq-base", "ROPE_FREQ_BASE"),
+                    ("rope-freq-scale", "ROPE_FREQ_SCALE"),
+                    ("yarn-orig-ctx", "YARN_ORIG_CTX"),
+                    ("yarn-ext-factor", "YARN_EXT_FACTOR"),
+                    ("yarn-attn-factor", "YARN_ATTN_FACTOR"),
+                    ("yarn-beta-slow", "YARN_BETA_SLOW"),
+                    ("yarn-beta-fast", "YARN_BETA_FAST"),
+                )
+            ),
+            opt("--override-kv", value="KEY=TYPE:VALUE"),
+            opt("-ot", "--override-tensor", value="PATTERN=TYPE", env="LLAMA_ARG_OVERRIDE_TENSOR"),
+            switch("-cmoe", "--cpu-moe", env="LLAMA_ARG_CPU_MOE"),
+            opt("-ncmoe", "--n-cpu-moe", env="LLAMA_ARG_N_CPU_MOE", parse=int, ok=_is(0)),
+            opt("-ncffn", "--n-cpu-ffn", env="LLAMA_ARG_N_CPU_FFN", parse=int, ok=_is(0)),
+            opt("-lzm", "--lazy-mode", value="MODE", env="LLAMA_ARG_LAZY_MODE", ok=_is("auto", "off")),
+            opt("--kv-unified-per-slot", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
+        ),
+    ),
+    Group(
+        "Server features",
+        Use.REFUSE,
+        "not built in llamactor",
+        (
+            opt("--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", parse=int, ok=_is(0)),
+            opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
+            switch("-sp", "--special", help="special tokens render empty in generated text"),
+            opt("--sleep-idle-seconds", value="SECONDS", parse=int, ok=_is(-1)),
+            opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
+            opt("--api-prefix", value="PREFIX", env="LLAMA_ARG_API_PREFIX", ok=_is("")),
+            opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
+            opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
+            opt("--mcp-servers-config", value="PATH", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
+            opt("--mcp-servers-json", value="JSON", env="LLAMA_ARG_MCP_SERVERS_JSON"),
+            switch("-ag", "--agent", neg=("-no-ag", "--no-agent"), env="LLAMA_ARG_AGENT", ok=_off),
+            switch("--completion-bash"),
+            opt("--models-dir", value="PATH", env="LLAMA_ARG_MODELS_DIR", help="the router mode"),
+            opt("--models-preset", value="PATH", env="LLAMA_ARG_MODELS_PRESET", help="the router mode"),
+        ),
+    ),
     # ---- llamactor's own ----------------------------------------------------------------
-    Group("llamactor process", Use.PROCESS, "", (
-        opt("--log-format", field="log_format", value="auto|json|text", env="LLAMACTOR_LOG_FORMAT",
-            parse=_choice("auto", "json", "text")),
-    )),
-    Group("llamactor", Use.CONFIG, "", (
-        opt("--pipeline-groups", field="pipeline_groups", env="LLAMA_ARG_PIPELINE_GROUPS", parse=int,
-            help="N contexts over one model's weights (SPEC section 3)"),
-        opt("--scheduler", field="scheduler", value="NAME", env="LLAMACTOR_SCHEDULER",
-            help="policy name, module:Class or path/to/file.py:Class"),
-        opt("--prefill-budget", field="prefill_budget", env="LLAMACTOR_PREFILL_BUDGET", parse=int,
-            help="stall-free, adaptive: a fixed number of prompt tokens per step while streams generate"),
-        opt("--target-itl-ms", field="target_itl_ms", value="MS", env="LLAMACTOR_TARGET_ITL_MS", parse=float,
-            help="stall-free, adaptive: the inter-token target the prompt budget keeps (adaptive: 200)"),
-        opt("--target-ttft-ms", field="target_ttft_ms", value="MS", env="LLAMACTOR_TARGET_TTFT_MS", parse=float,
-            help="adaptive: the first-token target prompts are ordered and hurried by (default 2000)"),
-        opt("--cohort-max-generate-ms", field="cohort_max_generate_ms", value="MS",
-            env="LLAMACTOR_COHORT_MAX_GENERATE_MS", parse=float,
-            help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)"),
-        opt("--queue-size", field="queue_size", env="LLAMACTOR_QUEUE_SIZE", parse=int),
-        opt("--shutdown-timeout", field="shutdown_timeout", value="S", env="LLAMACTOR_SHUTDOWN_TIMEOUT", parse=float,
-            help="on SIGTERM: stop admitting (503) and give the requests in flight this long to finish (30)"),
-        switch("--isolate", neg=("--no-isolate",), field="isolate", env="LLAMACTOR_ISOLATE",
-               help="run the engine in a child process that is restarted, requests resumed, if it dies"),
-        opt("--watchdog-s", field="watchdog_s", value="S", env="LLAMACTOR_WATCHDOG_S", parse=float,
-            help="--isolate: a decode step running this long ends the engine process (0 = off)"),
-        opt("--engine-max-restarts", field="engine_max_restarts", env="LLAMACTOR_ENGINE_MAX_RESTARTS", parse=int,
-            help="--isolate: engine restarts allowed within 60 s; past it requests fail and /health stays 503"),
-        opt("--resume", field="resume", value="exact|fast", env="LLAMACTOR_RESUME", parse=_choice("exact", "fast"),
-            help="--isolate: a resumed request replays its delivered tokens one step at a time (exact: greedy "
-                 "output unchanged) or prefills them with its prompt (fast: a shorter pause, may diverge)"),
-        opt("--resume-max", field="resume_max", env="LLAMACTOR_RESUME_MAX", parse=int,
-            help="--isolate: times one request may be resumed after engine deaths"),
-        opt("--rpc-fallback", field="rpc_fallback", value="local", env="LLAMACTOR_RPC_FALLBACK",
-            parse=_choice("local"),
-            help="--isolate: when a ggml-rpc worker stays away --rpc-wait-s, load the whole model locally"),
-        opt("--rpc-wait-s", field="rpc_wait_s", value="S", env="LLAMACTOR_RPC_WAIT_S", parse=float,
-            help="--rpc-fallback: seconds to wait for a missing worker first (30)"),
-        opt("--engine-hooks", field="engine_hooks", value="MODULE:CLASS", env="LLAMACTOR_ENGINE_HOOKS",
-            help="--isolate: group hooks made in the engine process (tests, chaos)"),
-        switch("--profile", field="profile", env="LLAMACTOR_PIPE_PROF"),
-        opt("--record-trace", field="record_trace", value="FILE", env="LLAMACTOR_RECORD_TRACE",
-            help="write arrivals and decode-step timings as JSON lines, for `llamactor replay` (BE-5)"),
-        opt("--embedding-parallel", field="embedding_parallel", env="LLAMACTOR_EMBEDDING_PARALLEL", parse=int,
-            help="inputs packed into one embedding decode"),
-    )),
+    Group(
+        "llamactor process",
+        Use.PROCESS,
+        "",
+        (
+            opt(
+                "--log-format",
+                field="log_format",
+                value="auto|json|text",
+                env="LLAMACTOR_LOG_FORMAT",
+                parse=_choice("auto", "json", "text"),
+            ),
+        ),
+    ),
+    Group(
+        "llamactor",
+        Use.CONFIG,
+        "",
+        (
+            opt(
+                "--pipeline-groups",
+                field="pipeline_groups",
+                env="LLAMA_ARG_PIPELINE_GROUPS",
+                parse=int,
+                help="N contexts over one model's weights (pipeline groups: N batches in flight, for a layer split)",
+            ),
+            opt(
+                "--scheduler",
+                field="scheduler",
+                value="NAME",
+                env="LLAMACTOR_SCHEDULER",
+                help="policy name, module:Class or path/to/file.py:Class",
+            ),
+            opt(
+                "--scheduler-option",
+                field="scheduler_options",
+                value="KEY=VALUE",
+                parse=_scheduler_option,
+                many=True,
+                convert=dict,
+                help="an option for the scheduling policy, passed to its constructor (repeatable; "
+                "numbers and true/false are converted)",
+            ),
+            opt(
+                "--prefill-budget",
+                field="prefill_budget",
+                env="LLAMACTOR_PREFILL_BUDGET",
+                parse=int,
+                help="stall-free, adaptive: a fixed number of prompt tokens per step while streams generate",
+            ),
+            opt(
+                "--target-itl-ms",
+                field="target_itl_ms",
+                value="MS",
+                env="LLAMACTOR_TARGET_ITL_MS",
+                parse=float,
+                help="stall-free, adaptive: the inter-token target the prompt budget keeps (adaptive: 200)",
+            ),
+            opt(
+                "--target-ttft-ms",
+                field="target_ttft_ms",
+                value="MS",
+                env="LLAMACTOR_TARGET_TTFT_MS",
+                parse=float,
+                help="adaptive: the first-token target prompts are ordered and hurried by (default 2000)",
+            ),
+            opt(
+                "--cohort-max-generate-ms",
+                field="cohort_max_generate_ms",
+                value="MS",
+                env="LLAMACTOR_COHORT_MAX_GENERATE_MS",
+                parse=float,
+                help="cohort: hand the engine to the next cohort's prefill after this long (0 = drain)",
+            ),
+            opt("--queue-size", field="queue_size", env="LLAMACTOR_QUEUE_SIZE", parse=int),
+            opt(
+                "--shutdown-timeout",
+                field="shutdown_timeout",
+                value="S",
+                env="LLAMACTOR_SHUTDOWN_TIMEOUT",
+                parse=float,
+                help="on SIGTERM: stop admitting (503) and give the requests in flight this long to finish (30)",
+            ),
+            switch(
+                "--isolate",
+                neg=("--no-isolate",),
+                field="isolate",
+                env="LLAMACTOR_ISOLATE",
+                help="run the engine in a child process that is restarted, requests resumed, if it dies",
+            ),
+            opt(
+                "--watchdog-s",
+                field="watchdog_s",
+                value="S",
+                env="LLAMACTOR_WATCHDOG_S",
+                parse=float,
+                help="--isolate: a decode step running this long ends the engine process (0 = off)",
+            ),
+            opt(
+                "--engine-max-restarts",
+                field="engine_max_restarts",
+                env="LLAMACTOR_ENGINE_MAX_RESTARTS",
+                parse=int,
+                help="--isolate: engine restarts allowed within 60 s; past it requests fail and /health stays 503",
+            ),
+            opt(
+                "--resume",
+                field="resume",
+                value="exact|fast",
+                env="LLAMACTOR_RESUME",
+                parse=_choice("exact", "fast"),
+                help="--isolate: a resumed request replays its delivered tokens one step at a time (exact: greedy "
+                "output unchanged) or prefills them with its prompt (fast: a shorter pause, may diverge)",
+            ),
+            opt(
+                "--resume-max",
+                field="resume_max",
+                env="LLAMACTOR_RESUME_MAX",
+                parse=int,
+                help="--isolate: times one request may be resumed after engine deaths",
+            ),
+            opt(
+                "--rpc-fallback",
+                field="rpc_fallback",
+                value="local",
+                env="LLAMACTOR_RPC_FALLBACK",
+                parse=_choice("local"),
+                help="--isolate: when a ggml-rpc worker stays away --rpc-wait-s, load the whole model locally",
+            ),
+            opt(
+                "--rpc-wait-s",
+                field="rpc_wait_s",
+                value="S",
+                env="LLAMACTOR_RPC_WAIT_S",
+                parse=float,
+                help="--rpc-fallback: seconds to wait for a missing worker first (30)",
+            ),
+            opt(
+                "--engine-hooks",
+                field="engine_hooks",
+                value="MODULE:CLASS",
+                env="LLAMACTOR_ENGINE_HOOKS",
+                help="--isolate: group hooks made in the engine process (tests, chaos)",
+            ),
+            switch("--profile", field="profile", env="LLAMACTOR_PIPE_PROF"),
+            opt(
+                "--record-trace",
+                field="record_trace",
+                value="FILE",
+                env="LLAMACTOR_RECORD_TRACE",
+                help="write arrivals and decode-step timings as JSON lines, for `llamactor replay`",
+            ),
+            opt(
+                "--embedding-parallel",
+                field="embedding_parallel",
+                env="LLAMACTOR_EMBEDDING_PARALLEL",
+                parse=int,
+                help="inputs packed into one embedding decode",
+            ),
+        ),
+    ),
 )
 
 
 def markdown_table() -> str:
     """The README's "llama-server flags" table, from this module's groups."""
-    verdict = {Use.CONFIG: "supported", Use.SAMPLING: "supported (server default)", Use.PROCESS: "supported",
-               Use.IGNORE: "accepted, ignored", Use.REFUSE: "refused (exit 2)"}
+    verdict = {
+        Use.CONFIG: "supported",
+        Use.SAMPLING: "supported (server default)",
+        Use.PROCESS: "supported",
+        Use.IGNORE: "accepted, ignored",
+        Use.REFUSE: "refused (exit 2)",
+    }
     rows = ["| Flags | What llamactor does | Why |", "|---|---|---|"]
     for group in GROUPS:
         if group.title.startswith("llamactor"):

@@ -91,3 +91,5 @@ def use_template(rt: Runtime, source: str) -> None:
     old = rt.chat_template
     assert old is not None
     rt.chat_template = ChatTemplate(source, bos_token=old.bos_token, eos_token=old.eos_token)
+    assert rt.admission is not None
+    rt.admission.template = rt.chat_template  # admission renders the chats

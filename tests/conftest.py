@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from tinymodel import write_tiny_model
 
 from llamactor.runtime import Runtime, RuntimeConfig
-from tinymodel import write_tiny_model
 
 TEST_THREADS = 1  # one thread: no spin-barrier stalls when the 2 cores are shared
 TEST_N_CTX = 4096
@@ -33,8 +33,15 @@ def make_config(tiny_model: Path):
     """``make_config(parallel=8, ...)``: a RuntimeConfig over the tiny model with test sizes."""
 
     def make(**overrides: Any) -> RuntimeConfig:
-        base = RuntimeConfig(model=tiny_model, n_ctx=TEST_N_CTX, parallel=4, threads=TEST_THREADS, n_batch=512,
-                             n_ubatch=512, isolate=False)  # in this process: hooks reach it; tests of issue 14 isolate
+        base = RuntimeConfig(
+            model=tiny_model,
+            n_ctx=TEST_N_CTX,
+            parallel=4,
+            threads=TEST_THREADS,
+            n_batch=512,
+            n_ubatch=512,
+            isolate=False,
+        )  # in this process: hooks reach it; engine-isolation tests isolate
         return replace(base, **overrides)
 
     return make
@@ -96,8 +103,9 @@ async def greedy_over_http(url: str, prompts: list[str], n_predict: int) -> list
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
         async def one(i: int) -> None:
-            r = await client.post("/completion", json={"prompt": prompts[i], "n_predict": n_predict,
-                                                        "temperature": 0, "ignore_eos": True})
+            r = await client.post(
+                "/completion", json={"prompt": prompts[i], "n_predict": n_predict, "temperature": 0, "ignore_eos": True}
+            )
             assert r.status_code == 200, r.text
             out[i] = r.json()["tokens"]
 
@@ -114,8 +122,16 @@ async def wait_until(predicate, timeout_s: float = 10.0, poll_s: float = 0.005) 
             await anyio.sleep(poll_s)
 
 
-async def greedy_together(config: RuntimeConfig, prompts: list[str], n_predict: int,
-                          groups_used: set[int] | None = None) -> list[list[int]]:
+async def slots_free(rt: Runtime, timeout_s: float = 10.0) -> None:
+    """Wait until no slot serves a request (``await rt.slots()``: an engine in its own process too)."""
+    with anyio.fail_after(timeout_s):
+        while any(s.busy for s in await rt.slots()):
+            await anyio.sleep(0.005)
+
+
+async def greedy_together(
+    config: RuntimeConfig, prompts: list[str], n_predict: int, groups_used: set[int] | None = None
+) -> list[list[int]]:
     """``greedy_over_http`` with every request in its group before decoding goes on.
 
     Decode steps wait (test hooks) until the supervisor has assigned all the requests, so the
@@ -139,9 +155,8 @@ async def greedy_together(config: RuntimeConfig, prompts: list[str], n_predict: 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
             try:
-                await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
-                groups_used.update(s["group"] for s in rt.slots() if s["is_processing"])
+                await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
+                groups_used.update(s.group for s in rt.engine.slot_states() if s.busy)
             finally:
                 faults.hold.set()
         return out
-

@@ -1,5 +1,5 @@
 """Hooks made inside the engine process (``engine_hooks="…/enginehooks.py:Class"``): tests of
-issue 14 perturb an engine they cannot reach otherwise. Standalone (loaded by file path in the
+the isolated engine perturb an engine they cannot reach otherwise. Standalone (loaded by file path in the
 child). ``LLAMACTOR_TEST_MARKS`` names a folder where each engine process leaves a mark, so a
 hook can act in the first engine only."""
 
@@ -37,6 +37,7 @@ class HangOnce(_Quiet):
     def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
         self.steps += 1
         if self.hang and self.steps == 30:
+            (Path(os.environ["LLAMACTOR_TEST_MARKS"]) / "hung").touch()  # what a test waits for
             time.sleep(3600)
 
 

@@ -27,6 +27,7 @@ class Faults:
         self.decode_groups: set[int] | None = None  # groups whose decode may fail or hold (None: all)
         self.hold: threading.Event | None = None  # decode steps wait on this event
         self.hold_groups: set[int] | None = None
+        self.holding: set[int] = set()  # groups whose decode step waits on ``hold`` right now
         self.poison: dict[str, TaskPredicate] = {}  # point ("assign", "sample", "send") -> which tasks fail
         self.on_step: Callable[[Any, Any], None] | None = None
 
@@ -39,8 +40,14 @@ class Faults:
     def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
         hold = self.hold
         if hold is not None and self._mine(self.hold_groups, group):
+            self.holding.add(group)
             hold.wait()
-        if self.fail_decode > 0 and self._mine(self.decode_groups, group) and self.fail_decode_when(n_prompt, n_generate):
+            self.holding.discard(group)
+        if (
+            self.fail_decode > 0
+            and self._mine(self.decode_groups, group)
+            and self.fail_decode_when(n_prompt, n_generate)
+        ):
             self.fail_decode -= 1
             raise EngineError("injected decode failure")
 

@@ -1,4 +1,4 @@
-"""The layering check (issue 10): one direction of dependencies, no import cycles.
+"""The layering check: one direction of dependencies, no import cycles.
 
 Layers, lowest first; a module may import its own layer and the ones below, never above:
 
@@ -7,8 +7,13 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
                  llamactor.runtime.engine.*      the llama.cpp bindings (model, context, sampling)
     2 actors     llamactor.actors.*              supervisor, groups, coordinator, policies
     3 service    llamactor.runtime.service.*     Runtime facade, admission, config, metrics
-    4 app        llamactor.runtime.http.*, llamactor.runtime.cli, llamactor.runtime.api,
+    4 app        llamactor.runtime.http.*, llamactor.runtime.cli*, llamactor.runtime.api,
                  llamactor.runtime (the public surface), llamactor.ops.*
+
+The table is pyproject's import-linter contract (``[tool.importlinter]``, id "layers"), read
+from there: ``lint-imports`` (run by ``make test``) and this AST walk check the same rules.
+The walk adds what the contracts do not say: an import cycle between modules of different
+packages, and a layer for every module (so no new module escapes the contract).
 
 Every import statement counts, at module level or inside a function, under TYPE_CHECKING or
 not. Importing ``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b`` too; those implicit parent
@@ -19,26 +24,36 @@ fresh-interpreter test, which checks what an import really loads).
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+import re
+import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# Folder of the repository -> the package it installs as (pyproject's package-dir).
-PACKAGE_DIRS = {
-    "protocol": "llamactor.protocol",
-    "runtime": "llamactor.runtime",
-    "actors": "llamactor.actors",
-    "ops": "llamactor.ops",
-}
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+_CONFIG = tomllib.loads(PYPROJECT.read_text())["tool"]
 
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("protocol", ("llamactor.protocol",)),
-    ("core", ("llamactor.runtime.kernel", "llamactor.runtime.engine")),
-    ("actors", ("llamactor.actors",)),
-    ("service", ("llamactor.runtime.service",)),
-    ("app", ("llamactor.runtime.http", "llamactor.runtime.cli", "llamactor.runtime.api", "llamactor.runtime",
-             "llamactor.ops")),
-)
+# Folder of the repository -> the package it installs as (pyproject's package-dir).
+PACKAGE_DIRS: dict[str, str] = {folder: package for package, folder in _CONFIG["setuptools"]["package-dir"].items()}
+
+LAYER_NAMES = ("protocol", "core", "actors", "service", "app")
+
+# The contract cannot list llamactor.runtime itself (the lower layers live under it): the package
+# module, the embedding API's lazy names, is of the top layer (and the "public-surface" contract
+# keeps the layers below from importing it).
+PUBLIC_SURFACE = "llamactor.runtime"
+
+
+def contract_layers(config: Mapping[str, object] = _CONFIG) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The import-linter "layers" contract as (name, module prefixes) pairs, lowest first."""
+    contracts = config["importlinter"]["contracts"]  # type: ignore[index]
+    (contract,) = [c for c in contracts if c["id"] == "layers"]
+    rows = [tuple(m.strip() for m in re.split(r"[:|]", layer)) for layer in reversed(contract["layers"])]
+    assert len(rows) == len(LAYER_NAMES), f"name the {len(rows)} layers of the contract in LAYER_NAMES"
+    return tuple(zip(LAYER_NAMES, rows))
+
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = contract_layers()
 
 
 @dataclass(frozen=True)
@@ -88,8 +103,11 @@ def _absolute(module: str, is_pkg: bool, target: str | None, level: int) -> str:
     return ".".join([*base, target] if target else base)
 
 
-def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> int:
-    """Index of the layer with the longest matching prefix; -1 outside every layer."""
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int:
+    """Index of the layer with the longest matching prefix (the public surface: the top one);
+    -1 outside every layer."""
+    if module == PUBLIC_SURFACE:
+        return len(layers) - 1
     best, best_len = -1, -1
     for i, (_, prefixes) in enumerate(layers):
         for p in prefixes:
@@ -98,20 +116,24 @@ def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS
     return best
 
 
-def violations(root: Path, package_dirs: Mapping[str, str] = PACKAGE_DIRS,
-               layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
-    """Upward imports and imports of bare top-level names (``import runtime``)."""
+def violations(
+    root: Path, package_dirs: Mapping[str, str] = PACKAGE_DIRS, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[str]:
+    """Modules in no layer, upward imports and imports of bare top-level names (``import runtime``)."""
     mods = modules(root, package_dirs)
     bare = {p.split(".")[-1] for p in package_dirs.values()}
-    out: list[str] = []
+    out = [f"{m} is in no layer (add it to pyproject's layers contract)" for m in mods if layer_of(m, layers) < 0]
     for imp in imports(mods):
+        if layer_of(imp.source, layers) < 0:
+            continue  # reported above
         if imp.target.split(".")[0] in bare:
             out.append(f"{imp.source}:{imp.line} imports the bare package {imp.target!r}")
             continue
         src, dst = layer_of(imp.source, layers), layer_of(imp.target, layers)
         if dst > src:
-            out.append(f"{imp.source}:{imp.line} ({layers[src][0]}) imports {imp.target} ({layers[dst][0]}), "
-                       f"a higher layer")
+            out.append(
+                f"{imp.source}:{imp.line} ({layers[src][0]}) imports {imp.target} ({layers[dst][0]}), a higher layer"
+            )
     return out
 
 

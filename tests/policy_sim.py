@@ -3,15 +3,22 @@
 Each ``step()``: deliver pending phase events to the policy (optionally one step late, as the
 real coordinator's message hop may be), ask for a plan, apply it (prompt tokens consumed,
 tokens generated), and record it. Used by the property-based test of every policy.
+A request takes its slot by the supervisor's rule and the policy's view is built as the live
+group builds it (``actors.scheduling``: ``choose_slots``, ``group_view``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan
+import numpy as np
+
+from llamactor.actors.policy import GroupView, Policy, StepPlan
+from llamactor.actors.scheduling import SlotEntry, SlotSnapshot, choose_slots, group_view
 from llamactor.actors.trace import StepRecord
 from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
 @dataclass
@@ -42,15 +49,19 @@ class GroupSim:
     _order: int = 0
 
     def free_slot(self) -> int | None:
-        return next((i for i in range(self.n_slots) if i not in self.slots), None)
+        """The slot the supervisor's rule gives a new request (no cached prompts here)."""
+        table = [SlotEntry(i, 0, i, busy=i in self.slots) for i in range(self.n_slots)]
+        ids = choose_slots(table, _NO_TOKENS)
+        return None if ids is None else ids[0]
 
     def arrive(self, prompt: int, generate: int) -> bool:
         local = self.free_slot()
         if local is None:
             return False
         self._order += 1
-        self.slots[local] = SimSlot(local, self._order, prompt, generate, arrived=float(len(self.trace)),
-                                    n_prompt=prompt)
+        self.slots[local] = SimSlot(
+            local, self._order, prompt, generate, arrived=float(len(self.trace)), n_prompt=prompt
+        )
         self._event(PhaseKind.ARRIVED, local, self._order)
         return True
 
@@ -70,10 +81,13 @@ class GroupSim:
                 self.grant = g
 
     def view(self) -> GroupView:
-        views = tuple(SlotView(s.local, s.phase, s.prompt_left, s.order, -1, s.arrived, s.n_prompt,
-                               s.generated, s.first_token_at)
-                      for s in sorted(self.slots.values(), key=lambda s: s.order))
-        return GroupView(0, self.n_batch, views, float(len(self.trace)), 0.01, 1.0)
+        busy = (
+            SlotSnapshot(
+                s.local, s.phase, s.prompt_left, s.order, -1, s.arrived, s.n_prompt, s.generated, s.first_token_at
+            )
+            for s in self.slots.values()
+        )
+        return group_view(0, self.n_batch, busy, float(len(self.trace)), 0.01, 1.0)
 
     def step(self) -> StepPlan:
         if not self.lag:
@@ -82,8 +96,9 @@ class GroupSim:
         if self.lag:
             self._deliver()
         prefill = tuple(local for local, _ in plan.prefill)
-        cohorts = {local: self.policy.cohort_of(self.slots[local].order)
-                   for local in (*prefill, *plan.generate, *plan.release)}
+        cohorts = {
+            local: self.policy.cohort_of(self.slots[local].order) for local in (*prefill, *plan.generate, *plan.release)
+        }
         self.trace.append(StepRecord(0, len(self.trace), prefill, plan.generate, plan.release, cohorts))
         assert sum(k for _, k in plan.prefill) + len(plan.generate) <= self.n_batch
         for local, k in plan.prefill:

@@ -1,4 +1,4 @@
-"""The benchmark harness (SPEC section 8) against the in-process server on the tiny model.
+"""The benchmark harness (``llamactor bench``) against the in-process server on the tiny model.
 
 The harness's figures are checked for consistency, not for speed: token counts equal to what
 the server reports, TTFT within request latency, no negative or NaN figure, failures counted.
@@ -12,8 +12,8 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from conftest import open_server
+
 from llamactor.ops.apis import SseDecoder
 from llamactor.ops.client import parse_metric
 from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
@@ -61,12 +61,13 @@ def assert_request_consistent(rec: RequestRecord, npp: int, ntg: int, api: str =
     assert all(g >= 0 for g in rec.gaps_s())
 
 
-# ---- closed loop (BE-1) --------------------------------------------------------------------
+# ---- closed loop ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["native", "openai"])
 async def test_closed_loop_counts_match_server(make_config, api: str) -> None:
-    """BE-1: closed-loop users; generated tokens equal the server's tokens_predicted delta
+    """Closed-loop users; generated tokens equal the server's tokens_predicted delta
     (0 % difference), TTFT <= latency for every request, no negative or NaN figure."""
     async with open_server(make_config(parallel=4)) as (_, url):
         res = await run_workload(url, closed(common=Common(api=api)))
@@ -83,7 +84,7 @@ async def test_closed_loop_counts_match_server(make_config, api: str) -> None:
 
 
 async def test_failed_requests_are_counted(make_config) -> None:
-    """BE-1: requests refused by a full queue (HTTP 503) count as failed, with their error; the
+    """Requests refused by a full queue (HTTP 503) count as failed, with their error; the
     cross-check still matches because refused requests generate nothing."""
     async with open_server(make_config(parallel=1, queue_size=0)) as (_, url):
         res = await run_workload(url, closed(users=4, requests=1, ntg=24))
@@ -94,13 +95,29 @@ async def test_failed_requests_are_counted(make_config) -> None:
     assert any("failed" in line for line in notes([run_of(url, res)]))
 
 
+@pytest.mark.slow
 async def test_cli_bench_json_subprocess(make_config) -> None:
-    """BE-1: ``llamactor bench --json`` as a user runs it: exit 0, one run, figures consistent."""
+    """``llamactor bench --json`` as a user runs it: exit 0, one run, figures consistent."""
     import anyio
 
     async with open_server(make_config(parallel=4)) as (_, url):
-        cmd = [sys.executable, "-m", "llamactor.runtime.cli", "bench", "--url", url, "--users", "2", "--requests", "2",
-               "--npp", str(NPP), "--ntg", str(NTG), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "llamactor.runtime.cli",
+            "bench",
+            "--url",
+            url,
+            "--users",
+            "2",
+            "--requests",
+            "2",
+            "--npp",
+            str(NPP),
+            "--ntg",
+            str(NTG),
+            "--json",
+        ]
         proc = await anyio.run_process(cmd, check=False)
     assert proc.returncode == 0, proc.stderr.decode()
     out = json.loads(proc.stdout)
@@ -112,30 +129,40 @@ async def test_cli_bench_json_subprocess(make_config) -> None:
     assert_sane(out["runs"], "runs")
 
 
+@pytest.mark.slow
 async def test_vs_alternates_servers_and_prints_ratios(make_config) -> None:
-    """BE-1: ``--vs`` runs A B A B with the same prompts per pair and gives per-pair B/A ratios
+    """``--vs`` runs A B A B with the same prompts per pair and gives per-pair B/A ratios
     and their median, for each point of a sweep."""
     async with open_server(make_config(parallel=2)) as (_, url_a), open_server(make_config(parallel=2)) as (_, url_b):
         points = parse_sweep("users=1,2", closed(requests=1, ntg=8))
-        runs = await run_matrix([Target("A", url_a), Target("B", url_b)], points, 2,
-                                lambda label, n: NoProgress(label, n))
+        runs = await run_matrix(
+            [Target("A", url_a), Target("B", url_b)], points, 2, lambda label, n: NoProgress(label, n)
+        )
     assert [(r.point, r.pair, r.target.label) for r in runs] == [
-        (p, pair, t) for p in ("users=1", "users=2") for pair in (0, 1) for t in ("A", "B")]
+        (p, pair, t) for p in ("users=1", "users=2") for pair in (0, 1) for t in ("A", "B")
+    ]
     for r in runs:
         assert r.result.failed == 0 and r.result.cross_check.diff_percent == 0.0
     # the same prompts went to A and B within a pair: same lengths and token counts as sent
     ratios = pair_ratios(runs)
     assert [(x.point, x.pair) for x in ratios] == [
-        ("users=1", 0), ("users=1", 1), ("users=1", None), ("users=2", 0), ("users=2", 1), ("users=2", None)]
+        ("users=1", 0),
+        ("users=1", 1),
+        ("users=1", None),
+        ("users=2", 0),
+        ("users=2", 1),
+        ("users=2", None),
+    ]
     assert all(v is not None and v > 0 for x in ratios for v in x.ratios.values())
     assert "median" in render_ratios(ratios) and "users=2" in render_runs(runs)
 
 
-# ---- scheduling workloads (BE-2) ------------------------------------------------------------
+# ---- scheduling workloads -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_mixed_workload(make_config) -> None:
-    """BE-2: streams generate while long prompts arrive at set times; reports stream gap
+    """Streams generate while long prompts arrive at set times; reports stream gap
     p50/p99/max, arrival TTFT, prefill tok/s and makespan, and that arrivals met the streams."""
     wl = Mixed(streams=2, npp=8, ntg=400, arrival_npp=600, arrival_ntg=4, arrivals_s=(0.01, 0.03))
     async with open_server(make_config(parallel=4, n_batch=128, n_ubatch=128)) as (_, url):
@@ -153,12 +180,12 @@ async def test_mixed_workload(make_config) -> None:
     assert res.prefill_tok_s > 0
     assert res.makespan_s * 1000 >= max(res.arrival_ttft_ms)
     assert res.cross_check.diff_percent == 0.0
-    assert res.slo.n == 4 and 0 <= res.slo.goodput_share <= 1  # BE-4: goodput over streams and arrivals
+    assert res.slo.n == 4 and 0 <= res.slo.goodput_share <= 1  # goodput over streams and arrivals
     assert_sane(res.figures(), "figures")
 
 
 async def test_cohort_workload(make_config) -> None:
-    """BE-2: prompts of unequal length (several n_batch chunks each) arrive together; time
+    """Prompts of unequal length (several n_batch chunks each) arrive together; time
     until every prompt is prefilled is the largest TTFT; generation tok/s and makespan."""
     wl = Cohort(npps=(150, 300, 600), ntg=16)
     async with open_server(make_config(parallel=4, n_batch=128, n_ubatch=128)) as (_, url):
@@ -179,16 +206,16 @@ async def test_cohort_workload(make_config) -> None:
 
 
 def test_sse_decoder_handles_any_split() -> None:
-    """BE-1: events are decoded the same whatever the network chunking."""
+    """Events are decoded the same whatever the network chunking."""
     stream = b'data: {"a": 1}\r\n\r\n: comment\n\ndata: {"b": 2}\n\nerror: {"c": 3}\n\n'
     whole = SseDecoder().feed(stream)
     assert whole == [(b"data", b'{"a": 1}'), (b"data", b'{"b": 2}'), (b"error", b'{"c": 3}')]
     dec = SseDecoder()
-    assert [ev for i in range(len(stream)) for ev in dec.feed(stream[i:i + 1])] == whole
+    assert [ev for i in range(len(stream)) for ev in dec.feed(stream[i : i + 1])] == whole
 
 
 def test_http1_chunked_parser_handles_any_split() -> None:
-    """BE-1: the lean client undoes chunked framing for any split, with receive times kept."""
+    """The lean client undoes chunked framing for any split, with receive times kept."""
     import asyncio
 
     body = [b'data: {"x": 1}\n\n', b'data: {"x": 22}\n\n']
@@ -206,7 +233,7 @@ def test_http1_chunked_parser_handles_any_split() -> None:
         conn.connection_made(FakeTransport())  # type: ignore[arg-type]
         done = conn.send(b"", lambda status, piece, now: got.extend(piece))
         for i in range(0, len(wire), step):
-            conn.data_received(wire[i:i + step])
+            conn.data_received(wire[i : i + step])
         assert await done == 200 and conn.reusable
         return bytes(got)
 
@@ -215,9 +242,11 @@ def test_http1_chunked_parser_handles_any_split() -> None:
 
 
 def test_metric_parse_sums_series() -> None:
-    """BE-1: tokens_predicted_total is summed over group-labelled series, or read unlabelled."""
-    labelled = ('# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total{group="0"} 12.0\n'
-                'llamacpp:tokens_predicted_total{group="1"} 30.0\nllamacpp:tokens_predicted_seconds_total 9.0\n')
+    """tokens_predicted_total is summed over group-labelled series, or read unlabelled."""
+    labelled = (
+        '# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total{group="0"} 12.0\n'
+        'llamacpp:tokens_predicted_total{group="1"} 30.0\nllamacpp:tokens_predicted_seconds_total 9.0\n'
+    )
     assert parse_metric(labelled, "llamacpp:tokens_predicted_total") == 42.0
     assert parse_metric("llamacpp:tokens_predicted_total 7\n", "llamacpp:tokens_predicted_total") == 7.0
     assert parse_metric("other 1\n", "llamacpp:tokens_predicted_total") is None
@@ -226,7 +255,7 @@ def test_metric_parse_sums_series() -> None:
 
 
 def test_prompts_distinct_and_deterministic() -> None:
-    """BE-1: prompts are exact ids, pairwise distinct, and the same for the same seed."""
+    """Prompts are exact ids, pairwise distinct, and the same for the same seed."""
     a, b = PromptSource([5, 6], seed=1), PromptSource([5, 6], seed=1)
     drawn = [a.take(6) for _ in range(40)]
     assert len({tuple(p) for p in drawn}) == 40 and all(len(p) == 6 for p in drawn)

@@ -1,4 +1,4 @@
-"""BE-3 / BE-4 workloads of ``llamactor bench`` (burst, shared-prefix, chat, poisson) and the
+"""The chat and traffic-shape workloads of ``llamactor bench`` (burst, shared-prefix, chat, poisson) and the
 latency / goodput figures every workload reports, against the in-process tiny-model server.
 
 Consistency, not speed: token counts equal the server's counters, goodput within [0, 1],
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from conftest import open_server
+
 from llamactor.ops.bench import EXIT_USAGE, add_bench_parser, run_bench, workload_from_args
 from llamactor.ops.chatload import Chat, ChatFeed
 from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep
@@ -62,16 +62,33 @@ def assert_latency_sane(fig: dict, n_ok: int | None = None) -> None:
     assert fig["goodput_rps"] == pytest.approx(fig["goodput"] * (n_ok or fig["ok"]) / fig["makespan_s"], rel=1e-6)
 
 
-# ---- burst (BE-4) -----------------------------------------------------------------------------
+# ---- burst ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_burst_cli_vs_reports_latency_goodput_and_ratios(make_config, capsys) -> None:
-    """BE-4 burst through ``llamactor bench --workload burst --vs``: every run's tokens equal the
+    """Burst through ``llamactor bench --workload burst --vs``: every run's tokens equal the
     server's counter, TTFT/ITL/makespan/goodput in the figures, and B/A of TTFT mean/p50, ITL
     p99, makespan and goodput in the ratios."""
     async with open_server(make_config(parallel=4)) as (_, url_a), open_server(make_config(parallel=4)) as (_, url_b):
-        rc, out, err = await run_cli(capsys, "--url", url_a, "--vs", url_b, "--workload", "burst", "--users", "3",
-                                     "--requests", "2", "--npp", "48", "--ntg", "8", "--json")
+        rc, out, err = await run_cli(
+            capsys,
+            "--url",
+            url_a,
+            "--vs",
+            url_b,
+            "--workload",
+            "burst",
+            "--users",
+            "3",
+            "--requests",
+            "2",
+            "--npp",
+            "48",
+            "--ntg",
+            "8",
+            "--json",
+        )
     assert rc == 0, err
     doc = json_of(out)
     assert [r["server"] for r in doc["runs"]] == ["A", "B"]
@@ -87,25 +104,34 @@ async def test_burst_cli_vs_reports_latency_goodput_and_ratios(make_config, caps
 
 
 def test_burst_and_shared_prefix_defaults() -> None:
-    """BE-4: burst defaults to 32 users x 2 requests of 1000 prompt tokens and 64 generated;
+    """Burst defaults to 32 users x 2 requests of 1000 prompt tokens and 64 generated;
     shared-prefix to a 1000-token prefix with 32-token suffixes; chat to 24 x 4 turns."""
     assert workload_from_args(bench_args("--url", NO_SERVER, "--workload", "burst")) == Burst()
     assert (Burst().users, Burst().requests, Burst().npp, Burst().ntg) == (32, 2, 1000, 64)
     sp = workload_from_args(bench_args("--url", NO_SERVER, "--workload", "shared-prefix"))
     assert isinstance(sp, SharedPrefix) and (sp.prefix_npp, sp.npp, sp.users) == (1000, 32, 32)
-    chat = workload_from_args(bench_args("--url", NO_SERVER, "--workload", "chat", "--conversations", "9",
-                                         "--turns", "2", "--prefix-npp", "5"))
+    chat = workload_from_args(
+        bench_args(
+            "--url", NO_SERVER, "--workload", "chat", "--conversations", "9", "--turns", "2", "--prefix-npp", "5"
+        )
+    )
     assert chat == Chat(conversations=9, turns=2, prefix_npp=5)
     assert (Chat().conversations, Chat().turns, Chat().users, Chat().prefix_npp, Chat().npp, Chat().ntg) == (
-        24, 4, 8, 200, 64, 64)
+        24,
+        4,
+        8,
+        200,
+        64,
+        64,
+    )
     assert workload_from_args(bench_args("--url", NO_SERVER)) == ClosedLoop()
 
 
-# ---- shared prefix (BE-4) ---------------------------------------------------------------------
+# ---- shared prefix ----------------------------------------------------------------------------
 
 
 def test_shared_prefix_plan() -> None:
-    """BE-4: every measured prompt is the one prefix + a distinct suffix, sent with cache_prompt;
+    """Every measured prompt is the one prefix + a distinct suffix, sent with cache_prompt;
     warm-up prompts do not start with the prefix (the measured phase starts cold)."""
     wl = SharedPrefix(users=3, requests=2, prefix_npp=20, npp=4, ntg=3, common=Common(warmup=1))
     warm, jobs = wl.plan(PromptSource(range(1, 50), seed=3))
@@ -117,7 +143,7 @@ def test_shared_prefix_plan() -> None:
 
 
 async def test_shared_prefix_workload(make_config) -> None:
-    """BE-4 shared-prefix against the server: token counts equal the server's, prompt tokens the
+    """Shared prefix against the server: token counts equal the server's, prompt tokens the
     server processed (its llamacpp:prompt_tokens_total) fewer than sent, as it reuses the prefix."""
     wl = SharedPrefix(users=3, requests=2, prefix_npp=96, npp=8, ntg=8)
     async with open_server(make_config(parallel=4)) as (_, url):
@@ -133,19 +159,25 @@ async def test_shared_prefix_workload(make_config) -> None:
     assert "prompt processed" in render_runs([Run(Target("A", url), None, 0, res)])
 
 
-# ---- chat (BE-3) --------------------------------------------------------------------------------
+# ---- chat ---------------------------------------------------------------------------------------
 
 
 async def test_chat_feed_history_order_and_waiting() -> None:
-    """BE-3: turns go round-robin across conversations; a turn's prompt is the system text, the
+    """Turns go round-robin across conversations; a turn's prompt is the system text, the
     earlier user texts and replies, and the new text; a turn waits while its conversation's
     previous turn is in flight; a failed turn skips the rest of its conversation."""
     system, texts = [1, 1], [[[10], [11], [12]], [[20], [21], [22]]]
     feed = ChatFeed(system, texts, ntg=2)
 
     def reply(req: Request, ids: list[int], ok: bool = True) -> None:
-        rec = RequestRecord(sent_s=1.0, n_prompt_sent=len(req.prompt), token_ids=ids, n_generated_server=len(ids),
-                            done_s=2.0 if ok else None, error=None if ok else "HTTP 500")
+        rec = RequestRecord(
+            sent_s=1.0,
+            n_prompt_sent=len(req.prompt),
+            token_ids=ids,
+            n_generated_server=len(ids),
+            done_s=2.0 if ok else None,
+            error=None if ok else "HTTP 500",
+        )
         feed.done(req, rec)
 
     a, b = await feed.take(), await feed.take()
@@ -161,10 +193,10 @@ async def test_chat_feed_history_order_and_waiting() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker)
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # the worker is parked in take()
         assert got == []
         reply(b, [7, 8], ok=False)  # (1, 0) fails: (1, 1) and (1, 2) are skipped
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()
         assert got == []  # now at (0, 2), waiting for (0, 1)
         reply(c, [9, 9])
     (last,) = got
@@ -175,7 +207,7 @@ async def test_chat_feed_history_order_and_waiting() -> None:
 
 
 async def test_chat_workload(make_config) -> None:
-    """BE-3 chat against the server: more conversations than slots; each turn's prompt holds
+    """Chat against the server: more conversations than slots; each turn's prompt holds
     the history with the server's replies; first and later turns reported apart; prompt tokens
     processed (server counter) <= sent; generated tokens equal the server's counter."""
     wl = Chat(conversations=5, turns=3, users=2, prefix_npp=16, npp=8, ntg=6)
@@ -200,11 +232,11 @@ async def test_chat_workload(make_config) -> None:
     assert doc["runs"][0]["result"]["later_turns"]["n"] == 10
 
 
-# ---- poisson (BE-4) -------------------------------------------------------------------------------
+# ---- poisson --------------------------------------------------------------------------------------
 
 
 def test_arrival_times_deterministic_with_the_right_mean_gap() -> None:
-    """BE-4: open-loop arrivals: the first at 0, exponential gaps of mean 1/rate, the same for
+    """Open-loop arrivals: the first at 0, exponential gaps of mean 1/rate, the same for
     a seed and different for another."""
     a = arrival_times(4001, 20.0, seed=7)
     assert a == arrival_times(4001, 20.0, seed=7) and a != arrival_times(4001, 20.0, seed=8)
@@ -219,7 +251,7 @@ def test_arrival_times_deterministic_with_the_right_mean_gap() -> None:
 
 
 def test_length_distributions_parse_and_draw() -> None:
-    """BE-4: fixed:N, uniform:LO:HI (inclusive), lognormal:MEDIAN:SIGMA (clamped to >= 1)."""
+    """fixed:N, uniform:LO:HI (inclusive), lognormal:MEDIAN:SIGMA (clamped to >= 1)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -230,23 +262,35 @@ def test_length_distributions_parse_and_draw() -> None:
     assert sorted(logn)[1000] == pytest.approx(200, rel=0.1) and min(logn) >= 1
     assert min(LengthDist.parse("lognormal:1:4", "--ntg-dist").draw(rng, 500)) == 1
     assert [str(LengthDist.parse(s, "x")) for s in ("fixed:5", "uniform:3:7", "lognormal:200:0.5")] == [
-        "fixed:5", "uniform:3:7", "lognormal:200:0.5"]
-    for bad in ("uniform:5", "lognormal:x:1", "fixed:0", "uniform:9:3", "gauss:1:2", "fixed:1.5", "lognormal:0:1",
-                "lognormal:5:-1", "fixed", ""):
+        "fixed:5",
+        "uniform:3:7",
+        "lognormal:200:0.5",
+    ]
+    for bad in (
+        "uniform:5",
+        "lognormal:x:1",
+        "fixed:0",
+        "uniform:9:3",
+        "gauss:1:2",
+        "fixed:1.5",
+        "lognormal:0:1",
+        "lognormal:5:-1",
+        "fixed",
+        "",
+    ):
         with pytest.raises(ValueError, match="--npp-dist"):
             LengthDist.parse(bad, "--npp-dist")
 
 
 def test_lengths_file_cycles_and_keeps_times(tmp_path: Path) -> None:
-    """BE-4 --lengths: JSONL lines cycled to --requests; with "at" the file's own arrival times,
+    """--lengths: JSONL lines cycled to --requests; with "at" the file's own arrival times,
     repeated one mean gap after the last; without, Poisson arrivals at --rate."""
     timed = tmp_path / "timed.jsonl"
     timed.write_text('{"npp": 4, "ntg": 2, "at": 0.5}\n\n{"npp": 6, "ntg": 3, "at": 0}\n')
     shapes = load_lengths(str(timed))
     assert shapes == (Shape(4, 2, 0.5), Shape(6, 3, 0.0))
     wl = Poisson(requests=5, lengths=shapes, lengths_file=str(timed))
-    assert wl.schedule() == [Shape(6, 3, 0.0), Shape(4, 2, 0.5), Shape(6, 3, 0.75), Shape(4, 2, 1.25),
-                             Shape(6, 3, 1.5)]
+    assert wl.schedule() == [Shape(6, 3, 0.0), Shape(4, 2, 0.5), Shape(6, 3, 0.75), Shape(4, 2, 1.25), Shape(6, 3, 1.5)]
     plain = tmp_path / "plain.jsonl"
     plain.write_text('{"npp": 4, "ntg": 2}\n{"npp": 6, "ntg": 3}\n')
     sched = Poisson(rate=10.0, requests=3, lengths=load_lengths(str(plain))).schedule()
@@ -257,10 +301,14 @@ def test_lengths_file_cycles_and_keeps_times(tmp_path: Path) -> None:
 
 
 async def test_poisson_workload_open_loop(make_config) -> None:
-    """BE-4 poisson against the server: every request leaves at its own arrival time (open
+    """Poisson against the server: every request leaves at its own arrival time (open
     loop), with the drawn prompt and output lengths; tokens equal the server's counter."""
-    wl = Poisson(rate=40.0, requests=8, npp_dist=LengthDist.parse("uniform:8:24", "--npp-dist"),
-                 ntg_dist=LengthDist.parse("lognormal:6:0.5", "--ntg-dist"))
+    wl = Poisson(
+        rate=40.0,
+        requests=8,
+        npp_dist=LengthDist.parse("uniform:8:24", "--npp-dist"),
+        ntg_dist=LengthDist.parse("lognormal:6:0.5", "--ntg-dist"),
+    )
     sched = wl.schedule()
     async with open_server(make_config(parallel=4)) as (_, url):
         res = await run_workload(url, wl)
@@ -276,13 +324,27 @@ async def test_poisson_workload_open_loop(make_config) -> None:
 
 
 async def test_poisson_cli_with_a_timed_lengths_file(make_config, capsys, tmp_path: Path) -> None:
-    """BE-4 ``--workload poisson --lengths FILE`` through the CLI: lines cycled to --requests,
+    """``--workload poisson --lengths FILE`` through the CLI: lines cycled to --requests,
     their "at" times used; the cross-check holds."""
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"npp": 12, "ntg": 4, "at": 0}\n{"npp": 20, "ntg": 5, "at": 0.02}\n')
     async with open_server(make_config(parallel=4)) as (_, url):
-        rc, out, err = await run_cli(capsys, "--url", url, "--workload", "poisson", "--lengths", str(trace),
-                                     "--requests", "5", "--slo-ttft-ms", "5000", "--slo-itl-ms", "500", "--json")
+        rc, out, err = await run_cli(
+            capsys,
+            "--url",
+            url,
+            "--workload",
+            "poisson",
+            "--lengths",
+            str(trace),
+            "--requests",
+            "5",
+            "--slo-ttft-ms",
+            "5000",
+            "--slo-itl-ms",
+            "500",
+            "--json",
+        )
     assert rc == 0, err
     (run,) = json_of(out)["runs"]
     fig = run["figures"]
@@ -292,7 +354,7 @@ async def test_poisson_cli_with_a_timed_lengths_file(make_config, capsys, tmp_pa
 
 
 def test_sweep_over_rate() -> None:
-    """BE-4: ``--sweep rate=...`` gives one poisson point per rate (floats allowed)."""
+    """``--sweep rate=...`` gives one poisson point per rate (floats allowed)."""
     points = parse_sweep("rate=1,2.5", Poisson(rate=1.0, requests=4))
     assert [(p, w.rate) for p, w in points] == [("rate=1.0", 1.0), ("rate=2.5", 2.5)]
     wl = workload_from_args(bench_args("--url", NO_SERVER, "--workload", "poisson", "--sweep", "rate=3,4"))
@@ -304,39 +366,48 @@ def test_sweep_over_rate() -> None:
 # ---- bad specs ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["--workload", "poisson", "--rate", "2", "--npp-dist", "uniform:5"], "--npp-dist"),
-    (["--workload", "poisson", "--rate", "2", "--ntg-dist", "lognormal:x:1"], "--ntg-dist"),
-    (["--workload", "poisson", "--rate", "0"], "--rate"),
-    (["--workload", "poisson"], "--rate"),
-    (["--workload", "poisson", "--lengths", "/nonexistent/lengths.jsonl"], "--lengths"),
-    (["--workload", "poisson", "--rate", "1", "--npp", "5", "--npp-dist", "fixed:3"], "--npp"),
-    (["--workload", "poisson", "--rate", "1", "--requests", "0"], "--requests"),
-    (["--workload", "chat", "--api", "openai"], "--api"),
-    (["--workload", "chat", "--turns", "0"], "--turns"),
-    (["--workload", "chat", "--conversations", "0"], "--conversations"),
-    (["--workload", "shared-prefix", "--prefix-npp", "0"], "--prefix-npp"),
-    (["--workload", "burst", "--users", "0"], "--users"),
-    (["--slo-ttft-ms", "0"], "--slo-ttft-ms"),
-    (["--slo-itl-ms", "-5"], "--slo-itl-ms"),
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--workload", "poisson", "--rate", "2", "--npp-dist", "uniform:5"], "--npp-dist"),
+        (["--workload", "poisson", "--rate", "2", "--ntg-dist", "lognormal:x:1"], "--ntg-dist"),
+        (["--workload", "poisson", "--rate", "0"], "--rate"),
+        (["--workload", "poisson"], "--rate"),
+        (["--workload", "poisson", "--lengths", "/nonexistent/lengths.jsonl"], "--lengths"),
+        (["--workload", "poisson", "--rate", "1", "--npp", "5", "--npp-dist", "fixed:3"], "--npp"),
+        (["--workload", "poisson", "--rate", "1", "--requests", "0"], "--requests"),
+        (["--workload", "chat", "--api", "openai"], "--api"),
+        (["--workload", "chat", "--turns", "0"], "--turns"),
+        (["--workload", "chat", "--conversations", "0"], "--conversations"),
+        (["--workload", "shared-prefix", "--prefix-npp", "0"], "--prefix-npp"),
+        (["--workload", "burst", "--users", "0"], "--users"),
+        (["--slo-ttft-ms", "0"], "--slo-ttft-ms"),
+        (["--slo-itl-ms", "-5"], "--slo-itl-ms"),
+    ],
+)
 async def test_bad_specs_exit_2_naming_the_flag(capsys, argv: list[str], flag: str) -> None:
-    """BE-4: a bad workload setting exits 2 before any request, with a message naming the flag."""
+    """A bad workload setting exits 2 before any request, with a message naming the flag."""
     rc, out, err = await run_cli(capsys, "--url", NO_SERVER, *argv)
     assert rc == EXIT_USAGE and out == ""
     assert flag in err and err.startswith("llamactor bench: error:")
 
 
 async def test_bad_lengths_file_lines_exit_2(capsys, tmp_path: Path) -> None:
-    """BE-4 --lengths: a line that is not {"npp": int >= 1, "ntg": int >= 1[, "at": s >= 0]}, an
+    """--lengths: a line that is not {"npp": int >= 1, "ntg": int >= 1[, "at": s >= 0]}, an
     empty file, or "at" on some lines only: exit 2 naming --lengths and the line."""
-    for text, why in (('{"npp": 4}\n', "line 1"), ('{"npp": 4, "ntg": 2}\nnot json\n', "line 2"),
-                      ('{"npp": 0, "ntg": 2}\n', "npp"), ('{"npp": 4, "ntg": 2, "at": -1}\n', "at"),
-                      ("\n", "no lines"), ('{"npp": 4, "ntg": 2, "at": 1}\n{"npp": 4, "ntg": 2}\n', "all or none")):
+    for text, why in (
+        ('{"npp": 4}\n', "line 1"),
+        ('{"npp": 4, "ntg": 2}\nnot json\n', "line 2"),
+        ('{"npp": 0, "ntg": 2}\n', "npp"),
+        ('{"npp": 4, "ntg": 2, "at": -1}\n', "at"),
+        ("\n", "no lines"),
+        ('{"npp": 4, "ntg": 2, "at": 1}\n{"npp": 4, "ntg": 2}\n', "all or none"),
+    ):
         path = tmp_path / "bad.jsonl"
         path.write_text(text)
-        rc, _, err = await run_cli(capsys, "--url", NO_SERVER, "--workload", "poisson", "--rate", "1",
-                                   "--lengths", str(path))
+        rc, _, err = await run_cli(
+            capsys, "--url", NO_SERVER, "--workload", "poisson", "--rate", "1", "--lengths", str(path)
+        )
         assert rc == EXIT_USAGE and "--lengths" in err and why in err, (text, err)
 
 
@@ -344,11 +415,17 @@ async def test_bad_lengths_file_lines_exit_2(capsys, tmp_path: Path) -> None:
 
 
 def test_latency_report_edge_cases() -> None:
-    """BE-4 goodput: no samples gives no figures (not 0 or NaN); a single-token request is
+    """Goodput: no samples gives no figures (not 0 or NaN); a single-token request is
     judged on TTFT alone; a failed request counts in the total and is never good."""
     empty = LatencyReport.of([], 0.0)
     assert (empty.n, empty.good, empty.goodput_share, empty.goodput_rps, empty.ttft_p50_ms, empty.itl_p99_ms) == (
-        0, 0, None, None, None, None)
+        0,
+        0,
+        None,
+        None,
+        None,
+        None,
+    )
     single = Sample(ok=True, ttft_s=0.5, gaps_s=[], n_generated=1)
     assert single.tpot_s is None and single.good(2000, 150) and not single.good(400, 150)
     failed = Sample(ok=False, ttft_s=0.1, gaps_s=[0.01], n_generated=2)
@@ -357,8 +434,9 @@ def test_latency_report_edge_cases() -> None:
     assert (rep.n, rep.good, rep.goodput_share, rep.goodput_rps) == (3, 1, pytest.approx(1 / 3), 0.5)
     assert rep.ttft_p50_ms == pytest.approx(300.0) and rep.itl_p99_ms == pytest.approx(200.0)  # failed: no figures
     # the client's records: a failed request (never finished) becomes a never-good sample
-    ok_rec = RequestRecord(sent_s=0.0, n_prompt_sent=4, event_times=[0.1, 0.15], event_tokens=[1, 1], done_s=0.15,
-                           n_generated_server=2)
+    ok_rec = RequestRecord(
+        sent_s=0.0, n_prompt_sent=4, event_times=[0.1, 0.15], event_tokens=[1, 1], done_s=0.15, n_generated_server=2
+    )
     failed_rec = RequestRecord(sent_s=0.0, n_prompt_sent=4, event_times=[0.1], event_tokens=[1], error="HTTP 503")
     assert sample_of(failed_rec).ok is False and sample_of(ok_rec).tpot_s == pytest.approx(0.05)
     rep = latency_of([ok_rec, failed_rec], 1.0, Common(slo_ttft_ms=200, slo_itl_ms=60))
@@ -367,7 +445,7 @@ def test_latency_report_edge_cases() -> None:
 
 
 async def test_closed_loop_reports_goodput_in_table_json_and_ratios(make_config) -> None:
-    """BE-4 item: the old closed workload reports TTFT mean/p50/p99, ITL p50/p99, makespan and
+    """The old closed workload reports TTFT mean/p50/p99, ITL p50/p99, makespan and
     goodput (table, JSON) and compares TTFT, ITL p99, makespan and goodput under --vs."""
     async with open_server(make_config(parallel=2)) as (_, url):
         a = await run_workload(url, ClosedLoop(users=2, requests=2, npp=8, ntg=6))

@@ -1,4 +1,4 @@
-"""``llamactor serve`` as a user runs it: a real process on loopback (API-1, CLI flags, env)."""
+"""``llamactor serve`` as a user runs it: a real process on loopback (/health, CLI flags, env)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import httpx
-
+import pytest
 from conftest import free_port
+
+pytestmark = pytest.mark.slow  # a server subprocess per test
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 STARTUP_TIMEOUT_S = 30
@@ -39,7 +41,9 @@ def test_serve_process_end_to_end(tiny_model: Path):
     env = {**os.environ, "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "2048"}
     proc = subprocess.Popen(
         [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "--metrics"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -54,12 +58,12 @@ def test_serve_process_end_to_end(tiny_model: Path):
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err.decode()
     logs = err.decode()
-    assert '"event": "request_done"' in logs  # JSON logs when stderr is not a TTY (AC-7)
+    assert '"event": "request_done"' in logs  # JSON logs when stderr is not a TTY
     assert '"n_predicted": 5' in logs
 
 
 def test_serve_refuses_bad_configuration(tiny_model: Path):
-    """Startup errors are clear and name the values (PG-8 style), exit code 2."""
+    """Startup errors are clear and name the values, exit code 2."""
     cases = [
         (["-np", "3", "--pipeline-groups", "2"], "--parallel (3) must be a multiple of --pipeline-groups (2)"),
         (["-np", "2", "--pipeline-groups", "4"], "--pipeline-groups (4) must not exceed --parallel (2)"),
@@ -67,8 +71,11 @@ def test_serve_refuses_bad_configuration(tiny_model: Path):
         (["--scheduler", "nope"], "unknown scheduler 'nope'"),
     ]
     for flags, message in cases:
-        proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), *flags],
-                              capture_output=True, timeout=30)
+        proc = subprocess.run(
+            [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), *flags],
+            capture_output=True,
+            timeout=30,
+        )
         assert proc.returncode == 2, (flags, proc.stderr)
         assert message in proc.stderr.decode(), proc.stderr.decode()
     proc = subprocess.run([*LLAMACTOR, "serve", "-m", "/nonexistent.gguf"], capture_output=True, timeout=30)
@@ -78,9 +85,25 @@ def test_serve_refuses_bad_configuration(tiny_model: Path):
 def _serve_from(cwd: Path, tiny_model: Path, scheduler: str) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "llamactor"), "serve", "-m", str(tiny_model), "--port", str(port),
-         "-t", "1", "-np", "2", "-c", "2048", "--scheduler", scheduler],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            str(Path(sys.executable).parent / "llamactor"),
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "-np",
+            "2",
+            "-c",
+            "2048",
+            "--scheduler",
+            scheduler,
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -95,7 +118,7 @@ def _serve_from(cwd: Path, tiny_model: Path, scheduler: str) -> None:
 
 
 def test_scheduler_by_file_path_from_another_directory(tiny_model: Path, tmp_path: Path):
-    """Issue 10 check 4: the console script, started outside the repository, loads a policy by
+    """The console script, started outside the repository, loads a policy by
     absolute file path; and by module path from its working directory (as uvicorn does)."""
     example = Path(__file__).resolve().parent.parent / "examples" / "custom_policy.py"
     _serve_from(tmp_path, tiny_model, f"{example}:ShortestPromptFirst")

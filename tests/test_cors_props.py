@@ -1,4 +1,4 @@
-"""CORS (API-14, API-16) and /props (API-14) as llama-server: its default CORS headers on every
+"""CORS and /props as llama-server: its default CORS headers on every
 response, OPTIONS preflight on every path without an API key, the --cors-* flags, POST /props
 (501 unless --props) and the GET /props fields llama-server sends.
 """
@@ -10,12 +10,15 @@ from conftest import open_server
 from serveargs import parse_serve as _parse
 
 ORIGIN = "http://example.com"
-PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type"}
+PREFLIGHT = {
+    "Origin": ORIGIN,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
 
 
 async def test_cors_defaults_and_preflight_without_key(make_config) -> None:
-    """API-16: llama-server's defaults (origins *, credentials on: the Origin is echoed; methods
+    """llama-server's defaults (origins *, credentials on: the Origin is echoed; methods
     "GET, POST, DELETE, OPTIONS"; headers *). OPTIONS on any path is a 200 with an empty body
     even with --api-key; other responses, a 401 included, carry Allow-Origin."""
     async with open_server(make_config(parallel=1, api_key="sekret")) as (_rt, url):
@@ -31,30 +34,48 @@ async def test_cors_defaults_and_preflight_without_key(make_config) -> None:
             denied = await client.get("/props", headers={"Origin": ORIGIN})
             assert denied.status_code == 401
             assert denied.headers["access-control-allow-origin"] == ORIGIN
-            ok = await client.post("/completion", json={"prompt": "Hi", "n_predict": 2},
-                                   headers={"Origin": ORIGIN, "Authorization": "Bearer sekret"})
+            ok = await client.post(
+                "/completion",
+                json={"prompt": "Hi", "n_predict": 2},
+                headers={"Origin": ORIGIN, "Authorization": "Bearer sekret"},
+            )
             assert ok.status_code == 200
             assert ok.headers["access-control-allow-origin"] == ORIGIN
             assert ok.headers.get("access-control-allow-credentials") is None  # preflight only, as llama-server
 
 
 async def test_cors_flags(make_config) -> None:
-    """API-14: --cors-origins/--cors-methods/--cors-headers/--no-cors-credentials (and their
+    """--cors-origins/--cors-methods/--cors-headers/--no-cors-credentials (and their
     LLAMA_ARG_* variables) set what the responses say; "localhost" reflects only local origins."""
-    opts = _parse(["--cors-origins", "https://a.example", "--cors-methods", "GET, POST", "--no-cors-credentials"],
-                  {"LLAMA_ARG_CORS_HEADERS": "content-type"})
+    opts = _parse(
+        ["--cors-origins", "https://a.example", "--cors-methods", "GET, POST", "--no-cors-credentials"],
+        {"LLAMA_ARG_CORS_HEADERS": "content-type"},
+    )
     cfg = opts.config
     assert (cfg.cors_origins, cfg.cors_methods, cfg.cors_headers, cfg.cors_credentials) == (
-        "https://a.example", "GET, POST", "content-type", False)
-    async with open_server(make_config(parallel=1, cors_origins=cfg.cors_origins, cors_methods=cfg.cors_methods,
-                                       cors_headers=cfg.cors_headers, cors_credentials=False)) as (_rt, url):
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            r = await client.options("/v1/models", headers=PREFLIGHT)
-            assert r.headers["access-control-allow-origin"] == "https://a.example"
-            assert r.headers["access-control-allow-credentials"] == "false"
-            assert r.headers["access-control-allow-methods"] == "GET, POST"
-            assert r.headers["access-control-allow-headers"] == "content-type"
-            assert (await client.get("/health")).headers["access-control-allow-origin"] == "https://a.example"
+        "https://a.example",
+        "GET, POST",
+        "content-type",
+        False,
+    )
+    async with (
+        open_server(
+            make_config(
+                parallel=1,
+                cors_origins=cfg.cors_origins,
+                cors_methods=cfg.cors_methods,
+                cors_headers=cfg.cors_headers,
+                cors_credentials=False,
+            )
+        ) as (_rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        r = await client.options("/v1/models", headers=PREFLIGHT)
+        assert r.headers["access-control-allow-origin"] == "https://a.example"
+        assert r.headers["access-control-allow-credentials"] == "false"
+        assert r.headers["access-control-allow-methods"] == "GET, POST"
+        assert r.headers["access-control-allow-headers"] == "content-type"
+        assert (await client.get("/health")).headers["access-control-allow-origin"] == "https://a.example"
     assert _parse(["--cors-origins", "localhost"]).config.cors_origins == "localhost"
     async with open_server(make_config(parallel=1, cors_origins="localhost")) as (_rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -65,7 +86,7 @@ async def test_cors_flags(make_config) -> None:
 
 
 async def test_post_props(make_config) -> None:
-    """API-14: POST /props is llama-server's 501 not_supported_error unless --props, then
+    """POST /props is llama-server's 501 not_supported_error unless --props, then
     {"success": true}; GET /props reports endpoint_props."""
     async with open_server(make_config(parallel=1)) as (_rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -73,8 +94,9 @@ async def test_post_props(make_config) -> None:
             assert r.status_code == 501
             err = r.json()["error"]
             assert err["type"] == "not_supported_error"
-            assert err["message"] == ("This server does not support changing global properties. "
-                                      "Start it with `--props`")
+            assert err["message"] == (
+                "This server does not support changing global properties. Start it with `--props`"
+            )
             assert (await client.get("/props")).json()["endpoint_props"] is False
     assert _parse(["--props"]).config.endpoint_props is True
     assert _parse([], {"LLAMA_ARG_ENDPOINT_PROPS": "1"}).config.endpoint_props is True
@@ -88,13 +110,28 @@ async def test_post_props(make_config) -> None:
 
 
 async def test_get_props_has_llama_server_fields(make_config) -> None:
-    """API-16: GET /props carries llama-server's get_res_props fields (ours kept too)."""
+    """GET /props carries llama-server's get_res_props fields (ours kept too)."""
     async with open_server(make_config(parallel=2, webui=False)) as (_rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             props = (await client.get("/props")).json()
-    for key in ("default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
-                "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
-                "bos_token", "eos_token", "build_info", "is_sleeping", "cors_proxy_enabled"):
+    for key in (
+        "default_generation_settings",
+        "total_slots",
+        "model_alias",
+        "model_path",
+        "modalities",
+        "endpoint_slots",
+        "endpoint_props",
+        "endpoint_metrics",
+        "ui",
+        "ui_settings",
+        "chat_template",
+        "bos_token",
+        "eos_token",
+        "build_info",
+        "is_sleeping",
+        "cors_proxy_enabled",
+    ):
         assert key in props, key
     assert props["modalities"] == {"vision": False, "video": False, "audio": False}
     assert (props["bos_token"], props["eos_token"]) == ("<|bos|>", "<|eos|>")

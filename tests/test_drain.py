@@ -1,4 +1,4 @@
-"""Graceful drain (issue 14, check 5): SIGTERM during streams lets them finish, refuses new
+"""Graceful drain of the isolated engine: SIGTERM during streams lets them finish, refuses new
 requests with 503, and exits 0."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-
 from conftest import free_port, wait_until
+from test_cli import LLAMACTOR, _wait_ready
+
 from llamactor.protocol.errors import Unavailable
 from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime
-from test_cli import LLAMACTOR, _wait_ready
+
+pytestmark = pytest.mark.slow  # a server subprocess drained by a signal
 
 N_STREAMS = 8
 N_PREDICT = 900
@@ -44,9 +46,24 @@ def _stream(url: str, out: list, started: threading.Barrier) -> None:
 def test_sigterm_drains_streams_refuses_new_requests_and_exits_0(tiny_model: Path):
     port = free_port()
     proc = subprocess.Popen(
-        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "-np", str(N_STREAMS),
-         "-c", str(N_STREAMS * 1024), "--shutdown-timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            *LLAMACTOR,
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "-np",
+            str(N_STREAMS),
+            "-c",
+            str(N_STREAMS * 1024),
+            "--shutdown-timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     results: list = []
@@ -75,7 +92,6 @@ def test_sigterm_drains_streams_refuses_new_requests_and_exits_0(tiny_model: Pat
         assert final is not None and final["tokens_predicted"] == N_PREDICT, logs[-2000:]
     assert proc.returncode == 0, logs[-2000:]
     assert '"event": "drained"' in logs
-
 
 
 async def test_runtime_drain_in_an_embedding_app(make_config):

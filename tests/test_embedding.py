@@ -1,4 +1,4 @@
-"""The embedding API (SPEC section 7): the example app, the public surface, lifecycle misuse."""
+"""The embedding API (the runtime inside a host app): the example app, the public surface, lifecycle misuse."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import llamactor.runtime as runtime
+from llamactor import runtime
 from llamactor.runtime import ConfigError, Runtime, RuntimeConfig, Unavailable
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -24,32 +24,91 @@ def _load_example(name: str):
 
 
 async def test_embed_example_app(make_config):
-    """SPEC 7: examples/embed_app.py runs the runtime in the app's lifespan; both routes work."""
+    """examples/embed_app.py runs the runtime in the app's lifespan; both routes work."""
     app = _load_example("embed_app").create_app(make_config())
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             r = await client.get("/hello", params={"name": "Ada"})
             assert r.status_code == 200 and r.json()["tokens"] == 16
-            r = await client.post("/llm/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
-            })
+            r = await client.post(
+                "/llm/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+            )
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
+async def test_embed_example_app_streams_refuses_and_cancels(make_config):
+    """The example's streaming route over a real server: a prompt too long for a slot is a 400
+    with the reason (before any byte), and a client that leaves mid-stream cancels its request:
+    it ends a few steps after (the time the server takes to see the connection close; the
+    runtime itself stops a request within one step of the app leaving its loop,
+    test_embedding_api.py), far short of the 64 tokens it asked for."""
+    from conftest import serve_app, wait_until
+
+    app = _load_example("embed_app").create_app(make_config(n_ctx=4096))
+    rt = app.state.runtime
+    async with serve_app(app, ready_path="/llm/health") as url:  # hypercorn runs its lifespan
+        steps = rt.engine.metrics.groups[0]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            r = await client.get("/story", params={"topic": "word " * 2000})
+            assert r.status_code == 400 and "slot context" in r.json()["error"]
+            r = await client.get("/story", params={"topic": "the sea"})
+            assert r.status_code == 200 and r.text
+            async with client.stream("GET", "/story", params={"topic": "a long walk"}) as response:
+                async for _ in response.aiter_bytes():
+                    left_at = steps.n_decode
+                    break  # the client leaves after its first bytes
+        await wait_until(lambda: rt.in_flight() == 0)
+        assert steps.n_decode - left_at <= 16
+
+
 def test_public_surface_is_exact():
-    """STYLE: the public surface of ``runtime`` is explicit and asserted."""
+    """The public surface of ``llamactor.runtime`` is explicit and asserted."""
     assert sorted(runtime.__all__) == [
-        "ChatResult", "Choice", "Closed", "Completion", "ConfigError", "EmbeddingResult", "EngineError",
-        "ExceedContextSize", "LlamactorError", "NotFound", "NotSupported", "Overloaded", "Ranked", "RequestError",
-        "RequestHandle", "Runtime", "RuntimeConfig", "RuntimeState", "SlotBusy", "Unauthorized", "Unavailable",
+        "ChatResult",
+        "Choice",
+        "Closed",
+        "Completion",
+        "ConfigError",
+        "Done",
+        "EmbeddingResult",
+        "EngineError",
+        "EngineStatus",
+        "EventStream",
+        "ExceedContextSize",
+        "GenerationRequest",
+        "InfillChunk",
+        "InfillParts",
+        "LlamactorError",
+        "LoraScale",
+        "NotFound",
+        "NotSupported",
+        "Overloaded",
+        "Progress",
+        "Ranked",
+        "RequestError",
+        "RequestHandle",
+        "Runtime",
+        "RuntimeConfig",
+        "RuntimeState",
+        "SlotActionResult",
+        "SlotBusy",
+        "SlotState",
+        "Token",
+        "Unauthorized",
+        "Unavailable",
     ]
     for name in runtime.__all__:
         assert hasattr(runtime, name)
 
 
 async def test_stream_and_complete_agree(make_config):
-    """SPEC 7: rt.stream yields the tokens rt.complete returns."""
+    """rt.stream yields the tokens rt.complete returns."""
     async with Runtime.open(make_config()) as rt:
         full = await rt.complete("Hello", max_tokens=10, temperature=0)
         events = [e async for e in rt.stream("Hello", max_tokens=10, temperature=0)]
@@ -61,7 +120,7 @@ async def test_stream_and_complete_agree(make_config):
 async def test_misuse_raises_clear_errors(make_config, tmp_path):
     """Lifecycle misuse: submit before open; bad config refused at open with a message naming the value."""
     rt = Runtime(make_config())
-    with pytest.raises(Unavailable, match="Loading model"):
+    with pytest.raises(Unavailable, match="not open"):
         await rt.complete("x")
     with pytest.raises(ConfigError, match="model file not found"):
         async with Runtime.open(RuntimeConfig(model=tmp_path / "missing.gguf")):

@@ -1,4 +1,4 @@
-"""Embeddings and rerank (API-10, API-11): the OpenAI client, llama-server's native shapes,
+"""Embeddings and rerank: the OpenAI client, llama-server's native shapes,
 ``Runtime.embed``/``Runtime.rerank``, bad input, and chat served beside embeddings.
 
 The tiny LLaMA model serves embeddings with ``--pooling mean|last|none``; rerank runs on a tiny
@@ -16,14 +16,14 @@ import anyio
 import httpx
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
-
 from conftest import open_server, wait_until
+from openai import AsyncOpenAI
+from tinyreranker import write_tiny_reranker
+
 from llamactor.protocol.errors import ConfigError, NotSupported, RequestError
 from llamactor.runtime import Runtime
 from llamactor.runtime.engine.embedding import EmbeddingContext, gguf_tensor_names, normalize, rerank_tokens
 from llamactor.runtime.service.embeddings import MAX_EMBEDDING_INPUTS
-from tinyreranker import write_tiny_reranker
 
 N_EMBD = 64
 FOX = "The quick brown fox jumps over the lazy dog"
@@ -60,8 +60,9 @@ def _vec(x) -> np.ndarray:
 # ---- OpenAI client -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_openai_client_embeddings_shapes_and_values(emb_config):
-    """API-10 with the real openai client: equal inputs equal, different inputs different, unit norm,
+    """Embeddings with the real openai client: equal inputs equal, different inputs different, unit norm,
     base64 (the client's default) decodes to the floats, token ids equal the text they tokenize to."""
     async with open_server(emb_config()) as (rt, url), _client(url) as client:
         resp = await client.embeddings.create(input=[FOX, FOX, HELLO], model="tiny-embed", encoding_format="float")
@@ -78,8 +79,9 @@ async def test_openai_client_embeddings_shapes_and_values(emb_config):
         assert resp.usage.prompt_tokens == resp.usage.total_tokens == 2 * len(fox_ids) + len(hello_ids)
 
         # the same input alone, as floats and as base64 (what the client asks for by default)
-        single = await client.embeddings.create(input=FOX, model="m", encoding_format="float", dimensions=N_EMBD,
-                                                user="someone")
+        single = await client.embeddings.create(
+            input=FOX, model="m", encoding_format="float", dimensions=N_EMBD, user="someone"
+        )
         default = await client.embeddings.create(input=FOX, model="m")
         assert len(single.data) == len(default.data) == 1
         assert _vec(default.data[0].embedding).tolist() == _vec(single.data[0].embedding).tolist()
@@ -94,7 +96,7 @@ async def test_openai_client_embeddings_shapes_and_values(emb_config):
 
 
 async def test_base64_over_http_is_little_endian_float32(emb_config):
-    """API-10: ``encoding_format: base64`` carries the same float32 values as ``float``."""
+    """``encoding_format: base64`` carries the same float32 values as ``float``."""
     async with open_server(emb_config()) as (_rt, url), httpx.AsyncClient(base_url=url) as http:
         floats = (await http.post("/v1/embeddings", json={"input": [FOX, HELLO]})).json()
         b64 = (await http.post("/v1/embeddings", json={"input": [FOX, HELLO], "encoding_format": "base64"})).json()
@@ -109,7 +111,7 @@ async def test_base64_over_http_is_little_endian_float32(emb_config):
 
 
 async def test_native_embedding_endpoints(emb_config):
-    """API-10 native: /embedding and /embeddings answer ``[{index, embedding: [[...]]}]``;
+    """Native embeddings: /embedding and /embeddings answer ``[{index, embedding: [[...]]}]``;
     ``embd_normalize`` -1 (raw), 0 (max-abs int16), 1 (taxicab), 2 (default, euclidean), 3 (p-norm)."""
     async with open_server(emb_config()) as (_rt, url), httpx.AsyncClient(base_url=url) as http:
         one = (await http.post("/embedding", json={"content": FOX})).json()
@@ -120,11 +122,16 @@ async def test_native_embedding_endpoints(emb_config):
         assert [m["index"] for m in many] == [0, 1]
         np.testing.assert_allclose(_vec(many[0]["embedding"][0]), unit, atol=PACKED_ATOL)
 
-        raw = _vec((await http.post("/embedding", json={"content": FOX, "embd_normalize": -1})).json()[0]["embedding"][0])
+        raw = _vec(
+            (await http.post("/embedding", json={"content": FOX, "embd_normalize": -1})).json()[0]["embedding"][0]
+        )
         assert abs(float(np.linalg.norm(raw)) - 1) > 1e-3
         np.testing.assert_allclose(raw / np.linalg.norm(raw), unit, atol=1e-5)
-        for norm, check in ((0, lambda v: np.abs(v).max() - 32760.0), (1, lambda v: np.abs(v).sum() - 1.0),
-                            (3, lambda v: (np.abs(v.astype(np.float64)) ** 3).sum() - 1.0)):
+        for norm, check in (
+            (0, lambda v: np.abs(v).max() - 32760.0),
+            (1, lambda v: np.abs(v).sum() - 1.0),
+            (3, lambda v: (np.abs(v.astype(np.float64)) ** 3).sum() - 1.0),
+        ):
             body = (await http.post("/embeddings", json={"content": FOX, "embd_normalize": norm})).json()
             v = _vec(body[0]["embedding"][0])
             assert abs(float(check(v))) < 1e-2 * (32760 if norm == 0 else 1), norm
@@ -135,7 +142,7 @@ async def test_native_embedding_endpoints(emb_config):
 
 
 async def test_pooling_none_returns_token_vectors_and_refuses_openai(emb_config):
-    """API-10: ``--pooling none`` gives one unnormalized vector per token on the native API, and
+    """``--pooling none`` gives one unnormalized vector per token on the native API, and
     /v1/embeddings refuses it with llama-server's message."""
     async with open_server(emb_config(pooling="none")) as (rt, url), httpx.AsyncClient(base_url=url) as http:
         ids = await rt.tokenize(FOX, add_special=True)
@@ -153,7 +160,7 @@ async def test_pooling_none_returns_token_vectors_and_refuses_openai(emb_config)
 
 
 async def test_runtime_embed(emb_config):
-    """API-10 through the embedding API: ``Runtime.embed`` returns one vector per input, in order;
+    """Embeddings through the embedding API: ``Runtime.embed`` returns one vector per input, in order;
     pooling ``last`` differs from ``mean``; ``normalize=-1`` gives raw vectors."""
     async with Runtime.open(emb_config(pooling="last")) as rt:
         out = await rt.embed([FOX, HELLO, FOX])
@@ -173,11 +180,11 @@ async def test_runtime_embed(emb_config):
 
 
 async def test_many_inputs_are_packed_into_shared_decodes(emb_config):
-    """API-10 batching: 40 inputs over ``--embedding-parallel 8`` take 5 decodes, and each packed
+    """Embedding batching: 40 inputs over ``--embedding-parallel 8`` take 5 decodes, and each packed
     vector equals the input embedded alone."""
     async with Runtime.open(emb_config(embedding_parallel=8)) as rt:
         texts = [f"input number {i} {FOX[: i % 30]}" for i in range(40)]
-        actor = rt.embeddings.actor
+        actor = rt.engine.embedder.actor
         before = actor.statistics().steps
         out = await rt.embed(texts)
         assert actor.statistics().steps - before == 5
@@ -190,11 +197,15 @@ async def test_many_inputs_are_packed_into_shared_decodes(emb_config):
 
 
 async def test_embeddings_refused_without_embedding_flag(make_config):
-    """API-10 bad input: a server started without --embedding answers 501 not_supported_error (as
+    """Embeddings bad input: a server started without --embedding answers 501 not_supported_error (as
     llama-server), for every endpoint and ``Runtime.embed``; chat is unaffected."""
     async with open_server(make_config()) as (rt, url), httpx.AsyncClient(base_url=url) as http:
-        for path, body in (("/v1/embeddings", {"input": "x"}), ("/embedding", {"content": "x"}),
-                           ("/embeddings", {"content": "x"}), ("/rerank", {"query": "q", "documents": ["d"]})):
+        for path, body in (
+            ("/v1/embeddings", {"input": "x"}),
+            ("/embedding", {"content": "x"}),
+            ("/embeddings", {"content": "x"}),
+            ("/rerank", {"query": "q", "documents": ["d"]}),
+        ):
             r = await http.post(path, json=body)
             assert r.status_code == 501, path
             err = r.json()["error"]
@@ -206,6 +217,7 @@ async def test_embeddings_refused_without_embedding_flag(make_config):
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "body", "names"),
     [
@@ -213,7 +225,11 @@ async def test_embeddings_refused_without_embedding_flag(make_config):
         ("/v1/embeddings", {"input": ""}, "input[0] is an empty string"),
         ("/v1/embeddings", {"input": ["ok", ""]}, "input[1] is an empty string"),
         ("/v1/embeddings", {"input": [[]]}, "input[0] is an empty token list"),
-        ("/v1/embeddings", {"input": ["a"] * (MAX_EMBEDDING_INPUTS + 1)}, f'"input" has {MAX_EMBEDDING_INPUTS + 1} items'),
+        (
+            "/v1/embeddings",
+            {"input": ["a"] * (MAX_EMBEDDING_INPUTS + 1)},
+            f'"input" has {MAX_EMBEDDING_INPUTS + 1} items',
+        ),
         ("/v1/embeddings", {"input": "long " * 200}, "input[0] has"),
         ("/v1/embeddings", {"input": [[1, 2], [3, 99999]]}, "input[1]: token id 99999"),
         ("/v1/embeddings", {"input": [-1]}, "input[0]: token id -1"),
@@ -231,7 +247,7 @@ async def test_embeddings_refused_without_embedding_flag(make_config):
     ],
 )
 async def test_bad_embedding_input_is_a_400_naming_the_field(emb_config, path, body, names):
-    """API-10 bad input: each is a 4xx naming the field (and the item), and nothing else is lost:
+    """Embeddings bad input: each is a 4xx naming the field (and the item), and nothing else is lost:
     the next request is served. Inputs longer than the embedding batch (--ubatch-size) are refused."""
     async with open_server(emb_config(n_batch=128, n_ubatch=128)) as (rt, url), httpx.AsyncClient(base_url=url) as http:
         r = await http.post(path, json=body)
@@ -239,11 +255,11 @@ async def test_bad_embedding_input_is_a_400_naming_the_field(emb_config, path, b
         assert names in r.json()["error"]["message"], r.json()
         ok = await http.post("/v1/embeddings", json={"input": ["fine", "also fine"]})
         assert ok.status_code == 200 and len(ok.json()["data"]) == 2
-        assert rt.embeddings.actor.statistics().jobs == 0
+        assert rt.engine.embedder.actor.statistics().jobs == 0
 
 
 async def test_bad_input_through_the_embedding_api(emb_config):
-    """API-10 bad input via ``Runtime.embed``: RequestError naming the input."""
+    """Embeddings bad input via ``Runtime.embed``: RequestError naming the input."""
     async with Runtime.open(emb_config(n_batch=128, n_ubatch=128)) as rt:
         with pytest.raises(RequestError, match=r"input\[0\] has \d+ tokens; one input may have at most 128"):
             await rt.embed(["word " * 200])
@@ -255,15 +271,17 @@ async def test_bad_input_through_the_embedding_api(emb_config):
 
 
 async def test_config_refuses_bad_pooling_and_rank_without_a_head(make_config, tiny_model):
-    """API-11: --pooling rank on a model without a classifier head is refused at startup, naming
+    """--pooling rank on a model without a classifier head is refused at startup, naming
     the reason (llama.cpp would score with a hidden unit); unknown poolings are refused too."""
     assert "cls.output.weight" not in gguf_tensor_names(tiny_model)
     with pytest.raises(ConfigError, match="classifier head"):
         async with Runtime.open(make_config(embedding=True, pooling="rank")):
             pass
-    for bad, message in (({"pooling": "max"}, "--pooling must be one of"),
-                         ({"embedding_parallel": 0}, "--embedding-parallel must be between 1 and 256"),
-                         ({"embd_normalize": -2}, "--embd-normalize must be >= -1")):
+    for bad, message in (
+        ({"pooling": "max"}, "--pooling must be one of"),
+        ({"embedding_parallel": 0}, "--embedding-parallel must be between 1 and 256"),
+        ({"embd_normalize": -2}, "--embd-normalize must be >= -1"),
+    ):
         with pytest.raises(ConfigError, match=message):
             async with Runtime.open(make_config(embedding=True, **bad)):
                 pass
@@ -273,7 +291,7 @@ async def test_config_refuses_bad_pooling_and_rank_without_a_head(make_config, t
 
 
 async def test_rerank_over_http_and_runtime(make_config, tiny_reranker):
-    """API-11 on a tiny Qwen3 reranker whose GGUF pooling is rank: every alias answers
+    """Rerank on a tiny Qwen3 reranker whose GGUF pooling is rank: every alias answers
     ``results`` best first with ``relevance_score`` in (0, 1), ``top_n``, documents on request,
     the TEI shape for ``texts``; ``Runtime.rerank`` gives the same scores; chat works beside it."""
     cfg = make_config(model=tiny_reranker, parallel=2, embedding=True)
@@ -302,13 +320,15 @@ async def test_rerank_over_http_and_runtime(make_config, tiny_reranker):
 
         ranked = await rt.rerank(QUERY, DOCS, top_n=2)
         assert [x.index for x in ranked] == [x["index"] for x in full["results"][:2]]
-        np.testing.assert_allclose([x.score for x in ranked], [x["relevance_score"] for x in full["results"][:2]],
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            [x.score for x in ranked], [x["relevance_score"] for x in full["results"][:2]], atol=1e-5
+        )
 
         gen = await http.post("/completion", json={"prompt": "hi", "n_predict": 4, "ignore_eos": True})
         assert gen.status_code == 200 and gen.json()["tokens_predicted"] == 4  # generation from the same weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "names"),
     [
@@ -322,7 +342,7 @@ async def test_rerank_over_http_and_runtime(make_config, tiny_reranker):
     ],
 )
 async def test_bad_rerank_input(make_config, tiny_reranker, body, names):
-    """API-11 bad input: a 400 naming the field; the next request is served."""
+    """Rerank bad input: a 400 naming the field; the next request is served."""
     cfg = make_config(model=tiny_reranker, parallel=2, embedding=True)
     async with open_server(cfg) as (_rt, url), httpx.AsyncClient(base_url=url) as http:
         r = await http.post("/rerank", json=body)
@@ -331,7 +351,7 @@ async def test_bad_rerank_input(make_config, tiny_reranker, body, names):
 
 
 def test_rerank_tokens_without_a_template(tiny_model):
-    """API-11: without a ``rerank`` template a pair is [BOS] query document (the tiny vocabulary
+    """Without a ``rerank`` template a pair is [BOS] query document (the tiny vocabulary
     adds no EOS and has no SEP), as llama-server's format_prompt_rerank builds it."""
     from llamactor.runtime.engine.model import Model
 
@@ -364,7 +384,7 @@ class _Gate:
 
 
 async def test_chat_keeps_streaming_while_an_embedding_batch_decodes(emb_config, monkeypatch):
-    """API-10 "beyond llama-server": one server serves chat and embeddings from the same weights at
+    """Embeddings "beyond llama-server": one server serves chat and embeddings from the same weights at
     once. While the embedder is inside a decode (held there), a chat stream runs to the end; then
     the embedding batch finishes with correct vectors, and concurrent requests of both kinds succeed."""
     gate = _Gate(monkeypatch)
@@ -379,8 +399,11 @@ async def test_chat_keeps_streaming_while_an_embedding_batch_decodes(emb_config,
             tg.start_soon(embed)
             await wait_until(gate.entered.is_set)
             tokens = 0
-            async with http.stream("POST", "/completion", json={"prompt": "Hello", "n_predict": 32, "temperature": 0,
-                                                                 "ignore_eos": True, "stream": True}) as resp:
+            async with http.stream(
+                "POST",
+                "/completion",
+                json={"prompt": "Hello", "n_predict": 32, "temperature": 0, "ignore_eos": True, "stream": True},
+            ) as resp:
                 async for line in resp.aiter_lines():
                     if line.startswith("data: ") and not json.loads(line[6:])["stop"]:
                         tokens += 1
@@ -410,11 +433,11 @@ async def test_chat_keeps_streaming_while_an_embedding_batch_decodes(emb_config,
 
 
 async def test_disconnect_drops_the_embedding_job(emb_config, monkeypatch):
-    """API-6 for embeddings: a client that leaves while its batch waits gets its inputs dropped
+    """Client disconnect for embeddings: a client that leaves while its batch waits gets its inputs dropped
     (only the decode already running finishes); the embedder then serves the next request."""
     gate = _Gate(monkeypatch)
     async with open_server(emb_config(embedding_parallel=4)) as (rt, url):
-        actor = rt.embeddings.actor
+        actor = rt.engine.embedder.actor
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             with anyio.move_on_after(60) as scope:
                 async with anyio.create_task_group() as tg:
@@ -429,16 +452,16 @@ async def test_disconnect_drops_the_embedding_job(emb_config, monkeypatch):
         assert len((await rt.embed(["after"])).vectors) == 1
 
 
+@pytest.mark.slow
 async def test_embed_bench_script_runs(emb_config):
-    """Issue 11 check 2: ops/embed_bench.py measures embeddings alone, chat alone and both at once
+    """ops/embed_bench.py measures embeddings alone, chat alone and both at once
     (a tiny run here; the figures come from the lead's run on the real model)."""
     import argparse
 
     from llamactor.ops import embed_bench
 
     async with open_server(emb_config(parallel=2)) as (_rt, url):
-        args = argparse.Namespace(url=url, streams=2, ntg=8, embed_clients=1, embed_batch=4, embed_words=6,
-                                  seconds=0.3)
+        args = argparse.Namespace(url=url, streams=2, ntg=8, embed_clients=1, embed_batch=4, embed_words=6, seconds=0.3)
         phases = await embed_bench.run(args)
     rows = {p.name: p.summary() for p in phases}
     assert not any(p.errors for p in phases)

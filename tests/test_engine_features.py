@@ -1,20 +1,21 @@
-"""Issue 13, engine features per group: KV cache types (EN-3) and context shift (EN-4)."""
+"""Engine features per group: KV cache types, context shift and the host-memory prompt cache."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-
 from conftest import TEST_THREADS
+
 from llamactor.runtime import ConfigError, Runtime, RuntimeConfig
 from llamactor.runtime.service.config import default_model_path
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
+@pytest.mark.slow
 async def test_context_shift_keeps_generating_past_the_context(make_config):
-    """EN-4: with --context-shift a generation that reaches the slot's context drops old tokens
+    """With --context-shift a generation that reaches the slot's context drops old tokens
     and goes on (finish "length" only at max_tokens, truncated); without it, it ends at the
     context, as llama-server does. Over-long prompts are still refused."""
     async with Runtime.open(make_config(parallel=1, n_ctx=128)) as rt:
@@ -41,9 +42,10 @@ async def test_context_shift_is_not_used_for_n_choices(make_config):
         assert out.n_predicted < 2 * 400
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k", "v"), [("q8_0", "q8_0"), ("q4_0", "f16"), ("f32", "f32"), ("bf16", "q5_1")])
 async def test_kv_cache_types(k, v):
-    """EN-3: -ctk/-ctv build contexts with those KV types; generation works and stays close to
+    """-ctk/-ctv build contexts with those KV types; generation works and stays close to
     the f16 cache (SmolLM2: quantized rows need a head size that is a multiple of 32; the tiny
     model's heads have 16)."""
     base = RuntimeConfig(model=default_model_path(), n_ctx=1024, parallel=1, threads=TEST_THREADS)
@@ -74,21 +76,21 @@ async def _turns(rt: Runtime, evict: bool) -> tuple[tuple[int, ...], int]:
 
 
 async def test_prompt_cache_restores_the_evicted_state_bit_for_bit(make_config):
-    """EN-5 (--cache-ram): a conversation whose slot was taken by another is restored from host
+    """Host-memory prompt cache (--cache-ram): a conversation whose slot was taken by another is restored from host
     memory: the same tokens as when it kept its slot, the same tokens reused (timings.cache_n),
     and counted in /metrics. Off (0), the history is prefilled again."""
     async with Runtime.open(make_config(parallel=1, n_ctx=1024)) as rt:
         kept_tokens, kept_cached = await _turns(rt, evict=False)
     async with Runtime.open(make_config(parallel=1, n_ctx=1024)) as rt:
         tokens, cached = await _turns(rt, evict=True)
-        metrics = rt.metrics_text().decode()
-        stats = rt.prompt_cache.statistics()
+        metrics = (await rt.metrics_text()).decode()
+        stats = rt.engine.prompt_cache.statistics()
     assert tokens == kept_tokens and cached == kept_cached == 64 + 16 - 1
     assert stats.hits == 1 and stats.tokens_reused == cached and stats.bytes_held > 0
     assert "llamactor:prompt_cache_hits_total 1.0" in metrics
     async with Runtime.open(make_config(parallel=1, n_ctx=1024, cache_ram_mib=0)) as rt:
         _, cached = await _turns(rt, evict=True)
-        assert rt.prompt_cache is None and cached == 0
+        assert rt.engine.prompt_cache is None and cached == 0
 
 
 @pytest.mark.parametrize("idle", [True, False])
@@ -108,7 +110,7 @@ async def test_prompt_cache_keeps_a_history_that_shares_the_system_text(make_con
 
 
 async def test_prompt_cache_serves_any_group(make_config):
-    """EN-5 with pipeline groups: a state saved by group 0 is restored into group 1."""
+    """Host-memory prompt cache with pipeline groups: a state saved by group 0 is restored into group 1."""
     async with Runtime.open(make_config(parallel=2, pipeline_groups=2, n_ctx=2048)) as rt:
         a1 = [5, 6, 7, 8] * 16
         first = await rt.complete(a1, max_tokens=8, temperature=0, ignore_eos=True, id_slot=0)
@@ -121,28 +123,38 @@ async def test_prompt_cache_serves_any_group(make_config):
 def test_prompt_cache_limits():
     """llama-server's rules: a contained prompt is not stored twice; the byte limit drops the
     oldest entries."""
-    from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
-
     import numpy as np
+
+    from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
 
     assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4])) == 2
     assert PromptCache(-1).limit_bytes == 0 and PromptCache(2).limit_bytes == 2 * 1024 * 1024
 
 
+@pytest.mark.slow
 async def test_context_shift_over_http_with_n_keep(make_config):
-    """EN-4 through a real request: n_keep and n_discard are request fields (the server's
+    """Context shift through a real request: n_keep and n_discard are request fields (the server's
     default from --keep); the native response says truncated; bad values are a 400."""
     import httpx
-
     from conftest import open_server
 
     async with open_server(make_config(parallel=1, n_ctx=128, context_shift=True, n_keep=4)) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": 300, "temperature": 0,
-                                                       "ignore_eos": True, "n_keep": -1, "n_discard": 16})
+            r = await client.post(
+                "/completion",
+                json={
+                    "prompt": PROMPT,
+                    "n_predict": 300,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "n_keep": -1,
+                    "n_discard": 16,
+                },
+            )
             assert r.status_code == 200 and r.json()["tokens_predicted"] == 300 and r.json()["truncated"]
-            r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0,
-                                                           "ignore_eos": True})
+            r = await client.post(
+                "/v1/completions", json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+            )
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
             r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "n_keep": -3})
             assert r.status_code == 400 and "n_keep" in r.json()["error"]["message"]

@@ -1,4 +1,4 @@
-"""Errors (API-7, STYLE): one hierarchy; every foreign error is mapped in one place."""
+"""Errors (OpenAI shape, STYLE): one hierarchy; every foreign error is mapped in one place."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _instance(cls: type[BaseException]) -> BaseException | None:
     for args in (("boom secret",), (), ("utf-8", b"\xff", 0, 1, "boom secret"), (1, "boom secret")):
         try:
             return cls(*args)
-        except Exception:  # noqa: BLE001 - try the next constructor shape
+        except Exception:
             continue
     return None
 

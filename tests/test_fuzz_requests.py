@@ -1,4 +1,4 @@
-"""Issue 9 check 3/4: property-based fuzzing of the request surface against a running server.
+"""Property-based fuzzing of the request surface against a running server.
 
 Every field of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions`` is drawn from
 valid values, edge values and wrong types, in combination (n, stop, logprobs, penalties, DRY,
@@ -27,11 +27,13 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from conftest import TEST_THREADS, serve_runtime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TEST_THREADS, serve_runtime
 from llamactor.runtime import Runtime, RuntimeConfig
+
+pytestmark = pytest.mark.slow  # hypothesis fuzzing against live servers
 
 EXAMPLES = int(os.environ.get("LLAMACTOR_FUZZ_EXAMPLES", "150"))
 DEADLINE_S = 30.0
@@ -40,8 +42,13 @@ N_CTX = 2048  # 512 tokens per slot: a fuzzed unlimited n_predict still ends qui
 
 # ---- value strategies -------------------------------------------------------------------
 
-junk = st.one_of(st.none(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
-                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.booleans())
+junk = st.one_of(
+    st.none(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.booleans(),
+)
 edge_floats = st.sampled_from([0.0, -0.0, 1.0, -1.0, 0.5, 1e-30, 1e30, -1e30, 2.0, 100.0])
 floats = st.one_of(edge_floats, st.floats(-5, 5, allow_nan=False), st.floats(allow_nan=False, allow_infinity=False))
 small_ints = st.one_of(st.sampled_from([-2, -1, 0, 1, 2, 3, 64, 2**31 - 1, 2**31, -(2**31)]), st.integers(-10, 100))
@@ -73,90 +80,203 @@ positive = usually(st.floats(0.01, 3), floats)
 counts = usually(st.integers(0, 128), small_ints)
 
 
-text_prompts = st.one_of(st.sampled_from(["hello", "a b c", "é ü 中文 🙂", "\n\n", " ", "x" * 200]), st.text(max_size=40))
+text_prompts = st.one_of(
+    st.sampled_from(["hello", "a b c", "é ü 中文 🙂", "\n\n", " ", "x" * 200]), st.text(max_size=40)
+)
 token_prompts = st.lists(st.one_of(st.integers(0, 459), st.sampled_from([-1, 460, 10**9])), min_size=0, max_size=20)
 prompts = st.one_of(text_prompts, text_prompts, token_prompts, st.lists(text_prompts, min_size=1, max_size=2))
 stops = st.one_of(st.none(), st.text(max_size=4), st.lists(st.text(max_size=6), max_size=20))
-grammars = st.sampled_from(["", 'root ::= [a-z ]+ "."', 'root ::= "yes" | "no"', "root ::= (", "root ::= x",
-                            'root ::= [^\\x00]*'])
-schemas = st.sampled_from([None, {}, {"type": "object"}, {"type": "string", "maxLength": 5},
-                           {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                           {"type": "bogus"}, {"$ref": "#/nowhere"}])
+grammars = st.sampled_from(
+    ["", 'root ::= [a-z ]+ "."', 'root ::= "yes" | "no"', "root ::= (", "root ::= x", "root ::= [^\\x00]*"]
+)
+schemas = st.sampled_from(
+    [
+        None,
+        {},
+        {"type": "object"},
+        {"type": "string", "maxLength": 5},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"type": "bogus"},
+        {"$ref": "#/nowhere"},
+    ]
+)
 logit_biases = st.one_of(
     st.none(),
     st.lists(st.tuples(st.integers(-3, 470), st.one_of(floats, st.just(False))).map(list), max_size=5),
     st.dictionaries(st.integers(-3, 470).map(str), floats, max_size=5),
 )
-samplers = st.one_of(st.none(), st.text(alphabet="dkypsmtxeiz", max_size=6),
-                     st.lists(st.sampled_from(["top_k", "top-p", "temp", "typ", "min_p", "xtc", "dry", "penalties",
-                                               "top_n_sigma", "bogus"]), max_size=6))
+samplers = st.one_of(
+    st.none(),
+    st.text(alphabet="dkypsmtxeiz", max_size=6),
+    st.lists(
+        st.sampled_from(["top_k", "top-p", "temp", "typ", "min_p", "xtc", "dry", "penalties", "top_n_sigma", "bogus"]),
+        max_size=6,
+    ),
+)
 
 SAMPLING = {
-    "temperature": usually(st.floats(0, 2), floats), "top_k": counts, "top_p": unit, "min_p": unit,
-    "typical_p": unit, "top_n_sigma": usually(st.floats(-1, 3), floats), "xtc_probability": unit,
-    "xtc_threshold": unit, "dynatemp_range": usually(st.floats(0, 1), floats), "dynatemp_exponent": positive,
-    "repeat_penalty": positive, "repeat_last_n": usually(st.integers(-1, 128), small_ints),
-    "presence_penalty": usually(st.floats(-2, 2), floats), "frequency_penalty": usually(st.floats(-2, 2), floats),
-    "dry_multiplier": usually(st.floats(0, 3), floats), "dry_base": usually(st.floats(0.5, 3), floats),
-    "dry_allowed_length": counts, "dry_penalty_last_n": usually(st.integers(-1, 128), small_ints),
-    "dry_sequence_breakers": usually(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4),
-                                     st.lists(st.text(max_size=45), max_size=4)),
-    "mirostat": usually(st.integers(0, 2), st.integers(-1, 3)), "mirostat_tau": positive, "mirostat_eta": positive,
+    "temperature": usually(st.floats(0, 2), floats),
+    "top_k": counts,
+    "top_p": unit,
+    "min_p": unit,
+    "typical_p": unit,
+    "top_n_sigma": usually(st.floats(-1, 3), floats),
+    "xtc_probability": unit,
+    "xtc_threshold": unit,
+    "dynatemp_range": usually(st.floats(0, 1), floats),
+    "dynatemp_exponent": positive,
+    "repeat_penalty": positive,
+    "repeat_last_n": usually(st.integers(-1, 128), small_ints),
+    "presence_penalty": usually(st.floats(-2, 2), floats),
+    "frequency_penalty": usually(st.floats(-2, 2), floats),
+    "dry_multiplier": usually(st.floats(0, 3), floats),
+    "dry_base": usually(st.floats(0.5, 3), floats),
+    "dry_allowed_length": counts,
+    "dry_penalty_last_n": usually(st.integers(-1, 128), small_ints),
+    "dry_sequence_breakers": usually(
+        st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4), st.lists(st.text(max_size=45), max_size=4)
+    ),
+    "mirostat": usually(st.integers(0, 2), st.integers(-1, 3)),
+    "mirostat_tau": positive,
+    "mirostat_eta": positive,
     "min_keep": counts,
-    "samplers": samplers, "seed": st.one_of(small_ints, st.just(2**32 - 1), st.just(2**32)),
-    "logit_bias": logit_biases, "grammar": usually(st.just(""), grammars), "stop": stops, "stream": st.booleans(),
-    "n": usually(st.integers(1, 2), st.integers(-1, 6)), "cache_prompt": st.booleans(), "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
+    "samplers": samplers,
+    "seed": st.one_of(small_ints, st.just(2**32 - 1), st.just(2**32)),
+    "logit_bias": logit_biases,
+    "grammar": usually(st.just(""), grammars),
+    "stop": stops,
+    "stream": st.booleans(),
+    "n": usually(st.integers(1, 2), st.integers(-1, 6)),
+    "cache_prompt": st.booleans(),
+    "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
     "ignore_eos": st.booleans(),
     "return_progress": st.booleans(),
-    "n_keep": usually(st.integers(-1, 64), small_ints), "n_discard": usually(st.integers(0, 64), small_ints),
-    # API-14 streaming knobs (pings only past 30 s: fuzzed streams are short)
+    "n_keep": usually(st.integers(-1, 64), small_ints),
+    "n_discard": usually(st.integers(0, 64), small_ints),
+    # llama-server's streaming knobs (pings only past 30 s: fuzzed streams are short)
     "sse_ping_interval": st.one_of(st.none(), st.sampled_from([-1, 0, 30]), st.just("x")),
-    "t_max_predict_ms": usually(st.integers(-1, 50), small_ints), "post_sampling_probs": st.booleans(),
-    # EN-1: the live server loads one adapter (id 0); other ids, bad scales and shapes are 400s
-    "lora": st.one_of(st.none(), st.just([]), st.lists(st.fixed_dictionaries(
-        {"id": usually(st.just(0), st.integers(-1, 2))}, optional={"scale": usually(st.floats(0, 2), floats)}),
-        max_size=2), st.just({"id": 0, "scale": 1.0})),
-    # EN-2: the live server does not speculate: the fields are checked and otherwise change nothing
-    "speculative.n_max": usually(st.integers(0, 16), small_ints), "speculative.n_min": usually(st.integers(0, 4), small_ints),
+    "t_max_predict_ms": usually(st.integers(-1, 50), small_ints),
+    "post_sampling_probs": st.booleans(),
+    # LoRA: the live server loads one adapter (id 0); other ids, bad scales and shapes are 400s
+    "lora": st.one_of(
+        st.none(),
+        st.just([]),
+        st.lists(
+            st.fixed_dictionaries(
+                {"id": usually(st.just(0), st.integers(-1, 2))}, optional={"scale": usually(st.floats(0, 2), floats)}
+            ),
+            max_size=2,
+        ),
+        st.just({"id": 0, "scale": 1.0}),
+    ),
+    # speculation: the live server does not speculate: the fields are checked and otherwise change nothing
+    "speculative.n_max": usually(st.integers(0, 16), small_ints),
+    "speculative.n_min": usually(st.integers(0, 4), small_ints),
     "speculative.p_min": usually(st.floats(0, 1), floats),
+    # scheduling: any int priority is valid; tags are a string map
+    "priority": usually(st.integers(-3, 3), small_ints),
+    "tags": st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3), junk),
 }
-NATIVE = {**SAMPLING, "prompt": prompts, "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
-          "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)), "json_schema": schemas}
-OPENAI = {**SAMPLING, "max_tokens": usually(st.integers(0, 24), st.sampled_from([None, -1, 10**9])), "model": st.text(max_size=5),
-          "response_format": st.one_of(st.none(), st.fixed_dictionaries({"type": st.sampled_from(
-              ["text", "json_object", "json_schema", "yaml"])}, optional={"json_schema": st.one_of(
-                  schemas.map(lambda s: {"name": "x", "schema": s}), st.just({}))})),
-          "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": st.booleans()}))}
-COMPLETIONS = {**OPENAI, "prompt": prompts, "logprobs": st.one_of(st.none(), st.integers(-1, 25)),
-               "echo": st.booleans()}
-calls = st.lists(st.fixed_dictionaries({"id": st.sampled_from(["c1", "c2"]), "type": st.just("function"),
-                                        "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g"]),
-                                                                           "arguments": st.sampled_from(
-                                                                               ["{}", '{"a": 1}', "{bad", "[1]"])})}),
-                 max_size=2)
-messages = st.lists(st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]),
-    "content": st.one_of(text_prompts, st.none(), st.lists(st.fixed_dictionaries(
-        {"type": st.sampled_from(["text", "image_url"]), "text": text_prompts}), max_size=2)),
-}, optional={"tool_calls": calls, "tool_call_id": st.sampled_from(["c1", "zz"]), "reasoning_content": text_prompts}),
-    min_size=0, max_size=3)
-# API-8 / API-9 fields: tools with schemas (some invalid), tool_choice, reasoning options.
-tool_defs = st.lists(st.fixed_dictionaries({
-    "type": usually(st.just("function"), st.sampled_from(["bogus", ""])),
-    "function": st.fixed_dictionaries(
-        {"name": usually(st.sampled_from(["f", "g", "get_x"]), st.sampled_from(["", "a b"]))},
-        optional={"description": st.text(max_size=8), "parameters": schemas}),
-}), max_size=3)
-tool_choices = st.one_of(st.none(), st.sampled_from(["none", "auto", "required", "bogus"]), st.fixed_dictionaries(
-    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "nope"])})}))
-CHAT = {**OPENAI, "messages": messages, "max_completion_tokens": st.one_of(st.none(), st.integers(-1, 40)),
-        "logprobs": st.booleans(), "top_logprobs": st.one_of(st.none(), st.integers(-1, 25)),
-        "tools": st.one_of(st.none(), tool_defs), "tool_choice": tool_choices,
-        "parallel_tool_calls": st.one_of(st.none(), st.booleans()),
-        "reasoning_format": st.sampled_from(["none", "deepseek", "deepseek-legacy", "auto", "bogus"]),
-        "reasoning_effort": st.sampled_from(["none", "low", "high", "bogus"]),
-        "chat_template_kwargs": st.one_of(st.none(), st.dictionaries(st.sampled_from(
-            ["enable_thinking", "custom", "messages", "not ok"]), st.one_of(st.booleans(), st.integers()), max_size=2))}
+NATIVE = {
+    **SAMPLING,
+    "prompt": prompts,
+    "n_predict": usually(st.integers(0, 24), st.sampled_from([-2, -1, 10**9])),
+    "n_probs": usually(st.integers(0, 5), st.integers(-1, 25)),
+    "json_schema": schemas,
+}
+OPENAI = {
+    **SAMPLING,
+    "max_tokens": usually(st.integers(0, 24), st.sampled_from([None, -1, 10**9])),
+    "model": st.text(max_size=5),
+    "response_format": st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "json_object", "json_schema", "yaml"])},
+            optional={"json_schema": st.one_of(schemas.map(lambda s: {"name": "x", "schema": s}), st.just({}))},
+        ),
+    ),
+    "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": st.booleans()})),
+}
+COMPLETIONS = {
+    **OPENAI,
+    "prompt": prompts,
+    "logprobs": st.one_of(st.none(), st.integers(-1, 25)),
+    "echo": st.booleans(),
+}
+calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.sampled_from(["c1", "c2"]),
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": st.sampled_from(["f", "g"]), "arguments": st.sampled_from(["{}", '{"a": 1}', "{bad", "[1]"])}
+            ),
+        }
+    ),
+    max_size=2,
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "user", "assistant", "tool", "bogus"]),
+            "content": st.one_of(
+                text_prompts,
+                st.none(),
+                st.lists(
+                    st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": text_prompts}),
+                    max_size=2,
+                ),
+            ),
+        },
+        optional={
+            "tool_calls": calls,
+            "tool_call_id": st.sampled_from(["c1", "zz"]),
+            "reasoning_content": text_prompts,
+        },
+    ),
+    min_size=0,
+    max_size=3,
+)
+# tool-call and reasoning fields: tools with schemas (some invalid), tool_choice, reasoning options.
+tool_defs = st.lists(
+    st.fixed_dictionaries(
+        {
+            "type": usually(st.just("function"), st.sampled_from(["bogus", ""])),
+            "function": st.fixed_dictionaries(
+                {"name": usually(st.sampled_from(["f", "g", "get_x"]), st.sampled_from(["", "a b"]))},
+                optional={"description": st.text(max_size=8), "parameters": schemas},
+            ),
+        }
+    ),
+    max_size=3,
+)
+tool_choices = st.one_of(
+    st.none(),
+    st.sampled_from(["none", "auto", "required", "bogus"]),
+    st.fixed_dictionaries(
+        {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "nope"])})}
+    ),
+)
+CHAT = {
+    **OPENAI,
+    "messages": messages,
+    "max_completion_tokens": st.one_of(st.none(), st.integers(-1, 40)),
+    "logprobs": st.booleans(),
+    "top_logprobs": st.one_of(st.none(), st.integers(-1, 25)),
+    "tools": st.one_of(st.none(), tool_defs),
+    "tool_choice": tool_choices,
+    "parallel_tool_calls": st.one_of(st.none(), st.booleans()),
+    "reasoning_format": st.sampled_from(["none", "deepseek", "deepseek-legacy", "auto", "bogus"]),
+    "reasoning_effort": st.sampled_from(["none", "low", "high", "bogus"]),
+    "chat_template_kwargs": st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.sampled_from(["enable_thinking", "custom", "messages", "not ok"]),
+            st.one_of(st.booleans(), st.integers()),
+            max_size=2,
+        ),
+    ),
+}
 
 
 def body(fields: dict[str, st.SearchStrategy], required: tuple[str, ...], *, junky: bool) -> st.SearchStrategy:
@@ -168,8 +288,11 @@ def body(fields: dict[str, st.SearchStrategy], required: tuple[str, ...], *, jun
     return st.fixed_dictionaries(req, optional=opt)
 
 
-ENDPOINTS = (("/completion", NATIVE, ("prompt",)), ("/v1/completions", COMPLETIONS, ("prompt",)),
-             ("/v1/chat/completions", CHAT, ("messages",)))
+ENDPOINTS = (
+    ("/completion", NATIVE, ("prompt",)),
+    ("/v1/completions", COMPLETIONS, ("prompt",)),
+    ("/v1/chat/completions", CHAT, ("messages",)),
+)
 requests = st.one_of(
     *[st.tuples(st.just(path), body(fields, req, junky=False)) for path, fields, req in ENDPOINTS],
     *[st.tuples(st.just(path), body(fields, req, junky=False)) for path, fields, req in ENDPOINTS],
@@ -203,7 +326,7 @@ class LiveServer:
 
         try:
             anyio.run(main)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             self._error = exc
             self._ready.set()
 
@@ -225,10 +348,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     from tinymodel import write_tiny_model
 
     folder = tmp_path_factory.mktemp("fuzz")
-    config = RuntimeConfig(model=write_tiny_model(folder / "tiny.gguf"), n_ctx=N_CTX, parallel=PARALLEL,
-                           threads=TEST_THREADS, n_batch=512, n_ubatch=512,
-                           lora=((str(write_tiny_lora(folder / "lora.gguf")), 1.0),),
-                           isolate=True)  # every request field crosses the engine link
+    config = RuntimeConfig(
+        model=write_tiny_model(folder / "tiny.gguf"),
+        n_ctx=N_CTX,
+        parallel=PARALLEL,
+        threads=TEST_THREADS,
+        n_batch=512,
+        n_ubatch=512,
+        lora=((str(write_tiny_lora(folder / "lora.gguf")), 1.0),),
+        isolate=True,
+    )  # every request field crosses the engine link
     with LiveServer(config) as server:
         yield server
 
@@ -265,8 +394,13 @@ class Counter:
     statuses: dict[int, int] = {}  # (threads add to it: a lost count here or there does not matter)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(request=requests)
 def test_fuzz_request_surface(live: LiveServer, request: tuple[str, dict[str, Any]]) -> None:
     _send(live, *request)
@@ -277,8 +411,13 @@ def test_fuzz_request_surface(live: LiveServer, request: tuple[str, dict[str, An
 well_typed = st.one_of(*[st.tuples(st.just(path), body(fields, req, junky=False)) for path, fields, req in ENDPOINTS])
 
 
-@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@settings(
+    max_examples=max(EXAMPLES // 4, 10),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(batch=st.lists(well_typed, min_size=2, max_size=PARALLEL + 2))
 def test_fuzz_requests_side_by_side(live: LiveServer, batch: list[tuple[str, dict[str, Any]]]) -> None:
     """The same properties with up to PARALLEL + 2 requests at once: their sampling chains,
@@ -316,7 +455,7 @@ def _send(live: LiveServer, path: str, payload: dict[str, Any]) -> None:
 
 
 def test_fuzz_left_the_server_healthy(live: LiveServer) -> None:
-    """Issue 9 check 4: after the fuzz run /health is 200, no group restarted (the /metrics
+    """After the fuzz run /health is 200, no group restarted (the /metrics
     counter says so), and a plain request succeeds."""
     print(f"\nfuzz: {Counter.n} examples, statuses {dict(sorted(Counter.statuses.items()))}")
     assert Counter.n >= min(EXAMPLES, 50)
@@ -336,8 +475,11 @@ def test_fuzz_strategies_cover_every_sampling_field() -> None:
 
     from llamactor.protocol.wire import ChatCompletionRequest, CompletionRequest, NativeCompletionRequest
 
-    for wire, fields in ((NativeCompletionRequest, NATIVE), (CompletionRequest, COMPLETIONS),
-                         (ChatCompletionRequest, CHAT)):
+    for wire, fields in (
+        (NativeCompletionRequest, NATIVE),
+        (CompletionRequest, COMPLETIONS),
+        (ChatCompletionRequest, CHAT),
+    ):
         names = {f.encode_name for f in msgspec.structs.fields(wire)}
         assert names <= set(fields), (wire.__name__, sorted(names - set(fields)))
     assert math.isfinite(DEADLINE_S)

@@ -6,8 +6,8 @@ import anyio
 import httpx
 import llama_cpp
 import numpy as np
-
 from conftest import open_server
+
 from llamactor.runtime import Runtime
 from llamactor.runtime.engine.model import Model
 
@@ -60,7 +60,7 @@ async def _run_concurrently(rt: Runtime, prompts: list[str]) -> list[tuple[int, 
 
 
 async def test_greedy_identical_parallel_1_and_8_and_reference(make_config, tiny_model):
-    """Issue 2 check 3: --parallel 1 == --parallel 8 (8 concurrent prompts) == direct llama_cpp."""
+    """--parallel 1 == --parallel 8 (8 concurrent prompts) == direct llama_cpp."""
     async with Runtime.open(make_config(parallel=1, n_ctx=512)) as rt:
         serial = await _run_concurrently(rt, PROMPTS)
     async with Runtime.open(make_config(parallel=8, n_ctx=8 * 512)) as rt:
@@ -77,9 +77,15 @@ async def test_greedy_identical_through_http(make_config):
     async with open_server(make_config(parallel=4)) as (rt, url):
         direct = await rt.complete(PROMPTS[0], max_tokens=N_PREDICT, temperature=0, ignore_eos=True)
         async with httpx.AsyncClient(base_url=url) as client:
-            r = await client.post("/completion", json={
-                "prompt": PROMPTS[0], "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
-            })
+            r = await client.post(
+                "/completion",
+                json={
+                    "prompt": PROMPTS[0],
+                    "n_predict": N_PREDICT,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            )
     assert r.status_code == 200
     assert tuple(r.json()["tokens"]) == direct.choices[0].tokens
     assert r.json()["content"] == direct.text

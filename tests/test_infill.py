@@ -1,4 +1,4 @@
-"""POST /infill and ``Runtime.infill`` (API-12): llama-server's FIM prompt from the GGUF's FIM
+"""POST /infill and ``Runtime.infill``: llama-server's FIM prompt from the GGUF's FIM
 tokens, the native /completion response shape, and its errors (501 for a model without FIM
 tokens, 400 naming the field for bad input).
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import open_server
+from tinymodel import FIM_TOKENS, write_tiny_model
+
 from llamactor.protocol.errors import NotSupported, RequestError
-from llamactor.runtime import Runtime
+from llamactor.runtime import InfillChunk, InfillParts, Runtime
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.service.infill import infill_tokens
-from tinymodel import FIM_TOKENS, write_tiny_model
 
 PREFIX = "def hello(name):\n    "
 SUFFIX = "\n    return greeting\n"
@@ -40,13 +40,26 @@ def expected_prompt(model: Model, prompt: str = "") -> list[int]:
     def tok(text: str) -> list[int]:
         return model.tokenize(text, add_special=False, parse_special=False)
 
-    return [fim.rep, *tok("myproject\n"), fim.sep, *tok("util.py\n"), *tok(EXTRA[0]["text"]),
-            fim.sep, *tok("filename\n"), model.bos, fim.pre, *tok(PREFIX), *tok(prompt),
-            fim.suf, *tok(SUFFIX), fim.mid]
+    return [
+        fim.rep,
+        *tok("myproject\n"),
+        fim.sep,
+        *tok("util.py\n"),
+        *tok(EXTRA[0]["text"]),
+        fim.sep,
+        *tok("filename\n"),
+        model.bos,
+        fim.pre,
+        *tok(PREFIX),
+        *tok(prompt),
+        fim.suf,
+        *tok(SUFFIX),
+        fim.mid,
+    ]
 
 
 def test_fim_tokens_from_gguf(fim_model: Path, tiny_model: Path) -> None:
-    """API-12: the accessors read tokenizer.ggml.fim_*_token_id; the default model has none."""
+    """The accessors read tokenizer.ggml.fim_*_token_id; the default model has none."""
     model = Model(fim_model)
     try:
         fim = model.fim_tokens()
@@ -62,7 +75,7 @@ def test_fim_tokens_from_gguf(fim_model: Path, tiny_model: Path) -> None:
 
 
 def test_prompt_layout_and_budget(fim_model: Path) -> None:
-    """API-12: the layout, and llama-server's cuts: prefix keeps its last 3/4 of a batch, suffix
+    """The layout, and llama-server's cuts: prefix keeps its last 3/4 of a batch, suffix
     its first quarter less the prompt, extra chunks only what the context leaves."""
     model = Model(fim_model)
     try:
@@ -71,11 +84,11 @@ def test_prompt_layout_and_budget(fim_model: Path) -> None:
         fim = model.fim_tokens()
         long_prefix = "word " * 400
         cut = infill_tokens(model, long_prefix, SUFFIX * 40, EXTRA, n_batch=64, n_predict=16, n_ctx=64 + 32 + 5)
-        extra_taken = cut[:cut.index(model.bos)]
+        extra_taken = cut[: cut.index(model.bos)]
         assert len(extra_taken) == 5  # n_ctx - n_batch - 2 * n_predict
         pre, suf = cut.index(fim.pre), cut.index(fim.suf)
         assert suf - pre - 1 == 48  # 3 * (64 // 4)
-        assert cut[pre + 1:suf] == model.tokenize(long_prefix, add_special=False)[-48:]
+        assert cut[pre + 1 : suf] == model.tokenize(long_prefix, add_special=False)[-48:]
         assert len(cut) - 1 - suf - 1 == 16 - 2  # 64 // 4 - (2 + len(prompt))
         spm = infill_tokens(model, PREFIX, SUFFIX, (), n_batch=512, n_predict=-1, n_ctx=4096, spm_infill=True)
         assert spm[spm.index(model.bos) + 1] == fim.suf and spm.index(fim.pre) > spm.index(fim.suf)
@@ -84,7 +97,7 @@ def test_prompt_layout_and_budget(fim_model: Path) -> None:
 
 
 async def test_infill_over_http_and_runtime(make_config, fim_model: Path) -> None:
-    """API-12: /infill answers in the /completion shape, with the FIM prompt llama-server builds;
+    """/infill answers in the /completion shape, with the FIM prompt llama-server builds;
     the same request through Runtime.infill and as token ids through /completion agree."""
     async with open_server(make_config(model=fim_model)) as (rt, url):
         assert rt.model is not None
@@ -110,15 +123,15 @@ async def test_infill_over_http_and_runtime(make_config, fim_model: Path) -> Non
             props = (await client.get("/props")).json()
             assert props["infill"] is True
 
-        result = await rt.infill(PREFIX, SUFFIX, input_extra=EXTRA, prompt="x = ", max_tokens=N_PREDICT,
-                                 temperature=0, ignore_eos=True)
+        parts = InfillParts(input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=[InfillChunk(**c) for c in EXTRA])
+        result = await rt.infill(parts, prompt="x = ", max_tokens=N_PREDICT, temperature=0, ignore_eos=True)
         assert result.n_prompt == len(want)
         assert list(result.choices[0].tokens) == out["tokens"]
         assert result.text == out["content"]
 
 
 async def test_infill_bad_input(make_config, fim_model: Path) -> None:
-    """API-12 bad input: llama-server's messages, each a 400 naming the field."""
+    """Infill bad input: llama-server's messages, each a 400 naming the field."""
     async with open_server(make_config(model=fim_model, parallel=1)) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             cases = [
@@ -127,8 +140,10 @@ async def test_infill_bad_input(make_config, fim_model: Path) -> None:
                 ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": 3}, "prompt"),
                 ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": {"text": "a"}}, "input_extra"),
                 ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [{"filename": "a"}]}, "text"),
-                ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [{"text": "a", "filename": 1}]},
-                 "filename"),
+                (
+                    {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [{"text": "a", "filename": 1}]},
+                    "filename",
+                ),
                 ({"input_prefix": [PREFIX, 99999], "input_suffix": SUFFIX}, "99999"),
             ]
             for body, field in cases:
@@ -139,20 +154,22 @@ async def test_infill_bad_input(make_config, fim_model: Path) -> None:
             ok = await client.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY})
             assert ok.status_code == 200  # nothing else lost
         with pytest.raises(RequestError, match="input_extra"):
-            await rt.infill(PREFIX, SUFFIX, input_extra=[{"filename": "a"}])
+            await rt.infill(InfillParts(input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=[{"filename": "a"}]))
 
 
 async def test_infill_without_fim_tokens(make_config) -> None:
-    """API-12: a model without FIM tokens gets llama-server's 501 not_supported_error."""
+    """A model without FIM tokens gets llama-server's 501 not_supported_error."""
     async with open_server(replace(make_config(), parallel=1)) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             r = await client.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
             assert r.status_code == 501
             err = r.json()["error"]
             assert err["type"] == "not_supported_error"
-            assert err["message"] == ("Infill is not supported by this model: prefix token is missing. "
-                                      "suffix token is missing. middle token is missing. ")
+            assert err["message"] == (
+                "Infill is not supported by this model: prefix token is missing. "
+                "suffix token is missing. middle token is missing. "
+            )
             assert (await client.get("/props")).json()["infill"] is False
         with pytest.raises(NotSupported, match="Infill is not supported"):
-            await rt.infill(PREFIX, SUFFIX)
+            await rt.infill(InfillParts(input_prefix=PREFIX, input_suffix=SUFFIX))
         assert isinstance(rt, Runtime)

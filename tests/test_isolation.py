@@ -1,4 +1,4 @@
-"""Issue 14: the engine in a child process; requests survive its death (AC-2, SPEC section 9).
+"""The engine in a child process; requests survive its death (a pause, not an error).
 
 The engine process is killed (SIGKILL, as the OOM killer or a llama.cpp abort ends it) or hangs
 (the watchdog); the API process restarts it and resumes every request in flight by replaying
@@ -10,22 +10,26 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import anyio
 import httpx
 import msgspec
 import pytest
+from conftest import serve_app, serve_runtime, slots_free, wait_until
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from conftest import serve_app, serve_runtime, wait_until
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.events import Done, Token
 from llamactor.protocol.messages import Submit
+from llamactor.protocol.request import GenerationRequest
 from llamactor.runtime import Runtime
 from llamactor.runtime.service.handles import collect
+
+pytestmark = pytest.mark.slow  # engine processes killed and restarted, seconds each
 
 HOOKS = str(Path(__file__).with_name("enginehooks.py"))
 SLOW = f"{HOOKS}:Slow"
@@ -63,11 +67,11 @@ async def test_replayed_tokens_continue_the_stream_in_process(make_config):
     async with Runtime.open(make_config(parallel=2)) as rt:
         full = await rt.complete(PROMPTS[0], max_tokens=64, temperature=0, ignore_eos=True)
         ref = list(full.choices[0].tokens)
-        task, recv = await rt.admission.admit(PROMPTS[0], max_tokens=64, n=1, stop=None, id_slot=-1, cache_prompt=False,
-                                              ignore_eos=True, add_special=True, params=None,
-                                              sampling={"temperature": 0})
-        task = msgspec.structs.replace(task, replay=(tuple(ref[:20]),))
-        rt.supervisor.try_tell(Submit(task))
+        admitted = await rt.admission.admit(
+            GenerationRequest(prompt=PROMPTS[0], max_tokens=64, cache_prompt=False, ignore_eos=True, temperature=0)
+        )
+        task, recv = msgspec.structs.replace(admitted.task, replay=(tuple(ref[:20]),)), admitted.events
+        rt.engine.supervisor.try_tell(Submit(task))
         with recv:
             events = [ev async for ev in recv]
     assert [ev.token for ev in events if isinstance(ev, Token)] == ref[20:]
@@ -75,7 +79,7 @@ async def test_replayed_tokens_continue_the_stream_in_process(make_config):
 
 
 async def test_killed_engine_resumes_every_stream_byte_for_byte(make_config):
-    """Check 1: 8 concurrent greedy streams, SIGKILL mid-stream: all 8 complete, each identical
+    """8 concurrent greedy streams, SIGKILL mid-stream: all 8 complete, each identical
     to an uninterrupted run (tokens and text); /health went 503 and back to 200; /metrics counts
     the restart and the 8 resumes."""
     cfg = make_config(parallel=8, engine_hooks=SLOW)  # the streams are still running when it dies
@@ -94,7 +98,7 @@ async def test_killed_engine_resumes_every_stream_byte_for_byte(make_config):
             tokens, texts = await _streams(rt, kill=True)
             await wait_until(lambda: seen and seen[-1] == 200)
             tg.cancel_scope.cancel()
-        metrics = (await rt.fetch_metrics()).decode()
+        metrics = (await rt.metrics_text()).decode()
     assert tokens == ref_tokens and texts == ref_texts
     assert 503 in seen and seen[-1] == 200
     assert "llamactor:engine_restarts_total 1.0" in metrics
@@ -135,11 +139,11 @@ async def test_n_choices_logprobs_and_stop_strings_survive_a_resume(make_config)
     from llamactor.protocol.events import Done
 
     async with Runtime.open(make_config(parallel=4, engine_hooks=SLOW), isolate=True) as rt:
-        ref = await collect(await rt.submit(PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2,
-                                            n_probs=2))
+        ref = await collect(await rt.submit(PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2, n_probs=2))
         stop = _late_substring(ref.choices[0].text)  # a stop string the run reaches late, after the kill
-        handle = await rt.submit(PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2, n_probs=2,
-                                 stop=[stop])
+        handle = await rt.submit(
+            PROMPTS[3], max_tokens=150, temperature=0, ignore_eos=True, n=2, n_probs=2, stop=[stop]
+        )
         texts = ["", ""]
         dones: dict[int, Done] = {}
         after: list[float | None] = []
@@ -166,27 +170,28 @@ async def test_n_choices_logprobs_and_stop_strings_survive_a_resume(make_config)
 def _late_substring(text: str, size: int = 6) -> str:
     """A piece of ``text`` whose first occurrence is in its last third."""
     for k in range(len(text) - size, len(text) * 2 // 3, -1):
-        if text.index(text[k:k + size]) == k and text[k:k + size].strip():
-            return text[k:k + size]
+        if text.index(text[k : k + size]) == k and text[k : k + size].strip():
+            return text[k : k + size]
     raise AssertionError(f"no late unique piece in {text!r}")
 
 
 async def test_watchdog_restarts_a_hung_engine(make_config, tmp_path, monkeypatch):
-    """Check 3: a decode step that never returns (injected in the first engine's 30th step):
+    """A decode step that never returns (injected in the first engine's 30th step):
     the watchdog ends that engine within its limit, the requests complete."""
     monkeypatch.setenv("LLAMACTOR_TEST_MARKS", str(tmp_path))
     cfg = make_config(parallel=4, watchdog_s=1.0, engine_hooks=f"{HOOKS}:HangOnce")
     async with Runtime.open(cfg, isolate=True) as rt:
         with anyio.fail_after(60):
-            outs = [await collect(await rt.submit(p, max_tokens=64, temperature=0, ignore_eos=True))
-                    for p in PROMPTS[:4]]
+            outs = [
+                await collect(await rt.submit(p, max_tokens=64, temperature=0, ignore_eos=True)) for p in PROMPTS[:4]
+            ]
         counters = rt.engine.counters
     assert all(o.n_predicted == 64 for o in outs)
     assert counters.watchdog_kills == 1 and counters.restarts == 1 and "watchdog" in counters.last_exit
 
 
 async def test_requests_wait_for_a_restarting_engine_then_overflow_gets_503(make_config, tmp_path, monkeypatch):
-    """Check 4: requests that arrive while the engine restarts are served after it, none lost;
+    """Requests that arrive while the engine restarts are served after it, none lost;
     past the queue bound they get 503 + Retry-After."""
     monkeypatch.setenv("LLAMACTOR_TEST_MARKS", str(tmp_path))
     monkeypatch.setenv("LLAMACTOR_TEST_START_S", "3")
@@ -203,7 +208,7 @@ async def test_requests_wait_for_a_restarting_engine_then_overflow_gets_503(make
             async with anyio.create_task_group() as tg:
                 for i in range(3):
                     tg.start_soon(one, i)
-                await wait_until(lambda: len(rt.journal) == 3)
+                await wait_until(lambda: len(rt.engine.journal) == 3)
                 over = await client.post("/completion", json={"prompt": PROMPTS[3], "n_predict": 8})
                 assert rt.health() == "restarting"
     assert over.status_code == 503 and over.headers["Retry-After"] == "1"
@@ -213,13 +218,14 @@ async def test_requests_wait_for_a_restarting_engine_then_overflow_gets_503(make
 
 
 async def test_an_embedding_app_keeps_serving_while_the_engine_restarts(make_config):
-    """Check 6: a Starlette app embedding the runtime keeps answering its own routes while the
+    """A Starlette app embedding the runtime keeps answering its own routes while the
     engine is killed, and the runtime's requests resume."""
     cfg = make_config(parallel=4, engine_hooks=SLOW)
     async with Runtime.open(cfg, isolate=True) as rt:
         ref = await collect(await rt.submit(PROMPTS[1], max_tokens=200, temperature=0, ignore_eos=True))
-        app = Starlette(routes=[Route("/own", lambda request: PlainTextResponse("still here")),
-                                Mount("/llm", app=rt.asgi_app())])
+        app = Starlette(
+            routes=[Route("/own", lambda request: PlainTextResponse("still here")), Mount("/llm", app=rt.asgi_app())]
+        )
         async with serve_app(app, "/own") as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             body = {"prompt": PROMPTS[1], "n_predict": 200, "temperature": 0, "ignore_eos": True, "stream": True}
             tokens: list[int] = []
@@ -254,12 +260,10 @@ async def test_a_broken_engine_config_fails_the_start(make_config):
             pass
 
 
-
 async def test_embeddings_and_rerank_are_served_by_the_engine_process(make_config, tmp_path):
     """--embedding with the engine in a child process: /v1/embeddings and Runtime.embed give the
     in-process vectors; rerank too (a tiny reranker)."""
     import numpy as np
-
     from tinyreranker import write_tiny_reranker
 
     cfg = make_config(parallel=2, embedding=True, pooling="mean")
@@ -286,39 +290,63 @@ async def test_embeddings_and_rerank_are_served_by_the_engine_process(make_confi
     np.testing.assert_allclose([x.score for x in got], [x.score for x in want], atol=1e-5)
 
 
-async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_config):
-    """Check 2: the model split over a loopback ggml-rpc worker and the local CPU; the worker is
+async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_config, monkeypatch):
+    """The model split over a loopback ggml-rpc worker and the local CPU; the worker is
     killed mid-run (the engine aborts with it) and started again on its port: the restarted
     engine waits for it, loads, and the streams complete byte for byte; this process never exits."""
     import subprocess
 
-    from test_rpc import LLAMACTOR, _wait_port, stop
-
     from conftest import free_port
+    from test_rpc import LLAMACTOR, _wait_port, stop
 
     port = free_port()
 
     def worker() -> subprocess.Popen:
-        proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*LLAMACTOR, "worker", "--port", str(port), "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         _wait_port(port, proc)
         return proc
 
-    cfg = make_config(parallel=4, rpc_servers=(f"127.0.0.1:{port}",), devices=("RPC0", "CPU"),
-                      tensor_split=(1.0, 1.0), watchdog_s=10.0, engine_hooks=SLOW)
+    cfg = make_config(
+        parallel=4,
+        rpc_servers=(f"127.0.0.1:{port}",),
+        devices=("RPC0", "CPU"),
+        tensor_split=(1.0, 1.0),
+        watchdog_s=10.0,
+        engine_hooks=SLOW,
+    )
     prompts = PROMPTS[:4]
     procs = [worker()]
     try:
         async with Runtime.open(cfg, isolate=True) as rt:
-            ref = [list((await collect(await rt.submit(p, max_tokens=120, temperature=0, ignore_eos=True)))
-                        .choices[0].tokens) for p in prompts]
+            # The restarted engine probes the worker's port before it loads: note a probe that
+            # finds nobody there, so the worker comes back only while the engine waits for it.
+            engine_module = sys.modules[type(rt.engine).__module__]
+            probe, missed = engine_module.reachable, anyio.Event()
+
+            async def reachable(endpoint: str) -> bool:
+                up = await probe(endpoint)
+                if not up:
+                    missed.set()
+                return up
+
+            monkeypatch.setattr(engine_module, "reachable", reachable)
+            ref = [
+                list(
+                    (await collect(await rt.submit(p, max_tokens=120, temperature=0, ignore_eos=True)))
+                    .choices[0]
+                    .tokens
+                )
+                for p in prompts
+            ]
             handles = [await rt.submit(p, max_tokens=120, temperature=0, ignore_eos=True) for p in prompts]
             tokens: list[list[int]] = [[] for _ in prompts]
 
             async def restart_worker() -> None:
                 stop(procs[-1])
                 await wait_until(lambda: rt.health() == "restarting", timeout_s=30)
-                await anyio.sleep(1.0)  # the new engine waits for the worker meanwhile
+                await missed.wait()  # the new engine found the worker gone and waits for it
                 procs.append(await anyio.to_thread.run_sync(worker))
 
             async def read(i: int, tg) -> None:
@@ -342,22 +370,33 @@ async def test_a_killed_rpc_worker_is_waited_for_and_the_streams_resume(make_con
 async def test_rpc_fallback_local_loads_the_model_here_when_the_worker_stays_away(make_config):
     """--rpc-fallback local: the worker dies and does not come back; after --rpc-wait-s the new
     engine loads the whole model locally and the streams complete (the split and the local
-    model decode alike, RPC-3, so greedy output is unchanged)."""
+    model decode alike, so greedy output is unchanged)."""
     import subprocess
 
     from conftest import free_port
     from test_rpc import LLAMACTOR, _wait_port, stop
 
     port = free_port()
-    proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "worker", "--port", str(port), "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         _wait_port(port, proc)
-        cfg = make_config(parallel=2, rpc_servers=(f"127.0.0.1:{port}",), devices=("RPC0", "CPU"),
-                          tensor_split=(1.0, 1.0), rpc_fallback="local", rpc_wait_s=1.0, engine_hooks=SLOW)
+        cfg = make_config(
+            parallel=2,
+            rpc_servers=(f"127.0.0.1:{port}",),
+            devices=("RPC0", "CPU"),
+            tensor_split=(1.0, 1.0),
+            rpc_fallback="local",
+            rpc_wait_s=1.0,
+            engine_hooks=SLOW,
+        )
         async with Runtime.open(cfg, isolate=True) as rt:
-            ref = list((await collect(await rt.submit(PROMPTS[2], max_tokens=80, temperature=0, ignore_eos=True)))
-                       .choices[0].tokens)
+            ref = list(
+                (await collect(await rt.submit(PROMPTS[2], max_tokens=80, temperature=0, ignore_eos=True)))
+                .choices[0]
+                .tokens
+            )
             handle = await rt.submit(PROMPTS[2], max_tokens=80, temperature=0, ignore_eos=True)
             tokens: list[int] = []
             with anyio.fail_after(60):
@@ -382,11 +421,23 @@ async def test_a_request_the_client_leaves_is_closed_on_both_ends(make_config):
             async for ev in handle:
                 if isinstance(ev, Token):
                     break
-        assert handle.task.id not in rt.journal
+        assert handle.task.id not in rt.engine.journal
         with pytest.raises(anyio.ClosedResourceError):
-            handle.task.sink.send_nowait(Done(index=0, finish_reason="stop", text="", stopping_word="", n_prompt=1,
-                                              n_cached=0, n_predicted=0, prompt_ms=0.0, predicted_ms=0.0, slot=0))
-        await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
+            handle.task.sink.send_nowait(
+                Done(
+                    index=0,
+                    finish_reason="stop",
+                    text="",
+                    stopping_word="",
+                    n_prompt=1,
+                    n_cached=0,
+                    n_predicted=0,
+                    prompt_ms=0.0,
+                    predicted_ms=0.0,
+                    slot=0,
+                )
+            )
+        await slots_free(rt)
         again = await collect(await rt.submit(PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True))
         assert len(again.choices[0].tokens) == 8
 
@@ -464,10 +515,15 @@ def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
         "        h = await rt.submit([5, 6, 7, 8], max_tokens=200, temperature=0, ignore_eos=True)\n"
         "        async for _ in h:\n"
         "            pass\n"
-        "anyio.run(main)\n")
+        "anyio.run(main)\n"
+    )
     log = open(tmp_path / "app.log", "wb")  # noqa: SIM115 - closed in finally
-    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=log,
-                           env={**os.environ, "LLAMACTOR_TEST_MARKS": str(tmp_path)})
+    app = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env={**os.environ, "LLAMACTOR_TEST_MARKS": str(tmp_path)},
+    )
     try:
         assert app.stdout is not None
         line = b""
@@ -475,7 +531,10 @@ def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
             line = app.stdout.readline()
             assert line, (tmp_path / "app.log").read_text()[-3000:]
         engine_pid = int(line)
-        time.sleep(1.0)  # the request reaches the 30th step and hangs there
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "hung").exists():  # the request reaches the 30th step and hangs there
+            assert time.monotonic() < deadline and app.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
+            time.sleep(0.02)
         os.kill(app.pid, signal.SIGKILL)
         app.wait(10)
         deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""The actor kernel (AC-1): bounded typed mailboxes, tell/try_tell/ask, ordered start and stop."""
+"""The actor kernel: bounded typed mailboxes, tell/try_tell/ask, ordered start and stop."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class Counter(Actor[Add | Get | Never]):
 
 
 async def test_tell_ask_and_ordered_stop():
-    """AC-1: messages are handled in order; ask gets its answer; stop runs in reverse start order."""
+    """Messages are handled in order; ask gets its answer; stop runs in reverse start order."""
     log: list[str] = []
     a, b = Counter(log, "a"), Counter(log, "b")
     async with open_actor_scope() as scope:
@@ -62,7 +62,7 @@ async def test_tell_ask_and_ordered_stop():
 
 
 async def test_try_tell_raises_overloaded_when_full():
-    """AC-1: try_tell never waits; a full mailbox raises Overloaded."""
+    """try_tell never waits; a full mailbox raises Overloaded."""
     actor = Counter([])
     actor.try_tell(Add(1))
     actor.try_tell(Add(2))
@@ -76,7 +76,7 @@ async def test_try_tell_raises_overloaded_when_full():
 
 
 async def test_ask_deadline_and_closed():
-    """AC-1: ask always has a deadline; telling a stopped actor raises Closed."""
+    """``ask`` always has a deadline; telling a stopped actor raises Closed."""
     actor = Counter([])
     async with open_actor_scope() as scope:
         await scope.start(actor)
@@ -89,7 +89,7 @@ async def test_ask_deadline_and_closed():
 
 
 async def test_setup_failure_fails_start():
-    """AC-1: an actor whose setup raises is never reported ready."""
+    """An actor whose setup raises is never reported ready."""
 
     class Broken(Counter):
         async def setup(self) -> None:
@@ -102,7 +102,7 @@ async def test_setup_failure_fails_start():
 
 
 async def test_queued_messages_handled_before_stop():
-    """AC-1: closing the mailbox is the stop signal; queued messages are still handled."""
+    """Closing the mailbox is the stop signal; queued messages are still handled."""
     actor = Counter([])
     async with open_actor_scope() as scope:
         await scope.start(actor)

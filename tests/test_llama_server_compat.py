@@ -1,10 +1,10 @@
 """Coming from llama-server: its command line, its server-wide defaults and its response parts.
 
-API-15: every option llama-server's ``--help`` lists (tests/llama_server_flags.txt, read from
+The command line: every option llama-server's ``--help`` lists (tests/llama_server_flags.txt, read from
 the vendored ``common/arg.cpp``) is accepted by ``llamactor serve``, logged as ignored, or
 refused with exit code 2 naming it; its ``LLAMA_ARG_*`` variables work; sampling flags set
 the server's defaults for requests that leave a field out (HTTP and the embedding API).
-API-14/API-16: ``timings``, ``usage.prompt_tokens_details.cached_tokens``,
+The response parts: ``timings``, ``usage.prompt_tokens_details.cached_tokens``,
 ``system_fingerprint``, native ``generation_settings``/``tokens_cached``/``truncated``/
 ``stop_type``, and the ``exceed_context_size_error`` type with both sizes.
 """
@@ -27,18 +27,28 @@ from typing import Any
 import httpx
 import pytest
 from conftest import free_port, open_server
+from serveargs import parse_serve as _parse
+
 from llamactor.protocol.errors import ExceedContextSize
 from llamactor.protocol.sampling import DEFAULT_SEED, SamplingParams
 from llamactor.runtime import Runtime, cli, cliargs, cliflags
 from llamactor.runtime.engine.rpc import list_devices
-from serveargs import parse_serve as _parse
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 REFERENCE = Path(__file__).with_name("llama_server_flags.txt")
 README = Path(__file__).resolve().parent.parent / "README.md"
 STARTUP_TIMEOUT_S = 30
-TIMING_KEYS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
-               "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+TIMING_KEYS = {
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+}
 # Read only for downloads, and often set in users' shells: llamactor does not look at it.
 UNREAD_VARIABLES = {"HF_TOKEN"}
 ARGPARSE_OWN = {"-h", "--help", "--usage"}
@@ -62,7 +72,7 @@ def _table() -> dict[str, tuple[cliargs.Group, cliargs.Opt]]:
 
 
 def test_every_llama_server_option_and_variable_is_in_the_table():
-    """API-15: each spelling (and --no- spelling) and each variable of llama-server's options is
+    """Each spelling (and --no- spelling) and each variable of llama-server's options is
     in the flag table, and a switch is a switch, a value option takes a value."""
     table = _table()
     variables = {o.env for _, o in table.values() if o.env}
@@ -82,16 +92,35 @@ def test_every_llama_server_option_and_variable_is_in_the_table():
 
 
 _SAMPLE_VALUES = {
-    "--model": "x.gguf", "--flash-attn": "auto", "--split-mode": "layer", "--pooling": "mean", "--load-mode": "mmap",
-    "--reasoning-format": "none", "--chat-template-kwargs": "{}", "--json-schema": "{}", "--samplers": "top_k",
-    "--sampling-seq": "k", "--logit-bias": "1+1", "--gpu-layers": "1", "--device": "none", "--log-format": "json",
-    "--alias": "a", "--tensor-split": "1", "--api-key": "k", "--rpc": "127.0.0.1:1", "--scheduler": "continuous",
-    "--dry-sequence-breaker": "x", "--seed": "7", "--lora-scaled": "a.gguf:0.5", "--spec-type": "ngram-simple",
+    "--model": "x.gguf",
+    "--flash-attn": "auto",
+    "--split-mode": "layer",
+    "--pooling": "mean",
+    "--load-mode": "mmap",
+    "--reasoning-format": "none",
+    "--chat-template-kwargs": "{}",
+    "--json-schema": "{}",
+    "--samplers": "top_k",
+    "--sampling-seq": "k",
+    "--logit-bias": "1+1",
+    "--gpu-layers": "1",
+    "--device": "none",
+    "--log-format": "json",
+    "--alias": "a",
+    "--tensor-split": "1",
+    "--api-key": "k",
+    "--rpc": "127.0.0.1:1",
+    "--scheduler": "continuous",
+    "--dry-sequence-breaker": "x",
+    "--seed": "7",
+    "--lora-scaled": "a.gguf:0.5",
+    "--spec-type": "ngram-simple",
 }
 
 
+@pytest.mark.slow
 def test_every_llama_server_option_parses_and_is_sorted(tmp_path: Path):
-    """API-15: ``serve <option> [value]`` parses for every llama-server option (no "unrecognized
+    """``serve <option> [value]`` parses for every llama-server option (no "unrecognized
     arguments"), and lands in exactly one place: a field, the ignored list or the refused list."""
     file = tmp_path / "f.txt"
     file.write_text("{}\n")
@@ -121,7 +150,7 @@ def test_every_llama_server_option_parses_and_is_sorted(tmp_path: Path):
 
 
 def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
-    """API-15: flags for features not built are refused by name; their "off" values
+    """Flags for features not built are refused by name; their "off" values
     (``--spec-type none``, ``-ncmoe 0``, ``--cache-reuse 0``) are what llamactor does."""
     with pytest.raises(cli.ConfigError) as info:
         _parse(["--control-vector", "a.gguf", "-hfd", "org/d", "--rope-scale", "2", "--mmproj", "m.gguf"])
@@ -132,11 +161,17 @@ def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
 
 
 def test_variables_and_command_line_precedence():
-    """API-15: LLAMA_ARG_* variables set options (LLAMA_ARG_NO_* turns a switch off); a flag
+    """LLAMA_ARG_* variables set options (LLAMA_ARG_NO_* turns a switch off); a flag
     on the command line wins over its variable, as in llama-server."""
-    env = {"LLAMA_ARG_TEMPERATURE": "0.25", "LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_NO_CONT_BATCHING": "1",
-           "LLAMA_ARG_KV_UNIFIED": "true", "LLAMA_API_KEY": "k1,k2", "LLAMA_ARG_TOP_K": "3",
-           "LLAMA_ARG_ENDPOINT_SLOTS": "0"}
+    env = {
+        "LLAMA_ARG_TEMPERATURE": "0.25",
+        "LLAMA_ARG_CTX_SIZE": "1024",
+        "LLAMA_ARG_NO_CONT_BATCHING": "1",
+        "LLAMA_ARG_KV_UNIFIED": "true",
+        "LLAMA_API_KEY": "k1,k2",
+        "LLAMA_ARG_TOP_K": "3",
+        "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+    }
     opts = _parse(["--top-k", "5"], env)
     cfg = opts.config
     assert cfg.sampling.temperature == 0.25 and cfg.sampling.top_k == 5  # the flag wins over LLAMA_ARG_TOP_K
@@ -150,7 +185,7 @@ def test_variables_and_command_line_precedence():
 
 
 def test_llama_server_value_forms():
-    """API-15: llama-server's special values: -np/-t -1 (auto), -ngl all/auto, a bare -fa (older
+    """llama-server's special values: -np/-t -1 (auto), -ngl all/auto, a bare -fa (older
     llama-server), --load-mode, -a with several aliases, -dev none, --rerank; KV types and cache."""
     default = cli.RuntimeConfig()
     cfg = _parse(shlex.split("-np -1 -t -1 -ngl all -fa -lm none -a first,second -dev none --context-shift")).config
@@ -170,40 +205,50 @@ def test_llama_server_value_forms():
 
 
 def test_sampling_flags_build_the_server_defaults(tmp_path: Path):
-    """API-15: llama-server's sampling flags, with its spellings and value forms, become
+    """llama-server's sampling flags, with its spellings and value forms, become
     ``RuntimeConfig.sampling``."""
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object"}')
-    cfg = _parse(shlex.split(
-        "--temp -1 --top-k 7 --top-p 0.5 --min-p 0.1 --typical 0.9 --top-nsigma 1.5 --xtc-probability 0.2 "
-        "--xtc-threshold 0.3 --repeat-last-n 32 --repeat-penalty 1.3 --presence-penalty 0.1 "
-        "--frequency-penalty 0.2 --dry-multiplier 0.8 --dry-base 2 --dry-allowed-length 3 --dry-penalty-last-n 16 "
-        "--dry-sequence-breaker a --dry-sequence-breaker b --dynatemp-range 0.5 --dynatemp-exp 2 --mirostat 2 "
-        "--mirostat-lr 0.2 --mirostat-ent 4 -s -1 --samplers top_k;temperature -l 15+1 -l 16-inf "
-        f"-jf {schema} --ignore-eos -n 9 -r STOP --no-cache-prompt"
-    )).config
+    cfg = _parse(
+        shlex.split(
+            "--temp -1 --top-k 7 --top-p 0.5 --min-p 0.1 --typical 0.9 --top-nsigma 1.5 --xtc-probability 0.2 "
+            "--xtc-threshold 0.3 --repeat-last-n 32 --repeat-penalty 1.3 --presence-penalty 0.1 "
+            "--frequency-penalty 0.2 --dry-multiplier 0.8 --dry-base 2 --dry-allowed-length 3 --dry-penalty-last-n 16 "
+            "--dry-sequence-breaker a --dry-sequence-breaker b --dynatemp-range 0.5 --dynatemp-exp 2 --mirostat 2 "
+            "--mirostat-lr 0.2 --mirostat-ent 4 -s -1 --samplers top_k;temperature -l 15+1 -l 16-inf "
+            f"-jf {schema} --ignore-eos -n 9 -r STOP --no-cache-prompt"
+        )
+    ).config
     p = cfg.sampling
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p, p.top_n_sigma) == (0.0, 7, 0.5, 0.1, 0.9, 1.5)
     assert (p.xtc_probability, p.xtc_threshold, p.repeat_last_n, p.repeat_penalty) == (0.2, 0.3, 32, 1.3)
     assert (p.presence_penalty, p.frequency_penalty, p.dry_multiplier, p.dry_base) == (0.1, 0.2, 0.8, 2.0)
     assert (p.dry_allowed_length, p.dry_penalty_last_n, p.dry_sequence_breakers) == (3, 16, ("a", "b"))
-    assert (p.dynatemp_range, p.dynatemp_exponent, p.mirostat, p.mirostat_eta, p.mirostat_tau) == (0.5, 2.0, 2, 0.2, 4.0)
+    assert (p.dynatemp_range, p.dynatemp_exponent, p.mirostat, p.mirostat_eta, p.mirostat_tau) == (
+        0.5,
+        2.0,
+        2,
+        0.2,
+        4.0,
+    )
     assert p.seed == DEFAULT_SEED and p.samplers == ("top_k", "temperature")
     assert p.logit_bias == ((15, 1.0), (16, float("-inf"))) and "root" in p.grammar
     assert cfg.ignore_eos and cfg.n_predict_max == 9 and cfg.stop == ("STOP",) and not cfg.cache_prompt
     assert _parse(["--sampling-seq", "kt", "--seed", "42"]).config.sampling == SamplingParams(
-        samplers=("top_k", "temperature"), seed=42)
+        samplers=("top_k", "temperature"), seed=42
+    )
     with pytest.raises(cli.ConfigError, match="--dry-sequence-breaker none"):
         _parse(["--dry-sequence-breaker", "none"])
     with pytest.raises(SystemExit):  # argparse names the flag and the bad value
         _parse(["--samplers", "top_k;nope"])
 
 
-def test_readme_has_the_flag_table():
-    """API-15: README's "Coming from llama-server" holds the table as the code has it
-    (regenerate: python -c "from llamactor.runtime import cliflags; print(cliflags.markdown_table())")."""
-    text = README.read_text()
-    assert cliflags.markdown_table() in text[text.index("## Coming from llama-server"):]
+def test_docs_generate_the_flag_tables():
+    """The docs' flag tables are generated from the option groups at build time (docs/hooks/flags.py),
+    so they cannot drift from what ``llamactor serve`` parses."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    assert "<!-- flags: llama-server -->" in (docs / "compatibility.md").read_text()
+    assert "<!-- flags: serve -->" in (docs / "server.md").read_text()
 
 
 # ---- llamactor serve as a llama-server user runs it ----------------------------------------
@@ -213,8 +258,12 @@ def test_readme_has_the_flag_table():
 def _serve(argv: list[str], env: dict[str, str] | None = None, scheme: str = "http") -> Iterator[tuple[str, list[str]]]:
     """A ``llamactor serve`` process on a free port; yields its URL and, after it stops, its log."""
     port = free_port()
-    proc = subprocess.Popen([*LLAMACTOR, "serve", "--port", str(port), "--host", "127.0.0.1", *argv],
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "serve", "--port", str(port), "--host", "127.0.0.1", *argv],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     url = f"{scheme}://127.0.0.1:{port}"
     lines: list[str] = []
     try:
@@ -246,8 +295,9 @@ def _events(lines: list[str], event: str) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path, tmp_path: Path):
-    """API-15 (issue 11 check 4): the flags tools/server/tests/utils.py passes to llama-server
+    """The flags tools/server/tests/utils.py passes to llama-server
     start ``llamactor serve``; it serves, the implemented ones work (alias, slots, context,
     batch, n-predict, keys, chat template file, sampling defaults), and each flag with no
     meaning here is logged once with its reason."""
@@ -287,12 +337,15 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
     assert "continuous batching is always on" in ignored["--cont-batching"]
 
 
+@pytest.mark.slow
 def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
-    """API-15: a flag for a feature llamactor has not built stops startup with exit code 2 and a
+    """A flag for a feature llamactor has not built stops startup with exit code 2 and a
     message naming it (and its variable, when that is how it came)."""
     cases = [
-        (["--control-vector", "a.gguf", "--hf-repo-draft", "org/draft"],
-         ["--control-vector is not supported", "--hf-repo-draft is not supported"]),
+        (
+            ["--control-vector", "a.gguf", "--hf-repo-draft", "org/draft"],
+            ["--control-vector is not supported", "--hf-repo-draft is not supported"],
+        ),
         (["--cache-reuse", "256"], ["--cache-reuse is not supported"]),
         (["-hf", "org/model"], ["-hf is not supported: llamactor never downloads models"]),
     ]
@@ -301,23 +354,32 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
         assert proc.returncode == 2, (flags, proc.stderr)
         for message in messages:
             assert message in proc.stderr.decode(), proc.stderr.decode()
-    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model)], capture_output=True, timeout=60,
-                          env={**os.environ, "LLAMA_ARG_MMPROJ": "m.gguf"})
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model)],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "LLAMA_ARG_MMPROJ": "m.gguf"},
+    )
     assert proc.returncode == 2 and "LLAMA_ARG_MMPROJ is not supported" in proc.stderr.decode()
     proc = subprocess.run([*LLAMACTOR, "serve", "--version"], capture_output=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.decode().startswith("llamactor ")
 
 
+@pytest.mark.slow
 def test_sampling_flags_are_the_servers_defaults(tiny_model: Path):
-    """API-15: ``--temp 0 --seed 42 --top-k 1`` (temperature and top-k from their variables)
+    """``--temp 0 --seed 42 --top-k 1`` (temperature and top-k from their variables)
     make a request that sends no sampling field greedy, on the native and the OpenAI API;
     ``--repeat-penalty 1.5`` changes the output of such a request, and a request's own field
     still wins over the server's default."""
     argv = ["-m", str(tiny_model), "-t", "1", "-c", "1024", "-np", "2", "--seed", "42", "--repeat-penalty", "1.5"]
     with _serve(argv, env={"LLAMA_ARG_TEMPERATURE": "0", "LLAMA_ARG_TOP_K": "1"}) as (url, _):
+
         def tokens(**fields: Any) -> list[int]:
-            r = httpx.post(url + "/completion", json={"prompt": "The quick brown fox", "n_predict": 24,
-                                                      "ignore_eos": True, **fields}, timeout=60)
+            r = httpx.post(
+                url + "/completion",
+                json={"prompt": "The quick brown fox", "n_predict": 24, "ignore_eos": True, **fields},
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             return r.json()["tokens"]
 
@@ -325,22 +387,61 @@ def test_sampling_flags_are_the_servers_defaults(tiny_model: Path):
         assert default == tokens() == tokens(temperature=0, top_k=1, repeat_penalty=1.5, seed=42)
         assert default != tokens(repeat_penalty=1.0)  # the server's penalty was in effect
         settings = httpx.post(url + "/completion", json={"prompt": "x", "n_predict": 1}).json()["generation_settings"]
-        assert (settings["temperature"], settings["top_k"], settings["seed"], settings["repeat_penalty"]) == (0, 1, 42, 1.5)
-        text = httpx.post(url + "/completion", json={"prompt": "The quick brown fox", "n_predict": 24,
-                                                     "ignore_eos": True}).json()["content"]
-        oai = httpx.post(url + "/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 24,
-                                                        "ignore_eos": True}).json()
+        assert (settings["temperature"], settings["top_k"], settings["seed"], settings["repeat_penalty"]) == (
+            0,
+            1,
+            42,
+            1.5,
+        )
+        text = httpx.post(
+            url + "/completion", json={"prompt": "The quick brown fox", "n_predict": 24, "ignore_eos": True}
+        ).json()["content"]
+        oai = httpx.post(
+            url + "/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 24, "ignore_eos": True}
+        ).json()
         assert oai["choices"][0]["text"] == text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
 def test_ssl_flags_serve_https(tiny_model: Path, tmp_path: Path):
-    """API-15: --ssl-cert-file and --ssl-key-file serve HTTPS, as in llama-server."""
+    """--ssl-cert-file and --ssl-key-file serve HTTPS, as in llama-server."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
-    argv = ["-m", str(tiny_model), "-t", "1", "-c", "512", "-np", "1", "--ssl-cert-file", str(cert),
-            "--ssl-key-file", str(key)]
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    argv = [
+        "-m",
+        str(tiny_model),
+        "-t",
+        "1",
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "--ssl-cert-file",
+        str(cert),
+        "--ssl-key-file",
+        str(key),
+    ]
     with _serve(argv, scheme="https") as (url, _):
         r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 2}, verify=False)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
@@ -350,7 +451,7 @@ def test_ssl_flags_serve_https(tiny_model: Path, tmp_path: Path):
 
 
 async def test_embedding_api_takes_the_servers_defaults(make_config):
-    """API-15: ``Runtime.complete`` without a sampling keyword gets ``RuntimeConfig.sampling``
+    """``Runtime.complete`` without a sampling keyword gets ``RuntimeConfig.sampling``
     (and the server's stop strings and ignore_eos), as HTTP requests do; its own keywords win."""
     prompt, never = "The quick brown fox", "<never-stop>"
     async with Runtime.open(make_config()) as rt:
@@ -358,11 +459,11 @@ async def test_embedding_api_takes_the_servers_defaults(make_config):
         penalized = await rt.complete(prompt, max_tokens=24, temperature=0, repeat_penalty=1.5, ignore_eos=True)
     assert free.choices[0].tokens != penalized.choices[0].tokens
     text = penalized.text
-    cut = next(i for i in range(4, len(text) - 3) if text.index(text[i:i + 3]) == i and "\ufffd" not in text[:i + 3])
+    cut = next(i for i in range(4, len(text) - 3) if text.index(text[i : i + 3]) == i and "\ufffd" not in text[: i + 3])
     defaults = SamplingParams(temperature=0.0, repeat_penalty=1.5)
-    async with Runtime.open(make_config(sampling=defaults, stop=(text[cut:cut + 3],), ignore_eos=True)) as rt:
+    async with Runtime.open(make_config(sampling=defaults, stop=(text[cut : cut + 3],), ignore_eos=True)) as rt:
         plain = await rt.complete(prompt, max_tokens=24)
-        assert plain.text == text[:cut] and plain.stopping_word == text[cut:cut + 3]  # the server's stop string
+        assert plain.text == text[:cut] and plain.stopping_word == text[cut : cut + 3]  # the server's stop string
         own = await rt.complete(prompt, max_tokens=24, stop=[never])
         assert own.choices[0].tokens == penalized.choices[0].tokens  # greedy, penalized, 24 tokens (ignore_eos)
         unpenalized = await rt.complete(prompt, max_tokens=24, stop=[never], repeat_penalty=1.0)
@@ -370,7 +471,7 @@ async def test_embedding_api_takes_the_servers_defaults(make_config):
 
 
 async def test_openai_completions_default_length_follows_n_predict(make_config):
-    """API-15: with -n, /v1/completions without max_tokens generates -n tokens (llama-server's
+    """With -n, /v1/completions without max_tokens generates -n tokens (llama-server's
     default), not OpenAI's 16; a native request without n_predict is capped by it."""
     async with open_server(make_config(n_predict_max=7, ignore_eos=True)) as (_, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -381,7 +482,7 @@ async def test_openai_completions_default_length_follows_n_predict(make_config):
             assert native["generation_settings"]["ignore_eos"] is True
 
 
-# ---- response fields (API-14, API-16) --------------------------------------------------------
+# ---- response fields -------------------------------------------------------------------------
 
 
 def _check_timings(t: dict[str, Any], *, n_prompt: int, n_predicted: int) -> None:
@@ -398,70 +499,101 @@ def _sse(text: str) -> list[dict[str, Any]]:
 
 
 async def test_native_response_fields(make_config):
-    """API-16: /completion has llama-server's timings, generation_settings, tokens_cached,
+    """/completion has llama-server's timings, generation_settings, tokens_cached,
     truncated and stop_type, streaming (last chunk) and not; a repeated prompt shows its cache."""
-    async with open_server(make_config()) as (_, url):
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            body = {"prompt": "Hello there, how are you", "n_predict": 5, "temperature": 0, "ignore_eos": True,
-                    "top_k": 3, "stop": ["never"]}
-            first = (await client.post("/completion", json=body)).json()
-            n_prompt = first["tokens_evaluated"]
-            assert first["stop_type"] == "limit" and first["truncated"] is False
-            assert first["tokens_cached"] == n_prompt + 5 - 1
-            _check_timings(first["timings"], n_prompt=n_prompt, n_predicted=5)
-            assert first["timings"]["cache_n"] == 0
-            settings = first["generation_settings"]
-            assert (settings["temperature"], settings["top_k"], settings["stop"], settings["n_predict"]) == (
-                0.0, 3, ["never"], 5)
-            assert settings["samplers"][0] == "penalties" and "dry_sequence_breakers" in settings
-            again = (await client.post("/completion", json=body)).json()
-            assert again["timings"]["cache_n"] == n_prompt - 1  # all but the last prompt token reused
-            r = await client.post("/completion", json={**body, "stream": True})
-            last = _sse(r.text)[-1]
-            assert last["stop"] is True and last["stop_type"] == "limit" and last["truncated"] is False
-            _check_timings(last["timings"], n_prompt=n_prompt, n_predicted=5)
-            assert last["generation_settings"]["stream"] is True
+    async with open_server(make_config()) as (_, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {
+            "prompt": "Hello there, how are you",
+            "n_predict": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+            "top_k": 3,
+            "stop": ["never"],
+        }
+        first = (await client.post("/completion", json=body)).json()
+        n_prompt = first["tokens_evaluated"]
+        assert first["stop_type"] == "limit" and first["truncated"] is False
+        assert first["tokens_cached"] == n_prompt + 5 - 1
+        _check_timings(first["timings"], n_prompt=n_prompt, n_predicted=5)
+        assert first["timings"]["cache_n"] == 0
+        settings = first["generation_settings"]
+        assert (settings["temperature"], settings["top_k"], settings["stop"], settings["n_predict"]) == (
+            0.0,
+            3,
+            ["never"],
+            5,
+        )
+        assert settings["samplers"][0] == "penalties" and "dry_sequence_breakers" in settings
+        again = (await client.post("/completion", json=body)).json()
+        assert again["timings"]["cache_n"] == n_prompt - 1  # all but the last prompt token reused
+        r = await client.post("/completion", json={**body, "stream": True})
+        last = _sse(r.text)[-1]
+        assert last["stop"] is True and last["stop_type"] == "limit" and last["truncated"] is False
+        _check_timings(last["timings"], n_prompt=n_prompt, n_predicted=5)
+        assert last["generation_settings"]["stream"] is True
 
 
 async def test_openai_response_fields(make_config):
-    """API-14/16: chat and completions carry system_fingerprint, timings and
+    """Chat and completions carry system_fingerprint, timings and
     usage.prompt_tokens_details.cached_tokens; streams put timings on the last chunk (on the
     usage chunk when one is asked for), and /v1/completions' last chunk has usage too."""
-    async with open_server(make_config()) as (_, url):
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            chat = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4, "temperature": 0,
-                    "ignore_eos": True}
-            first = (await client.post("/v1/chat/completions", json=chat)).json()
-            second = (await client.post("/v1/chat/completions", json=chat)).json()
-            assert first["system_fingerprint"].startswith("llamactor-")
-            n_prompt = first["usage"]["prompt_tokens"]
-            assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-            assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
-            _check_timings(second["timings"], n_prompt=n_prompt, n_predicted=4)
-            stream = _sse((await client.post("/v1/chat/completions", json={**chat, "stream": True})).text)
-            assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in stream)
-            assert [c for c in stream if "timings" in c] == [stream[-1]]
-            _check_timings(stream[-1]["timings"], n_prompt=n_prompt, n_predicted=4)
-            usage_stream = _sse((await client.post("/v1/chat/completions", json={
-                **chat, "stream": True, "stream_options": {"include_usage": True}})).text)
-            tail = usage_stream[-1]
-            assert tail["choices"] == [] and "timings" in tail and "timings" not in usage_stream[-2]
-            assert tail["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
-            completions = _sse((await client.post("/v1/completions", json={
-                "prompt": "Say hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True, "stream": True})).text)
-            last = completions[-1]
-            assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 3
-            _check_timings(last["timings"], n_prompt=last["usage"]["prompt_tokens"], n_predicted=3)
+    async with open_server(make_config()) as (_, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+        chat = {
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        first = (await client.post("/v1/chat/completions", json=chat)).json()
+        second = (await client.post("/v1/chat/completions", json=chat)).json()
+        assert first["system_fingerprint"].startswith("llamactor-")
+        n_prompt = first["usage"]["prompt_tokens"]
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+        _check_timings(second["timings"], n_prompt=n_prompt, n_predicted=4)
+        stream = _sse((await client.post("/v1/chat/completions", json={**chat, "stream": True})).text)
+        assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in stream)
+        assert [c for c in stream if "timings" in c] == [stream[-1]]
+        _check_timings(stream[-1]["timings"], n_prompt=n_prompt, n_predicted=4)
+        usage_stream = _sse(
+            (
+                await client.post(
+                    "/v1/chat/completions", json={**chat, "stream": True, "stream_options": {"include_usage": True}}
+                )
+            ).text
+        )
+        tail = usage_stream[-1]
+        assert tail["choices"] == [] and "timings" in tail and "timings" not in usage_stream[-2]
+        assert tail["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+        completions = _sse(
+            (
+                await client.post(
+                    "/v1/completions",
+                    json={
+                        "prompt": "Say hello",
+                        "max_tokens": 3,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                        "stream": True,
+                    },
+                )
+            ).text
+        )
+        last = completions[-1]
+        assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 3
+        _check_timings(last["timings"], n_prompt=last["usage"]["prompt_tokens"], n_predicted=3)
 
 
 async def test_exceed_context_size_error(make_config):
-    """API-16: a prompt longer than the slot context is llama-server's exceed_context_size_error
+    """A prompt longer than the slot context is llama-server's exceed_context_size_error
     (400, with n_prompt_tokens and n_ctx), over HTTP and as ExceedContextSize in the embedding API."""
     long_prompt = "hello " * 600
     async with open_server(make_config(n_ctx=1024, parallel=2)) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            for path, body in (("/completion", {"prompt": long_prompt}),
-                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_prompt}]})):
+            for path, body in (
+                ("/completion", {"prompt": long_prompt}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_prompt}]}),
+            ):
                 r = await client.post(path, json=body)
                 assert r.status_code == 400, r.text
                 error = r.json()["error"]
@@ -473,7 +605,7 @@ async def test_exceed_context_size_error(make_config):
 
 
 async def test_chat_template_override(make_config, tmp_path: Path):
-    """API-14: --chat-template (Jinja source, or llama-server's name "chatml") and
+    """--chat-template (Jinja source, or llama-server's name "chatml") and
     --chat-template-file replace the GGUF's template; --chat-template-kwargs reach it."""
     messages = [{"role": "user", "content": "hi"}]
     source = "{% for m in messages %}[{{ m['content'] }}|{{ flavor }}]{% endfor %}"

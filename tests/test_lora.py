@@ -1,4 +1,4 @@
-"""LoRA adapters (EN-1, PH-8): flags, /lora-adapters, the request field, one set per batch.
+"""LoRA adapters: flags, /lora-adapters, the request field, one set per batch.
 
 The adapter is tinylora.py's random LoRA for the tiny model, written at test time.
 """
@@ -14,16 +14,16 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-
 from conftest import free_port, open_server, wait_until
 from faults import Faults
+from serveargs import parse_serve
+from tinylora import write_tiny_lora
+
 from llamactor.actors.loraturns import LoraTurns
 from llamactor.actors.trace import TraceViolation, check_lora_exclusion, check_phase_exclusion
 from llamactor.protocol.errors import ConfigError, RequestError
 from llamactor.protocol.plan import StepPlan
-from llamactor.runtime import Runtime
-from serveargs import parse_serve
-from tinylora import write_tiny_lora
+from llamactor.runtime import LoraScale, Runtime
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 POLICIES = ["continuous", "stall-free", "cohort", "serial-prefill", "no-cont-batching"]
@@ -57,13 +57,17 @@ async def _tokens(rt: Runtime, prompt: str = PROMPT, **kw: Any) -> tuple[int, ..
 
 
 async def test_scale_zero_is_the_base_model_and_scale_one_differs(make_config, lora_config):
-    """EN-1: an adapter at scale 0 gives the base model's tokens; scale 1 and 0.5 change them;
+    """An adapter at scale 0 gives the base model's tokens; scale 1 and 0.5 change them;
     a request without ``lora`` uses the global scale (1 here, 0 with --lora-init-without-apply)."""
     async with Runtime.open(make_config()) as rt:
         base = await _tokens(rt)
     async with Runtime.open(lora_config()) as rt:
-        off, one, half, default = (await _tokens(rt, lora=OFF), await _tokens(rt, lora=ONE),
-                                   await _tokens(rt, lora=HALF), await _tokens(rt))
+        off, one, half, default = (
+            await _tokens(rt, lora=OFF),
+            await _tokens(rt, lora=ONE),
+            await _tokens(rt, lora=HALF),
+            await _tokens(rt),
+        )
         assert await _tokens(rt, lora=[]) == one  # an empty list is no list, as in llama-server
     assert off == base
     assert one != base and half != base and half != one
@@ -74,7 +78,7 @@ async def test_scale_zero_is_the_base_model_and_scale_one_differs(make_config, l
         assert await _tokens(rt, lora=ONE) == one
 
 
-# ---- different sets never share a step, under every policy (PH-8) ---------------------------
+# ---- different sets never share a step, under every policy ----------------------------------
 
 MIX = {  # name -> (prompt, lora, n)
     "one": (PROMPT, ONE, 1),
@@ -101,16 +105,17 @@ async def _run(config, names: list[str]) -> tuple[dict[str, tuple[tuple[int, ...
                 tg.start_soon(one, name)
             try:
                 busy = sum(MIX[name][2] for name in names)
-                await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == busy, timeout_s=30)
+                await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == busy, timeout_s=30)
             finally:
                 faults.hold.set()
-        trace = [rec for g in rt.supervisor.groups for rec in g.trace]
+        trace = [rec for g in rt.engine.supervisor.groups for rec in g.trace]
     return out, trace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", POLICIES)
 async def test_lora_sets_never_share_a_step(lora_config, scheduler):
-    """EN-1, PH-8: requests with three LoRA sets (scale 1, none, scale 0.5 with n = 2) run at
+    """Requests with three LoRA sets (scale 1, none, scale 0.5 with n = 2) run at
     once; the trace shows no step mixing sets, the sets taking turns step by step (but under
     no-cont-batching, which runs them one after another), the cohort barrier kept (exclusive
     policies); and each request's tokens are those it gets alone."""
@@ -132,7 +137,7 @@ async def test_lora_sets_never_share_a_step(lora_config, scheduler):
 
 
 def test_lora_turns_rotate_and_keep_releases():
-    """EN-1: narrowing a plan keeps one set's rows (and every release), round robin over sets."""
+    """Narrowing a plan keeps one set's rows (and every release), round robin over sets."""
     sets = {0: (), 1: ((0, 1.0),), 2: ((0, 0.5),), 3: ((0, 1.0),)}
     plan = StepPlan(prefill=((0, 4), (1, 4)), generate=(2, 3), release=(5,))
     turns = LoraTurns()
@@ -158,7 +163,7 @@ def test_check_lora_exclusion_catches_a_mixed_step():
 
 
 async def test_each_group_context_applies_its_own_sets(lora_config):
-    """EN-1 with pipeline groups: the adapters are loaded once and each group's context switches
+    """LoRA with pipeline groups: the adapters are loaded once and each group's context switches
     its own active set; both groups give each set's tokens."""
     async with Runtime.open(lora_config()) as rt:
         expected = {name: await _tokens(rt, lora=lora) for name, lora in (("one", ONE), ("off", OFF))}
@@ -177,8 +182,9 @@ async def test_each_group_context_applies_its_own_sets(lora_config):
 
 # ---- the KV of one set is never reused by another -----------------------------------------
 
+
 async def test_slot_cache_is_not_reused_across_lora_sets(lora_config):
-    """EN-1: a slot's cached prompt computed under another LoRA set is not reused (llama-server
+    """A slot's cached prompt computed under another LoRA set is not reused (llama-server
     clears it); under the same set it is; tokens stay those of a fresh run."""
     long_prompt = PROMPT + " jumps over the lazy dog. Hello world, this is a tiny model"
     async with Runtime.open(lora_config(parallel=1, cache_ram_mib=0)) as rt:
@@ -194,7 +200,7 @@ async def test_slot_cache_is_not_reused_across_lora_sets(lora_config):
 
 
 async def test_host_prompt_cache_keys_on_the_lora_set(lora_config):
-    """EN-1 with EN-5: a state saved to the host prompt cache under one LoRA set is restored only
+    """A state saved to the host prompt cache under one LoRA set is restored only
     for a prompt with the same set."""
     conversation = PROMPT + " jumps over the lazy dog. Hello world, this is a tiny model for testing"
     other = "0123456789 function return value " * 3
@@ -202,17 +208,18 @@ async def test_host_prompt_cache_keys_on_the_lora_set(lora_config):
         cached = dict(GREEDY, cache_prompt=True)
         await rt.complete(conversation, lora=ONE, **cached)
         await rt.complete(other, lora=OFF, **cached)  # takes the slot: the lora-1 state goes to the cache
-        assert rt.prompt_cache is not None and rt.prompt_cache.statistics().saves == 1
+        assert rt.engine.prompt_cache is not None and rt.engine.prompt_cache.statistics().saves == 1
         c = await rt.complete(conversation + " again", lora=OFF, **cached)
-        assert c.n_cached <= 1 and rt.prompt_cache.statistics().hits == 0  # at most the BOS the slot holds
+        assert c.n_cached <= 1 and rt.engine.prompt_cache.statistics().hits == 0  # at most the BOS the slot holds
         c = await rt.complete(conversation + " again", lora=ONE, **cached)
-        assert c.n_cached > 1 and rt.prompt_cache.statistics().hits == 1
+        assert c.n_cached > 1 and rt.engine.prompt_cache.statistics().hits == 1
 
 
 # ---- HTTP: /lora-adapters and the request field ---------------------------------------------
 
+
 async def test_lora_adapters_endpoints(lora_config, tiny_lora):
-    """EN-1: GET lists the adapters; POST sets the global scales (adapters not listed: 0) that
+    """GET lists the adapters; POST sets the global scales (adapters not listed: 0) that
     requests without ``lora`` use; bad bodies are 400 naming the field."""
     async with open_server(lora_config()) as (rt, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
         one = await _tokens(rt, lora=ONE)
@@ -230,8 +237,12 @@ async def test_lora_adapters_endpoints(lora_config, tiny_lora):
         assert (await client.get("/lora-adapters")).json()[0]["scale"] == 0.0
         assert tuple((await client.post("/completion", json=body)).json()["tokens"]) == off
         assert tuple((await client.post("/completion", json={**body, "lora": ONE})).json()["tokens"]) == one
-        for bad, needle in (([{"id": 3, "scale": 1}], "id"), ([{"id": 0, "scale": "x"}], "scale"),
-                            ({"id": 0, "scale": 1}, "array"), ([1, 2], "object")):
+        for bad, needle in (
+            ([{"id": 3, "scale": 1}], "id"),
+            ([{"id": 0, "scale": "x"}], "scale"),
+            ({"id": 0, "scale": 1}, "array"),
+            ([1, 2], "object"),
+        ):
             r = await client.post("/lora-adapters", json=bad)
             assert r.status_code == 400, (bad, r.text)
             assert needle in r.json()["error"]["message"], r.text
@@ -239,19 +250,30 @@ async def test_lora_adapters_endpoints(lora_config, tiny_lora):
 
 
 async def test_request_lora_on_every_api(lora_config):
-    """EN-1: the request field ``lora`` on /completion, /v1/completions, /v1/chat/completions
+    """The request field ``lora`` on /completion, /v1/completions, /v1/chat/completions
     and through ``Runtime`` (complete and chat) gives the adapter's tokens."""
     messages = [{"role": "user", "content": "Hello"}]
-    async with open_server(lora_config(lora_init_without_apply=True)) as (rt, url), \
-            httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with (
+        open_server(lora_config(lora_init_without_apply=True)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
         one, base = await _tokens(rt, lora=ONE), await _tokens(rt)
         assert one != base
         one_text = (await rt.complete(PROMPT, lora=ONE, **GREEDY)).choices[0].text
         chat_one = (await rt.chat(messages, lora=ONE, **GREEDY)).message.content
         chat_base = (await rt.chat(messages, **GREEDY)).message.content
         assert chat_one != chat_base
-        r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": N_PREDICT, "temperature": 0,
-                                                   "ignore_eos": True, "cache_prompt": False, "lora": ONE})
+        r = await client.post(
+            "/completion",
+            json={
+                "prompt": PROMPT,
+                "n_predict": N_PREDICT,
+                "temperature": 0,
+                "ignore_eos": True,
+                "cache_prompt": False,
+                "lora": ONE,
+            },
+        )
         assert r.status_code == 200 and tuple(r.json()["tokens"]) == one
         assert r.json()["generation_settings"]["lora"] == [{"id": 0, "scale": 1.0}]
         oai = {"max_tokens": N_PREDICT, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
@@ -265,13 +287,21 @@ async def test_request_lora_on_every_api(lora_config):
 
 @pytest.mark.parametrize("path", ["/completion", "/v1/completions", "/v1/chat/completions"])
 async def test_bad_lora_field_is_a_400_naming_it(lora_config, path):
-    """EN-1 bad input: an id that does not exist, a scale that is not a number, a ``lora`` that
+    """LoRA bad input: an id that does not exist, a scale that is not a number, a ``lora`` that
     is not a list of objects: 400 naming the field; the server goes on serving."""
     base: dict[str, Any] = {"max_tokens": 2, "n_predict": 2}
     base |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
     async with open_server(lora_config()) as (rt, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
-        for bad in ([{"id": 7, "scale": 1.0}], [{"id": -1, "scale": 1.0}], [{"id": 0, "scale": "big"}],
-                    [{"id": 0, "scale": True}], {"id": 0, "scale": 1.0}, [0.5], "all", [{"scale": 1.0}]):
+        for bad in (
+            [{"id": 7, "scale": 1.0}],
+            [{"id": -1, "scale": 1.0}],
+            [{"id": 0, "scale": "big"}],
+            [{"id": 0, "scale": True}],
+            {"id": 0, "scale": 1.0},
+            [0.5],
+            "all",
+            [{"scale": 1.0}],
+        ):
             r = await client.post(path, json={**base, "lora": bad})
             assert r.status_code == 400, (bad, r.text)
             assert "lora" in r.json()["error"]["message"], r.text
@@ -279,15 +309,23 @@ async def test_bad_lora_field_is_a_400_naming_it(lora_config, path):
 
 
 async def test_bad_lora_through_runtime(lora_config, make_config):
-    """EN-1 bad input through the embedding API: RequestError naming the field."""
+    """LoRA bad input through the embedding API: RequestError naming the field."""
     async with Runtime.open(lora_config()) as rt:
-        for bad in ([{"id": 1, "scale": 1.0}], [{"id": 0, "scale": "x"}], [{"id": 0, "scale": float("nan")}],
-                    {"id": 0}, [7], [{"scale": 1.0}]):
+        for bad in (
+            [{"id": 1, "scale": 1.0}],
+            [{"id": 0, "scale": "x"}],
+            [{"id": 0, "scale": float("nan")}],
+            {"id": 0},
+            [7],
+            [{"scale": 1.0}],
+        ):
             with pytest.raises(RequestError, match="lora"):
                 await rt.complete("hi", max_tokens=2, lora=bad)
         with pytest.raises(RequestError, match="body"):
             rt.set_lora_adapters([{"id": 2, "scale": 1.0}])
-        assert await rt.complete("hi", max_tokens=2, lora=[(0, 0.25)])  # (id, scale) pairs work too
+        with pytest.raises(RequestError, match=r"lora\[0\]"):  # the typed field: id/scale objects
+            await rt.complete("hi", max_tokens=2, lora=[(0, 0.25)])
+        assert await rt.complete("hi", max_tokens=2, lora=[LoraScale(id=0, scale=0.25)])
     async with Runtime.open(make_config()) as rt:  # no adapter loaded
         with pytest.raises(RequestError, match="no adapter is loaded"):
             await rt.complete("hi", max_tokens=2, lora=ONE)
@@ -295,7 +333,7 @@ async def test_bad_lora_through_runtime(lora_config, make_config):
 
 
 async def test_nan_logits_from_a_huge_scale_fail_that_request_alone(lora_config):
-    """EN-1 bad input: a scale so large the logits turn NaN would make llama.cpp's grammar
+    """LoRA bad input: a scale so large the logits turn NaN would make llama.cpp's grammar
     sampler abort the process (found by the fuzzer); the request gets a 400 naming ``lora``,
     streaming or not, and the server goes on."""
     grammar = 'root ::= "yes" | "no"'
@@ -306,13 +344,14 @@ async def test_nan_logits_from_a_huge_scale_fail_that_request_alone(lora_config)
             assert r.status_code == 400 and "lora" in r.json()["error"]["message"], r.text
         r = await client.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "grammar": grammar})
         assert r.status_code == 200 and r.json()["content"] in ("yes", "no")
-        assert rt.supervisor.restarts == [0]
+        assert rt.engine.supervisor.restarts == [0]
 
 
 # ---- startup ------------------------------------------------------------------------------
 
+
 def test_lora_flags(tiny_lora, tmp_path):
-    """EN-1: --lora (comma-separated, repeatable), --lora-scaled FNAME:SCALE, in command-line
+    """--lora (comma-separated, repeatable), --lora-scaled FNAME:SCALE, in command-line
     order; --lora-init-without-apply; a bad --lora-scaled value exits 2 (argparse)."""
     a, b, c = str(tiny_lora), str(tmp_path / "b.gguf"), str(tmp_path / "c.gguf")
     opts = parse_serve(["--lora", a, "--lora-scaled", f"{b}:0.5,{c}:-1", "--lora", f"{c},{a}"])
@@ -325,14 +364,21 @@ def test_lora_flags(tiny_lora, tmp_path):
         assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_missing_or_invalid_adapter_file_exits_2(tiny_model, tiny_lora, tmp_path, make_config):
-    """EN-1 bad input at startup: a missing adapter file and a file llama.cpp refuses as an
+    """LoRA bad input at startup: a missing adapter file and a file llama.cpp refuses as an
     adapter (here the base model itself) stop `llamactor serve` with exit code 2 naming it."""
     with pytest.raises(ConfigError, match="nope.gguf"):
         make_config(lora=(("nope.gguf", 1.0),)).validated()
-    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()),
-                           "--lora", str(tmp_path / "nope.gguf")], capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "--lora", str(tmp_path / "nope.gguf")],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "nope.gguf" in proc.stderr.decode(), proc.stderr.decode()
-    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "-t", "1",
-                           "--lora", str(tiny_model)], capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "-t", "1", "--lora", str(tiny_model)],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "LoRA adapter" in proc.stderr.decode() and str(tiny_model) in proc.stderr.decode()

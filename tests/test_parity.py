@@ -1,4 +1,4 @@
-"""API-16: the same request gives the same token ids as llama-server.
+"""The same request gives the same token ids as llama-server.
 
 tests/golden/llama_server_tokens.json holds llama-server's answers (ops/record_golden.py
 regenerates it with the built llama-server, one slot, one thread) for greedy and seeded
@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import open_server
+
 from llamactor.runtime import RuntimeConfig
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_server_tokens.json").read_text())
@@ -41,10 +41,14 @@ def parity_results(tiny_model: Path) -> dict[str, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=XFAIL[c["name"]])) if c["name"] in XFAIL else c
-    for c in CASES
-], ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=XFAIL[c["name"]])) if c["name"] in XFAIL else c
+        for c in CASES
+    ],
+    ids=[c["name"] for c in CASES],
+)
 def test_same_tokens_as_llama_server(case: dict[str, Any], parity_results: dict[str, list[int]]) -> None:
-    """API-16: token ids equal llama-server's for the recorded request."""
+    """Token ids equal llama-server's for the recorded request."""
     assert parity_results[case["name"]] == case["tokens"], GOLDEN["llama_cpp"]

@@ -1,4 +1,4 @@
-"""OPS-1: ``llamactor bench --plot FILE.png`` draws sweeps and the mixed workload.
+"""``llamactor bench --plot FILE.png`` draws sweeps and the mixed workload.
 
 No benchmark runs here: the results are made by the workloads' own ``summarize`` from
 synthetic request records, so the plot reads exactly the objects a real run produces.
@@ -20,6 +20,8 @@ from llamactor.ops.plot import PlotUnavailable, require_matplotlib, save_plot
 from llamactor.ops.stats import CrossCheck, RequestRecord
 from llamactor.ops.workloads import Cohort, Mixed
 
+pytestmark = pytest.mark.slow  # matplotlib renders a figure per test
+
 A, B = Target("A", "http://127.0.0.1:8080"), Target("B", "http://127.0.0.1:8081")
 
 
@@ -28,15 +30,24 @@ def _record(sent: float, ttft: float, gap: float, n: int, stall: float = 0.0) ->
     times = [sent + ttft]
     for i in range(1, n):
         times.append(times[-1] + gap + (stall if i == n // 3 else 0.0))
-    return RequestRecord(sent_s=sent, n_prompt_sent=16, event_times=times, event_tokens=[1] * n,
-                         done_s=times[-1], ended_s=times[-1], n_generated_server=n, n_prompt_server=16)
+    return RequestRecord(
+        sent_s=sent,
+        n_prompt_sent=16,
+        event_times=times,
+        event_tokens=[1] * n,
+        done_s=times[-1],
+        ended_s=times[-1],
+        n_generated_server=n,
+        n_prompt_server=16,
+    )
 
 
 def _phase(jobs: list[Job], records: list[list[RequestRecord]]) -> PhaseResult:
     end = max(r.done_s or 0.0 for recs in records for r in recs)
     n = sum(r.n_generated for recs in records for r in recs)
-    return PhaseResult(jobs=jobs, records=records, t0_s=0.0, end_s=end, client_cpu_s=0.01,
-                       cross_check=CrossCheck(n, n, 0.0))
+    return PhaseResult(
+        jobs=jobs, records=records, t0_s=0.0, end_s=end, client_cpu_s=0.01, cross_check=CrossCheck(n, n, 0.0)
+    )
 
 
 def closed_run(target: Target, users: int, speed: float) -> Run:
@@ -64,7 +75,7 @@ def assert_png(path: Path, min_bytes: int = 10_000) -> tuple[int, int]:
 
 
 def test_sweep_plot_one_line_per_server(tmp_path: Path) -> None:
-    """OPS-1: a users sweep with --vs (A and B, two points each) draws tok/s and TTFT against users."""
+    """A users sweep with --vs (A and B, two points each) draws tok/s and TTFT against users."""
     runs = [closed_run(t, users, speed) for users in (1, 2, 4) for t, speed in ((A, 1.0), (B, 1.5))]
     out = save_plot(runs, tmp_path / "sweep.png")
     width, height = assert_png(out)
@@ -72,7 +83,7 @@ def test_sweep_plot_one_line_per_server(tmp_path: Path) -> None:
 
 
 def test_mixed_plot_one_panel_per_run(tmp_path: Path) -> None:
-    """OPS-1: the mixed workload draws the streams' inter-token gaps over time, one panel per run."""
+    """The mixed workload draws the streams' inter-token gaps over time, one panel per run."""
     one = assert_png(save_plot([mixed_run(A, 0.3)], tmp_path / "mixed1.png"))
     two = assert_png(save_plot([mixed_run(A, 0.3), mixed_run(B, 0.05)], tmp_path / "mixed2.png"))
     assert two[1] > one[1]  # a second run adds a panel
@@ -87,7 +98,7 @@ def test_cohort_plot(tmp_path: Path) -> None:
 
 
 def test_missing_matplotlib_is_a_clear_error_before_any_request(tmp_path: Path, monkeypatch, capsys) -> None:
-    """OPS-1: without matplotlib, ``bench --plot`` exits 2 naming the extra to install, and sends
+    """Without matplotlib, ``bench --plot`` exits 2 naming the extra to install, and sends
     nothing (the URL points at a closed port: a request would fail differently)."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes ``import matplotlib`` raise ImportError
     with pytest.raises(PlotUnavailable, match=r"llamactor\[plot\]"):

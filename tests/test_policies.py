@@ -1,4 +1,4 @@
-"""Scheduling policies and the phase coordinator (SPEC section 4, PH-1 … PH-9)."""
+"""Scheduling policies and the phase coordinator (prefill cohorts, phase exclusion)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import threading
 import anyio
 import httpx
 import pytest
+from conftest import open_server, wait_until
+from faults import Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from policy_sim import GroupSim
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.actors.policy import GroupView, SlotView
 from llamactor.actors.trace import TraceViolation, check_phase_exclusion
-from conftest import open_server, wait_until
-from faults import Faults
-from policy_sim import GroupSim
 from llamactor.protocol.events import Token
 from llamactor.protocol.messages import PhaseKind
 from llamactor.runtime import Runtime
@@ -26,8 +26,7 @@ N_BATCH = 32
 
 
 def config(make_config, scheduler: str, **kw):
-    base = dict(parallel=4, n_batch=N_BATCH, n_ubatch=N_BATCH, scheduler=scheduler, trace_steps=True,
-                prefill_budget=8)
+    base = dict(parallel=4, n_batch=N_BATCH, n_ubatch=N_BATCH, scheduler=scheduler, trace_steps=True, prefill_budget=8)
     base.update(kw)
     return make_config(**base)
 
@@ -51,7 +50,7 @@ def freeze_after_first_ready(faults: Faults) -> tuple[threading.Event, anyio.Eve
 
 
 def traces(rt: Runtime):
-    return [rec for g in rt.supervisor.groups for rec in g.trace]
+    return [rec for g in rt.engine.supervisor.groups for rec in g.trace]
 
 
 async def _run_mix(rt: Runtime) -> dict[str, tuple[int, ...]]:
@@ -63,8 +62,11 @@ async def _run_mix(rt: Runtime) -> dict[str, tuple[int, ...]]:
         out[name] = tuple(t for ch in c.choices for t in ch.tokens)
 
     async def streamed(name: str, prompt) -> None:
-        toks = [e.token async for e in rt.stream(prompt, max_tokens=8, temperature=0, ignore_eos=True)
-                if isinstance(e, Token)]
+        toks = [
+            e.token
+            async for e in rt.stream(prompt, max_tokens=8, temperature=0, ignore_eos=True)
+            if isinstance(e, Token)
+        ]
         out[name] = tuple(toks)
 
     async with anyio.create_task_group() as tg:
@@ -76,9 +78,10 @@ async def _run_mix(rt: Runtime) -> dict[str, tuple[int, ...]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", POLICIES)
 async def test_policies_change_timing_not_tokens(make_config, scheduler):
-    """Issue 5 checks 1, 5, 6: every policy gives the greedy tokens of `continuous`; under the
+    """Every policy gives the greedy tokens of `continuous`; under the
     exclusive policies the trace shows no batch mixing phases (streaming, non-streaming, n > 1,
     cached prefix all included)."""
     async with Runtime.open(config(make_config, "continuous")) as rt:
@@ -86,7 +89,7 @@ async def test_policies_change_timing_not_tokens(make_config, scheduler):
     async with Runtime.open(config(make_config, scheduler)) as rt:
         got = await _run_mix(rt)
         trace = traces(rt)
-        assert not any(s["is_processing"] for s in rt.slots())
+        assert not any(s.busy for s in rt.engine.slot_states())
     assert got == expected
     if scheduler in EXCLUSIVE:
         check_phase_exclusion(trace)
@@ -111,7 +114,7 @@ async def _first_token_times(rt: Runtime, prompts: dict[str, list[int]]) -> dict
 
 
 async def test_shorter_prompt_waits_for_longer_prefill(make_config):
-    """Issue 5 check 2 (PH-2, PH-4, PH-5): two prompts longer than n_batch; the shorter emits no
+    """Two prompts longer than n_batch; the shorter emits no
     token before the longer finished prefill, and they share the batch while prefilling."""
     async with Runtime.open(config(make_config, "cohort")) as rt:
         first = await _first_token_times(rt, {"long": [21] * (5 * N_BATCH), "short": [22] * (2 * N_BATCH + 5)})
@@ -124,7 +127,7 @@ async def test_shorter_prompt_waits_for_longer_prefill(make_config):
 
 
 async def test_arrival_during_generate_waits_for_drain(make_config):
-    """Issue 5 check 3 (PH-6): a request arriving during GENERATE starts no prefill until the
+    """A request arriving during GENERATE starts no prefill until the
     cohort drained."""
     async with Runtime.open(config(make_config, "cohort")) as rt:
         first = await rt.submit("first", max_tokens=40, temperature=0, ignore_eos=True)
@@ -145,10 +148,10 @@ async def test_arrival_during_generate_waits_for_drain(make_config):
 
 
 async def test_cohort_seals_at_first_member_done(make_config):
-    """Issue 5 check 3 (PH-3): arrivals before the seal join the cohort; after it, the next one."""
+    """Arrivals before the seal join the cohort; after it, the next one."""
     faults = Faults()
     async with Runtime.open(config(make_config, "cohort"), hooks=faults) as rt:
-        group = rt.supervisor.groups[0]
+        group = rt.engine.supervisor.groups[0]
         hold, sealed = freeze_after_first_ready(faults)
         try:
             long = await rt.submit([31] * (6 * N_BATCH), max_tokens=2, temperature=0, ignore_eos=True)
@@ -156,13 +159,13 @@ async def test_cohort_seals_at_first_member_done(make_config):
             with anyio.fail_after(10):
                 await sealed.wait()
             late = await rt.submit([33] * 10, max_tokens=2, temperature=0, ignore_eos=True)
-            await wait_until(lambda: rt.supervisor.table[2].busy)  # assigned; the group is frozen
+            await wait_until(lambda: rt.engine.supervisor.table[2].busy)  # assigned; the group is frozen
         finally:
             hold.set()
-        await wait_until(lambda: rt.slots()[2]["is_processing"])
-        rows = {s["id"]: s for s in rt.slots()}
-        assert rows[0]["cohort"] == rows[1]["cohort"] != rows[2]["cohort"]
-        assert rows[1]["phase"] == "ready" and rows[2]["phase"] == "prefill"
+        await wait_until(lambda: rt.engine.slot_states()[2].busy)
+        rows = {s.id: s for s in rt.engine.slot_states()}
+        assert rows[0].cohort == rows[1].cohort != rows[2].cohort
+        assert rows[1].phase == "ready" and rows[2].phase == "prefill"
         for h in (long, joined, late):
             async with h:
                 async for _ in h:
@@ -170,13 +173,14 @@ async def test_cohort_seals_at_first_member_done(make_config):
         check_phase_exclusion(group.trace)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["waiting", "prefilling"])
 async def test_cancel_member_releases_barrier(make_config, victim):
-    """Issue 5 check 4 (PH-7): cancelling a member waiting at the barrier, or the one still
+    """Cancelling a member waiting at the barrier, or the one still
     prefilling, lets the rest proceed; no slot leaks; no busy loop while nothing is runnable."""
     faults = Faults()
     async with Runtime.open(config(make_config, "cohort"), hooks=faults) as rt:
-        group = rt.supervisor.groups[0]
+        group = rt.engine.supervisor.groups[0]
         hold, short_ready = freeze_after_first_ready(faults)
         try:
             long = await rt.submit([41] * (8 * N_BATCH), max_tokens=3, temperature=0, ignore_eos=True)
@@ -191,7 +195,7 @@ async def test_cancel_member_releases_barrier(make_config, victim):
         async with survivor:
             tokens = [e async for e in survivor if isinstance(e, Token)]
         assert len(tokens) == 3
-        await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()))
+        await wait_until(lambda: not any(s.busy for s in rt.engine.slot_states()))
         steps = len(group.trace)
         await anyio.sleep(0.2)
         assert len(group.trace) == steps  # idle: no step ran, no busy loop
@@ -201,7 +205,7 @@ async def test_cancel_member_releases_barrier(make_config, victim):
 
 
 async def test_bounded_generate_hands_over_without_mixing(make_config):
-    """PH-6: with --cohort-max-generate-ms the next cohort may prefill while the first is paused."""
+    """With --cohort-max-generate-ms the next cohort may prefill while the first is paused."""
     async with Runtime.open(config(make_config, "cohort", cohort_max_generate_ms=1.0)) as rt:
         first = await rt.submit("first", max_tokens=300, temperature=0, ignore_eos=True)
         await first.first()
@@ -215,8 +219,9 @@ async def test_bounded_generate_hands_over_without_mixing(make_config):
     check_phase_exclusion(trace)
 
 
+@pytest.mark.slow
 async def test_observability_slots_and_metrics(make_config):
-    """PH-9: /slots shows phase and cohort; /metrics has phase per group, cohort sizes, barrier
+    """/slots shows phase and cohort; /metrics has phase per group, cohort sizes, barrier
     wait and requests waiting for a phase."""
     async with open_server(config(make_config, "cohort")) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -232,7 +237,7 @@ async def test_observability_slots_and_metrics(make_config):
 
 
 async def test_custom_policy_loaded_by_server(make_config):
-    """Issue 5: examples/custom_policy.py is loaded with --scheduler module:Class and serves."""
+    """examples/custom_policy.py is loaded with --scheduler module:Class and serves."""
     cls = resolve_policy("examples.custom_policy:ShortestPromptFirst")
     assert cls.name == "shortest-prompt-first"
     async with open_server(config(make_config, "examples.custom_policy:ShortestPromptFirst")) as (rt, url):
@@ -245,15 +250,17 @@ async def test_custom_policy_loaded_by_server(make_config):
 
 requests = st.lists(
     st.tuples(st.integers(0, 6), st.integers(1, 200), st.integers(1, 12), st.booleans()),
-    min_size=1, max_size=25,
+    min_size=1,
+    max_size=25,
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 @given(plan=requests, lag=st.booleans(), n_slots=st.integers(1, 5))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_policy_property(name, plan, lag, n_slots):
-    """Issue 5 check 7: random arrivals, prompt lengths and cancellations against a fake engine:
+    """Random arrivals, prompt lengths and cancellations against a fake engine:
     every request finishes or is cancelled, exclusive policies never mix phases, no slot leaks."""
     sim = GroupSim(BUILTIN[name](0, prefill_budget=16, cohort_max_generate_ms=0), n_slots, N_BATCH, lag=lag)
     pending = list(plan)
@@ -280,7 +287,8 @@ def test_policy_property(name, plan, lag, n_slots):
         check_phase_exclusion(sim.trace)
 
 
-# ---- adaptive (the default, issue 12) ---------------------------------------------------------
+# ---- adaptive (the default) -------------------------------------------------------------------
+
 
 def _view(slots, now=100.0, n_batch=512, ms_tok=1.0, ms_step=40.0):
     return GroupView(0, n_batch, tuple(slots), now, ms_tok, ms_step)
@@ -410,7 +418,7 @@ async def test_bounded_generate_ticks_once_per_deadline(make_config):
     """A cohort past its --cohort-max-generate-ms with nobody queued gets one tick, not a tick
     loop (a tick that finds no queue left the deadline as it was and was rescheduled at once)."""
     async with Runtime.open(config(make_config, "cohort", cohort_max_generate_ms=1.0)) as rt:
-        policy = rt.coordinator.policies[0]
+        policy = rt.engine.coordinator.policies[0]
         ticks = 0
         on_event = policy.on_event
 
@@ -421,7 +429,7 @@ async def test_bounded_generate_ticks_once_per_deadline(make_config):
 
         policy.on_event = counting
         out = await rt.complete("alone", max_tokens=40, temperature=0, ignore_eos=True)
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # a window to watch, not a wait: a tick loop would tick many times in it
     assert out.n_predicted == 40 and ticks <= 2
 
 

@@ -1,4 +1,4 @@
-"""EN-6: a common prefix of concurrent prompts is prefilled once per group and shared by copying
+"""A common prefix of concurrent prompts is prefilled once per group and shared by copying
 its KV between the group's sequences (llama_memory_seq_cp), not once per slot."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import threading
 import anyio
 import httpx
 import pytest
-
 from conftest import open_server, wait_until
 from faults import Faults
+
 from llamactor.actors.policies import BUILTIN
 from llamactor.runtime import Runtime
 from llamactor.runtime.service.handles import collect
@@ -21,15 +21,17 @@ PROMPTS = [[*PREFIX, 100 + j, 101 + j, 50 + j] for j in range(8)]
 
 
 def counter(rt: Runtime, name: str) -> float:
-    text = rt.metrics_text().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:_total)?\{{[^}}]*\}} (\S+)", text, re.M))
+    text = rt.engine.metrics.render().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}(?:_total)?\{{[^}}]*\}} (\S+)", text, re.MULTILINE))
 
 
 async def alone(make_config, prompts: list[list[int]], n: int = 16) -> list[list[int]]:
     """Each prompt by itself, nothing reused: the reference greedy tokens."""
     async with Runtime.open(make_config(parallel=1)) as rt:
-        return [(await rt.complete(p, max_tokens=n, temperature=0, ignore_eos=True, cache_prompt=False))
-                .choices[0].tokens for p in prompts]
+        return [
+            (await rt.complete(p, max_tokens=n, temperature=0, ignore_eos=True, cache_prompt=False)).choices[0].tokens
+            for p in prompts
+        ]
 
 
 async def together(rt: Runtime, prompts: list[list[int]], hold: threading.Event, n: int = 16) -> list:
@@ -43,14 +45,16 @@ async def together(rt: Runtime, prompts: list[list[int]], hold: threading.Event,
         for i in range(len(prompts)):
             tg.start_soon(one, i)
         try:
-            await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
+            await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
         finally:
             hold.set()
     return out
 
 
-@pytest.mark.parametrize("layout", [{}, {"kv_unified": True}, {"pipeline_groups": 2}],
-                         ids=["split-kv", "unified-kv", "two-groups"])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout", [{}, {"kv_unified": True}, {"pipeline_groups": 2}], ids=["split-kv", "unified-kv", "two-groups"]
+)
 async def test_concurrent_prompts_prefill_their_common_prefix_once_per_group(make_config, layout):
     ref = await alone(make_config, PROMPTS)
     faults = Faults()
@@ -66,6 +70,7 @@ async def test_concurrent_prompts_prefill_their_common_prefix_once_per_group(mak
     assert sorted(o.n_cached for o in outs) == [0] * groups + [len(PREFIX)] * (len(PROMPTS) - groups)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", sorted(BUILTIN))
 async def test_every_policy_serves_prompts_that_wait_for_a_shared_prefix(make_config, scheduler):
     """A prompt that waits for another slot's prefill is hidden from the policy until it copied
@@ -98,9 +103,9 @@ async def test_a_follower_copies_what_a_cancelled_leader_has(make_config):
     faults.on_step = after_step
     faults.hold = gate
     async with Runtime.open(make_config(parallel=2, n_batch=128, n_ubatch=128), hooks=faults) as rt:
-        group = rt.supervisor.groups[0]
+        group = rt.engine.supervisor.groups[0]
         lead = await rt.submit(first, max_tokens=4, temperature=0, ignore_eos=True)
-        await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == 1)
+        await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == 1)
         gate.set()
         await wait_until(lambda: len(steps) == 3)
         follow = await rt.submit(second, max_tokens=16, temperature=0, ignore_eos=True)
@@ -125,7 +130,7 @@ async def test_no_share_without_cache_prompt(make_config):
         async with anyio.create_task_group() as tg:
             for p in PROMPTS[:4]:
                 tg.start_soon(one, p)
-            await wait_until(lambda: sum(rt.supervisor.snapshot().busy) == 4)
+            await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == 4)
             faults.hold.set()
         assert counter(rt, "llamactor:prefix_tokens_shared") == 0
         assert counter(rt, "llamacpp:prompt_tokens") == 4 * len(PROMPTS[0])
@@ -142,8 +147,9 @@ async def test_shared_prefix_over_http(make_config):
             n_system = first.json()["timings"]["prompt_n"]
 
             async def one(i: int) -> dict:
-                r = await client.post("/v1/completions", json={"prompt": system + f"Question {i}?", "max_tokens": 4,
-                                                                "temperature": 0})
+                r = await client.post(
+                    "/v1/completions", json={"prompt": system + f"Question {i}?", "max_tokens": 4, "temperature": 0}
+                )
                 assert r.status_code == 200, r.text
                 return r.json()
 
@@ -154,7 +160,7 @@ async def test_shared_prefix_over_http(make_config):
             metrics = (await client.get("/metrics")).text
     cached = [r["timings"]["cache_n"] for r in results]
     assert all(c >= n_system - 8 for c in cached), (cached, n_system)
-    assert re.search(r"^llamactor:prefix_tokens_shared_total\{group=\"0\"\} [1-9]", metrics, re.M)
+    assert re.search(r"^llamactor:prefix_tokens_shared_total\{group=\"0\"\} [1-9]", metrics, re.MULTILINE)
 
 
 async def _append(results: list[dict], coro) -> None:

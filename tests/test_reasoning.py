@@ -1,4 +1,4 @@
-"""API-9 reasoning: ``<think>`` content split into ``reasoning_content`` (streaming and not),
+"""Reasoning: ``<think>`` content split into ``reasoning_content`` (streaming and not),
 ``--reasoning-format`` / ``reasoning_format``, and ``reasoning_effort`` /
 ``chat_template_kwargs`` reaching the template; through HTTP and ``rt.chat``.
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from chat_templates import THINKING, use_template
 from conftest import open_server
+
 from llamactor.protocol.errors import RequestError
 
 ASK = [{"role": "user", "content": "Think first."}]
@@ -30,8 +30,9 @@ async def _chat(url: str, **body) -> dict:
 async def _stream(url: str, **body) -> tuple[str, str, str]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     try:
-        stream = await client.chat.completions.create(model="tiny", messages=ASK, max_tokens=60, temperature=0,
-                                                      stream=True, extra_body=body)
+        stream = await client.chat.completions.create(
+            model="tiny", messages=ASK, max_tokens=60, temperature=0, stream=True, extra_body=body
+        )
         reasoning = content = finish = ""
         async for chunk in stream:
             for c in chunk.choices:
@@ -43,15 +44,16 @@ async def _stream(url: str, **body) -> tuple[str, str, str]:
         await client.close()
 
 
+@pytest.mark.slow
 async def test_think_block_split_into_reasoning_content(make_config):
-    """API-9: with reasoning_format auto (the default) and deepseek, the leading think block
+    """With reasoning_format auto (the default) and deepseek, the leading think block
     is reasoning_content and the rest the content, streaming and not; none keeps the raw text;
     deepseek-legacy fills both."""
     async with open_server(make_config()) as (rt, url):
         raw = (await _chat(url, grammar=THINK_GRAMMAR, reasoning_format="none"))["choices"][0]["message"]
         text = raw["content"]
         assert text.startswith("<think>") and "reasoning_content" not in raw
-        thoughts, answer = text[len("<think>"):].split("</think>\n")
+        thoughts, answer = text[len("<think>") :].split("</think>\n")
         for fmt in ("auto", "deepseek", None):
             body = {"grammar": THINK_GRAMMAR, **({"reasoning_format": fmt} if fmt else {})}
             msg = (await _chat(url, **body))["choices"][0]["message"]
@@ -65,7 +67,7 @@ async def test_think_block_split_into_reasoning_content(make_config):
 
 
 async def test_server_reasoning_format_none(make_config):
-    """API-9: --reasoning-format none (RuntimeConfig.reasoning_format) is the default of requests."""
+    """--reasoning-format none (RuntimeConfig.reasoning_format) is the default of requests."""
     async with open_server(make_config(reasoning_format="none")) as (rt, url):
         msg = (await _chat(url, grammar=THINK_GRAMMAR))["choices"][0]["message"]
         assert msg["content"].startswith("<think>") and "reasoning_content" not in msg
@@ -74,7 +76,7 @@ async def test_server_reasoning_format_none(make_config):
 
 
 async def test_template_that_opens_the_think_block(make_config):
-    """API-9: a template whose generation prompt ends with <think> makes the answer start as
+    """A template whose generation prompt ends with <think> makes the answer start as
     reasoning; reasoning_effort "none" (enable_thinking false) closes the block in the prompt."""
     async with open_server(make_config()) as (rt, url):
         use_template(rt, THINKING)
@@ -89,7 +91,7 @@ async def test_template_that_opens_the_think_block(make_config):
 
 
 async def test_reasoning_effort_and_chat_template_kwargs_reach_the_template(make_config):
-    """API-9: reasoning_effort and chat_template_kwargs are template variables (HTTP and rt.chat);
+    """reasoning_effort and chat_template_kwargs are template variables (HTTP and rt.chat);
     enable_thinking in chat_template_kwargs switches thinking like reasoning_effort "none"."""
     async with open_server(make_config()) as (rt, url):
         use_template(rt, THINKING)
@@ -113,9 +115,10 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,message", BAD, ids=[m[:30] for _, m in BAD])
 async def test_bad_reasoning_input_is_a_400_naming_the_field(make_config, extra, message):
-    """API-9 bad input: a 400 naming the field (HTTP), a RequestError (rt.chat)."""
+    """Reasoning bad input: a 400 naming the field (HTTP), a RequestError (rt.chat)."""
     async with open_server(make_config()) as (rt, url):
         async with httpx.AsyncClient(base_url=url) as http:
             r = await http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2, **extra})
@@ -125,7 +128,7 @@ async def test_bad_reasoning_input_is_a_400_naming_the_field(make_config, extra,
 
 
 async def test_forced_call_after_thinking(make_config):
-    """API-8 with API-9: a forced call under a template that opens <think> lets the model think
+    """A forced tool call under a template that opens <think> lets the model think
     first; the call grammar engages at </think> (lazily), and the grammar is valid for llama.cpp."""
     async with open_server(make_config()) as (rt, url):
         use_template(rt, THINKING)

@@ -1,4 +1,4 @@
-"""Trace record and replay (SPEC BE-5): ``--record-trace FILE`` and ``llamactor replay``."""
+"""Trace record and replay: ``--record-trace FILE`` and ``llamactor replay``."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import anyio
 import httpx
 import pytest
 from conftest import free_port, open_server
+from test_cli import LLAMACTOR, _wait_ready
+
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.ops.costfit import fit_costs
 from llamactor.ops.simulate import SimulationError, simulate
 from llamactor.ops.tracefile import Step, load_trace
 from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime, cli
-from test_cli import LLAMACTOR, _wait_ready
 
 CUSTOM = str(Path(__file__).resolve().parent.parent / "examples" / "custom_policy.py") + ":ShortestPromptFirst"
 
@@ -36,17 +37,44 @@ def steps_of(cost: Any, n: int = 60, kv_ms: float = 0.0) -> list[dict[str, Any]]
     for i in range(n):
         p, g, kv = (i * 37) % 300, (i * 5) % 9, (i * 113) % 2000
         ms = cost(p, g, kv, kv_ms)
-        out.append({"group": 0, "start": t, "ms": ms, "prompt": p, "generated": g, "slots": g + (p > 0),
-                    "kv": kv, "gap_ms": 0.0 if i else None})
+        out.append(
+            {
+                "group": 0,
+                "start": t,
+                "ms": ms,
+                "prompt": p,
+                "generated": g,
+                "slots": g + (p > 0),
+                "kv": kv,
+                "gap_ms": 0.0 if i else None,
+            }
+        )
         t += ms / 1e3
     return out
 
 
-def write_trace(path: Path, requests: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None, *,
-                policy: str = "stall-free", n_slots: int = 4, n_batch: int = 512, groups: int = 1,
-                options: dict[str, float] | None = None) -> Path:
-    lines = [{"type": "header", "version": 1, "groups": groups, "n_slots": n_slots, "n_batch": n_batch,
-              "policy": policy, "policy_options": {"prefill_budget": 16} if options is None else options}]
+def write_trace(
+    path: Path,
+    requests: list[dict[str, Any]],
+    steps: list[dict[str, Any]] | None = None,
+    *,
+    policy: str = "stall-free",
+    n_slots: int = 4,
+    n_batch: int = 512,
+    groups: int = 1,
+    options: dict[str, float] | None = None,
+) -> Path:
+    lines = [
+        {
+            "type": "header",
+            "version": 1,
+            "groups": groups,
+            "n_slots": n_slots,
+            "n_batch": n_batch,
+            "policy": policy,
+            "policy_options": {"prefill_budget": 16} if options is None else options,
+        }
+    ]
     lines += [{"type": "request", **r} for r in requests]
     lines += [{"type": "step", **s} for s in (steps if steps is not None else steps_of(linear_ms))]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -58,7 +86,7 @@ def request(at: float, prompt: int, generated: int, **kw: Any) -> dict[str, Any]
 
 
 def mixed_requests() -> list[dict[str, Any]]:
-    """Two streams generating while long prompts arrive (BE-2 mixed, in miniature)."""
+    """Two streams generating while long prompts arrive (the benchmark's mixed workload, in miniature)."""
     streams = [request(0.0, 8, 300) for _ in range(2)]
     arrivals = [request(0.2 + 0.4 * i, 1000, 8) for i in range(3)]
     return streams + arrivals
@@ -79,7 +107,7 @@ def varied_requests() -> list[dict[str, Any]]:
 
 
 def test_fit_recovers_a_known_linear_cost(tmp_path: Path):
-    """BE-5: steps that cost exactly 2 + 0.05 p + 1.5 g ms are fitted exactly (R^2 = 1), and the
+    """Steps that cost exactly 2 + 0.05 p + 1.5 g ms are fitted exactly (R^2 = 1), and the
     KV term is left out when it explains nothing; with a real KV term it is found."""
     trace = load_trace(write_trace(tmp_path / "t.jsonl", [request(0.0, 10, 5)]))
     decode = fit_costs(trace.steps).decode
@@ -96,7 +124,7 @@ def test_fit_recovers_a_known_linear_cost(tmp_path: Path):
 
 
 def test_fit_adds_the_loop_gap_between_steps():
-    """BE-5: a simulated step lasts its decode time plus the group's loop time before the next
+    """A simulated step lasts its decode time plus the group's loop time before the next
     step (fitted from the recorded gaps); a gap after an idle wait (None) is not loop time."""
     steps = []
     t = 0.0
@@ -116,11 +144,17 @@ def test_fit_adds_the_loop_gap_between_steps():
 
 @pytest.mark.parametrize("name", [*sorted(BUILTIN), CUSTOM])
 def test_every_policy_replays_a_trace_to_the_end(tmp_path: Path, name: str):
-    """BE-5 liveness and accounting: every built-in policy (and a custom one, loaded as
+    """Replay liveness and accounting: every built-in policy (and a custom one, loaded as
     ``--scheduler`` loads it) runs every recorded request to its end, generates exactly the
     recorded tokens and decodes exactly the prompt tokens the cache did not hold."""
-    trace = load_trace(write_trace(tmp_path / "t.jsonl", varied_requests(), groups=2,
-                                   options={"prefill_budget": 16, "cohort_max_generate_ms": 30.0}))
+    trace = load_trace(
+        write_trace(
+            tmp_path / "t.jsonl",
+            varied_requests(),
+            groups=2,
+            options={"prefill_budget": 16, "cohort_max_generate_ms": 30.0},
+        )
+    )
     result = simulate(trace, resolve_policy(name), fit_costs(trace.steps))
     assert result.unfinished == 0
     assert result.generated_tokens == trace.generated_tokens == sum(r["generated"] for r in varied_requests())
@@ -133,8 +167,9 @@ def test_every_policy_replays_a_trace_to_the_end(tmp_path: Path, name: str):
         assert len(o.gaps_s) == sum(max(k - 1, 0) for k in r.per_choice)
 
 
+@pytest.mark.slow
 def test_simulation_is_deterministic(tmp_path: Path):
-    """BE-5 (issue 12, what must be shown 3): the same trace and policy give the same numbers."""
+    """Replay is deterministic: the same trace and policy give the same numbers."""
     path = write_trace(tmp_path / "t.jsonl", varied_requests() + mixed_requests(), groups=2)
     for name in sorted(BUILTIN):
         runs = [simulate(load_trace(path), BUILTIN[name], fit_costs(load_trace(path).steps)) for _ in range(2)]
@@ -143,8 +178,9 @@ def test_simulation_is_deterministic(tmp_path: Path):
     assert outs[0] == outs[1]
 
 
+@pytest.mark.slow
 def test_continuous_stalls_streams_more_than_stall_free(tmp_path: Path):
-    """BE-5: replaying the mixed workload shows the policies' known direction: continuous
+    """Replaying the mixed workload shows the policies' known direction: continuous
     batching puts whole prompt chunks into the streams' steps (higher inter-token p99),
     stall-free bounds them (and so gives the long prompts their first token later)."""
     path = write_trace(tmp_path / "t.jsonl", mixed_requests(), options={"prefill_budget": 16})
@@ -157,28 +193,33 @@ def test_continuous_stalls_streams_more_than_stall_free(tmp_path: Path):
 
 
 def test_an_invalid_plan_is_reported(tmp_path: Path):
-    """BE-5: a custom policy that plans more prompt tokens than a slot has is named, exit 1."""
+    """A custom policy that plans more prompt tokens than a slot has is named, exit 1."""
     (tmp_path / "greedy_policy.py").write_text(
         "from llamactor.actors.policy import Policy, StepPlan\n"
         "class TooMuch(Policy):\n"
         "    def plan(self, view, grant):\n"
-        "        return StepPlan(prefill=tuple((s.local, s.prompt_left + 1) for s in view.slots if s.prompt_left))\n")
+        "        return StepPlan(prefill=tuple((s.local, s.prompt_left + 1) for s in view.slots if s.prompt_left))\n"
+    )
     path = write_trace(tmp_path / "t.jsonl", [request(0.0, 10, 3)])
     with pytest.raises(SimulationError, match="prompt tokens left"):
-        simulate(load_trace(path), resolve_policy(f"{tmp_path / 'greedy_policy.py'}:TooMuch"),
-                 fit_costs(load_trace(path).steps))
+        simulate(
+            load_trace(path),
+            resolve_policy(f"{tmp_path / 'greedy_policy.py'}:TooMuch"),
+            fit_costs(load_trace(path).steps),
+        )
     assert cli.main(["replay", str(path), "--scheduler", f"{tmp_path / 'greedy_policy.py'}:TooMuch"]) == 1
 
 
 def _replay_json(path: Path, *args: str) -> dict[str, Any]:
-    proc = subprocess.run([*LLAMACTOR, "replay", str(path), "--json", *args], check=False, capture_output=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "replay", str(path), "--json", *args], check=False, capture_output=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout)
 
 
 def test_bad_input_exits_2(tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]):
-    """BE-5: a missing file, a file that is not a trace, a trace without steps and an unknown
+    """A missing file, a file that is not a trace, a trace without steps and an unknown
     scheduler stop ``llamactor replay`` with exit status 2 and a message saying which."""
     good = write_trace(tmp_path / "t.jsonl", [request(0.0, 10, 3)])
     (tmp_path / "notes.txt").write_text("hello\n")
@@ -228,10 +269,14 @@ async def _serve_mix(rt: Runtime) -> list[int]:
 def _check_recording(path: Path, rt: Runtime, n_requests: int) -> None:
     trace = load_trace(path)
     h = trace.header
-    assert (h.groups, h.n_slots, h.n_batch, h.policy) == (rt.config.pipeline_groups, rt.config.slots_per_group,
-                                                        rt.config.n_batch, rt.config.scheduler)
+    assert (h.groups, h.n_slots, h.n_batch, h.policy) == (
+        rt.config.pipeline_groups,
+        rt.config.slots_per_group,
+        rt.config.n_batch,
+        rt.config.scheduler,
+    )
     assert h.n_ctx_slot == rt.config.ctx_per_request and h.model == Path(rt.config.model).name
-    counters = rt.metrics.groups
+    counters = rt.engine.metrics.groups
     assert len(trace.requests) == n_requests
     assert trace.generated_tokens == sum(c.tokens_predicted for c in counters)
     assert sum(s.generated for s in trace.steps) == sum(c.tokens_predicted for c in counters)
@@ -243,12 +288,13 @@ def _check_recording(path: Path, rt: Runtime, n_requests: int) -> None:
         if r.generated:
             assert r.first_token is not None and r.assigned <= r.first_token <= r.finished
     # a step that decoded rows names their KV cells; one that only sampled kept logits (a cohort's
-    # release, PH-4) decoded nothing
+    # release from its barrier) decoded nothing
     assert all(s.ms > 0 and s.kv is not None and (s.kv > 0) == (s.slots > 0) for s in trace.steps)
 
 
+@pytest.mark.slow
 async def test_runtime_records_a_trace_consistent_with_its_metrics(make_config, tmp_path: Path):
-    """BE-5 through the embedding API: ``RuntimeConfig(record_trace=path)`` writes a header, one
+    """Recording through the embedding API: ``RuntimeConfig(record_trace=path)`` writes a header, one
     request line per request and one step line per decode step; counts of requests, generated
     and prompt tokens and steps equal the runtime's own metrics; the trace replays."""
     path = tmp_path / "run.jsonl"
@@ -267,14 +313,16 @@ async def test_runtime_records_a_trace_consistent_with_its_metrics(make_config, 
 
 
 async def test_http_server_records_a_trace(make_config, tmp_path: Path):
-    """BE-5 through HTTP: requests served by /completion are recorded, cohort's held first tokens too."""
+    """Recording through HTTP: requests served by /completion are recorded, cohort's held first tokens too."""
     path = tmp_path / "http.jsonl"
     async with open_server(make_config(parallel=2, record_trace=str(path), scheduler="cohort")) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
             async def one(i: int) -> None:
-                r = await client.post("/completion", json={"prompt": f"hello {i} " * (3 + 5 * i), "n_predict": 7,
-                                                            "temperature": 0, "ignore_eos": True})
+                r = await client.post(
+                    "/completion",
+                    json={"prompt": f"hello {i} " * (3 + 5 * i), "n_predict": 7, "temperature": 0, "ignore_eos": True},
+                )
                 assert r.status_code == 200 and r.json()["tokens_predicted"] == 7
 
             async with anyio.create_task_group() as tg:
@@ -285,27 +333,51 @@ async def test_http_server_records_a_trace(make_config, tmp_path: Path):
 
 
 def test_bad_record_trace_path_is_refused(make_config, tmp_path: Path):
-    """BE-5: a trace path in a directory that does not exist is a startup error naming the flag."""
+    """A trace path in a directory that does not exist is a startup error naming the flag."""
     from llamactor.protocol.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--record-trace"):
         make_config(record_trace=str(tmp_path / "no" / "such" / "t.jsonl")).validated()
 
 
+@pytest.mark.slow
 def test_serve_record_trace_flag_then_replay(tiny_model: Path, tmp_path: Path):
-    """BE-5 as a user runs it: ``llamactor serve --record-trace FILE``, requests over HTTP, SIGTERM
+    """Record and replay as a user runs them: ``llamactor serve --record-trace FILE``, requests over HTTP, SIGTERM
     (the last records are written at shutdown), then ``llamactor replay FILE`` prints the table;
     a bad path stops serve with exit code 2."""
     path = tmp_path / "served.jsonl"
     port = free_port()
-    proc = subprocess.Popen([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "-np", "2",
-                             "-c", "2048", "--scheduler", "continuous", "--record-trace", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *LLAMACTOR,
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "-np",
+            "2",
+            "-c",
+            "2048",
+            "--scheduler",
+            "continuous",
+            "--record-trace",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, proc)
         for i in range(3):
-            r = httpx.post(url + "/completion", json={"prompt": f"hi {i}", "n_predict": 5, "temperature": 0,
-                                                      "ignore_eos": True}, timeout=30)
+            r = httpx.post(
+                url + "/completion",
+                json={"prompt": f"hi {i}", "n_predict": 5, "temperature": 0, "ignore_eos": True},
+                timeout=30,
+            )
             assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -317,8 +389,19 @@ def test_serve_record_trace_flag_then_replay(tiny_model: Path, tmp_path: Path):
     assert out.returncode == 0, out.stderr.decode()
     text = out.stdout.decode()
     assert "recorded (continuous)" in text and "R^2" in text and "TTFT p50 ms" in text
-    bad = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()),
-                          "--record-trace", str(tmp_path / "missing" / "t.jsonl")],
-                         check=False, capture_output=True, timeout=30)
+    bad = subprocess.run(
+        [
+            *LLAMACTOR,
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(free_port()),
+            "--record-trace",
+            str(tmp_path / "missing" / "t.jsonl"),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--record-trace" in bad.stderr.decode()
-

@@ -1,4 +1,4 @@
-"""Issue 9 check 2: a failure injected at each point of a request's life.
+"""A failure injected at each point of a request's life.
 
 At every point the failing request gets its error within a second and the next request
 succeeds. Points that belong to one request (admission, sampler build, sampling, delivery)
@@ -15,11 +15,11 @@ import threading
 import anyio
 import httpx
 import pytest
-
 from conftest import open_server, wait_until
 from faults import Faults
-from llamactor.runtime import Runtime
+
 from llamactor.protocol.errors import EngineError, LlamactorError
+from llamactor.runtime import Runtime
 from llamactor.runtime.service.handles import collect
 
 POISON_N = 7  # requests with this n_predict are the ones a request-scoped fault hits
@@ -32,6 +32,7 @@ async def _plain_ok(client: httpx.AsyncClient) -> None:
     assert r.json()["tokens_predicted"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["assign", "sample", "send"])
 async def test_request_scoped_fault_fails_only_that_request(make_config, point):
     faults = Faults()
@@ -42,9 +43,15 @@ async def test_request_scoped_fault_fails_only_that_request(make_config, point):
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             for stream in (False, True):
                 with anyio.fail_after(ERROR_WITHIN_S):
-                    r = await client.post("/completion", json={
-                        "prompt": "poisoned", "n_predict": POISON_N, "temperature": 0, "stream": stream,
-                    })
+                    r = await client.post(
+                        "/completion",
+                        json={
+                            "prompt": "poisoned",
+                            "n_predict": POISON_N,
+                            "temperature": 0,
+                            "stream": stream,
+                        },
+                    )
                 if stream:  # a failure after the first event ends the stream with an error event
                     assert r.status_code in (200, 500)
                     assert "injected" in r.text and '"server_error"' in r.text
@@ -57,12 +64,12 @@ async def test_request_scoped_fault_fails_only_that_request(make_config, point):
             await _plain_ok(client)
         result = await collect(bystander)
         assert result.n_predicted == 63 or result.n_predicted == 64  # the first token was taken by first()
-        assert rt.supervisor.restarts == [0] and rt.health() == "ok"
-        assert rt.metrics.groups[0].requests_failed == 3
+        assert rt.engine.supervisor.restarts == [0] and rt.health() == "ok"
+        assert rt.engine.metrics.groups[0].requests_failed == 3
 
 
 async def test_many_poisoned_requests_never_make_the_runtime_unhealthy(make_config):
-    """Issue 9: four (here twenty) bad requests within the restart window used to mark the
+    """Four (here twenty) bad requests within the restart window used to mark the
     runtime unhealthy; request-scoped failures count nothing toward the restart limit."""
     faults = Faults()
     faults.poison["sample"] = lambda task: task.n_predict == POISON_N
@@ -78,6 +85,7 @@ async def test_many_poisoned_requests_never_make_the_runtime_unhealthy(make_conf
         assert 'llamactor:requests_failed_total{group="0"} 20.0' in metrics
 
 
+@pytest.mark.slow
 async def test_admission_failure(make_config, monkeypatch):
     """Admission: tokenization raising for one prompt answers that request (500) alone."""
     async with open_server(make_config(parallel=2)) as (rt, url):
@@ -94,7 +102,7 @@ async def test_admission_failure(make_config, monkeypatch):
                 r = await client.post("/completion", json={"prompt": "poisoned", "n_predict": 4})
             assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
             await _plain_ok(client)
-        assert rt.supervisor.restarts == [0]
+        assert rt.engine.supervisor.restarts == [0]
 
 
 @pytest.mark.parametrize("phase", ["prefill", "generate"])
@@ -109,7 +117,7 @@ async def test_decode_failure_fails_every_held_request_at_once(make_config, phas
     else:
         faults.fail_decode_when = lambda n_prompt, n_generate: n_prompt == 0
     async with open_server(make_config(parallel=4), hooks=faults) as (rt, url):
-        group = rt.supervisor.groups[0]
+        group = rt.engine.supervisor.groups[0]
         if phase == "generate":
             hold.set()
             running = await rt.submit("running", max_tokens=500, temperature=0, ignore_eos=True)
@@ -119,7 +127,7 @@ async def test_decode_failure_fails_every_held_request_at_once(make_config, phas
             running = None
         held = await rt.submit("held in the step", max_tokens=8, temperature=0)
         await wait_until(lambda: any(s.busy for s in group.slots))
-        await anyio.sleep(0.05)  # the group is inside its (held) step now
+        await wait_until(lambda: 0 in faults.holding)  # the group is inside its (held) step now
         queued = await rt.submit("in the mailbox", max_tokens=8, temperature=0)
         await wait_until(lambda: group.statistics().mailbox_used >= 1 or queued.task.id in group._tasks)
         faults.fail_decode = 1
@@ -128,10 +136,12 @@ async def test_decode_failure_fails_every_held_request_at_once(make_config, phas
             for h in [h for h in (running, held, queued) if h is not None]:
                 with pytest.raises(LlamactorError, match="injected decode failure"):
                     await collect(h)
-        await wait_until(lambda: rt.supervisor.groups[0] is not group and rt.supervisor.groups[0].engine is not None)
+        await wait_until(
+            lambda: rt.engine.supervisor.groups[0] is not group and rt.engine.supervisor.groups[0].engine is not None
+        )
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             await _plain_ok(client)
-        assert rt.supervisor.restarts == [1]
+        assert rt.engine.supervisor.restarts == [1]
 
 
 async def test_group_failure_is_logged_with_its_requests(make_config):

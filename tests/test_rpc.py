@@ -1,4 +1,4 @@
-"""Layer split over ggml-rpc workers (SPEC section 5: RPC-1 … RPC-3), all on loopback."""
+"""Layer split over ggml-rpc workers (worker, split serve, pipeline groups over a split), all on loopback."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import free_port, greedy_together
 
-from conftest import free_port, greedy_together, open_server
 from llamactor.runtime import ConfigError, Runtime
+
+pytestmark = pytest.mark.slow  # ggml-rpc worker subprocesses
 
 PROMPTS = [f"prompt {i} " + "abc " * i for i in range(8)]
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
@@ -36,8 +38,9 @@ def _wait_port(port: int, proc: subprocess.Popen) -> None:
 
 def start_worker() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([*LLAMACTOR, "worker", "--port", str(port), "-t", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "worker", "--port", str(port), "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _wait_port(port, proc)
     return proc, f"127.0.0.1:{port}"
 
@@ -52,7 +55,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def workers():
-    """Two ggml-rpc workers (RPC-1), registered in this process as RPC0 and RPC1, in order."""
+    """Two ggml-rpc workers (``llamactor worker``), registered in this process as RPC0 and RPC1, in order."""
     started = [start_worker(), start_worker()]
     try:
         yield [endpoint for _, endpoint in started]
@@ -62,7 +65,7 @@ def workers():
 
 
 async def test_split_greedy_identical_to_local(make_config, workers):
-    """RPC-2/RPC-3 / issue 6 check 1: split over two workers, and over one worker plus the local
+    """Split over two workers, and over one worker plus the local
     CPU (listed last), gives the local server's greedy output for N = 1, 2, 4 groups, 8 requests.
 
     With N > 1 this fails about one run in 15 (a token repeated, then a different text) unless
@@ -84,16 +87,20 @@ async def test_split_greedy_identical_to_local(make_config, workers):
 
 
 async def test_split_errors_are_clear(make_config, workers, tmp_path):
-    """Issue 6 check 2: unreachable worker, unknown device, bad tensor split: clear startup errors."""
+    """Unreachable worker, unknown device, bad tensor split: clear startup errors."""
     dead = f"127.0.0.1:{free_port()}"
     cases = [
         (dict(rpc_servers=(dead,)), f"cannot reach RPC worker {dead}"),
         (dict(rpc_servers=("nohostport",)), "invalid RPC endpoint 'nohostport'"),
         (dict(rpc_servers=(workers[0],), devices=("RPC0", "GPU7")), "unknown device 'GPU7'; available: CPU"),
-        (dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0,)),
-         "--tensor-split has 1 shares for 2 devices (RPC0,CPU)"),
-        (dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(-1.0, 2.0)),
-         "--tensor-split needs non-negative shares"),
+        (
+            dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(1.0,)),
+            "--tensor-split has 1 shares for 2 devices (RPC0,CPU)",
+        ),
+        (
+            dict(rpc_servers=(workers[0],), devices=("RPC0", "CPU"), tensor_split=(-1.0, 2.0)),
+            "--tensor-split needs non-negative shares",
+        ),
         (dict(split_mode="diagonal"), "--split-mode must be one of none, layer, row"),
     ]
     for overrides, message in cases:
@@ -103,32 +110,55 @@ async def test_split_errors_are_clear(make_config, workers, tmp_path):
 
 
 def test_cli_worker_errors_and_list_devices(tiny_model: Path, workers):
-    """Issue 6: the same errors from `llamactor serve` (exit 2, before listening); --list-devices."""
+    """The same errors from `llamactor serve` (exit 2, before listening); --list-devices."""
     dead = f"127.0.0.1:{free_port()}"
-    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "--rpc", dead],
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(free_port()), "--rpc", dead],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and f"cannot reach RPC worker {dead}" in proc.stderr.decode()
-    proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "--rpc", workers[0], "--device", "RPC0,XPU"],
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--rpc", workers[0], "--device", "RPC0,XPU"],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "unknown device 'XPU'" in proc.stderr.decode()
-    proc = subprocess.run([*LLAMACTOR, "serve", "--rpc", ",".join(workers), "--list-devices"],
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "--rpc", ",".join(workers), "--list-devices"], capture_output=True, timeout=60
+    )
     assert proc.returncode == 0
     lines = proc.stdout.decode().splitlines()
     assert lines[0].startswith("CPU: ") and lines[1:] == [f"RPC0: {workers[0]}", f"RPC1: {workers[1]}"]
 
 
 def test_worker_death_ends_server_instead_of_hanging(tiny_model: Path):
-    """Issue 6, with the engine in the server's process (--no-isolate): a worker dying mid-run
+    """With the engine in the server's process (--no-isolate): a worker dying mid-run
     makes llama.cpp abort the process; it must not hang, so a process supervisor
     (ops/llamactor.service) can restart it. With the engine isolated (the default) the server
     waits for the worker and resumes instead (tests/test_isolation.py)."""
     worker, endpoint = start_worker()
     port = free_port()
     server = subprocess.Popen(
-        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-np", "2", "-t", "1",
-         "--rpc", endpoint, "--device", "RPC0,CPU", "--no-isolate"],  # isolated: tests/test_isolation.py
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            *LLAMACTOR,
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "-np",
+            "2",
+            "-t",
+            "1",
+            "--rpc",
+            endpoint,
+            "--device",
+            "RPC0,CPU",
+            "--no-isolate",
+        ],  # isolated: tests/test_isolation.py
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -141,9 +171,18 @@ def test_worker_death_ends_server_instead_of_hanging(tiny_model: Path):
                 pass
             assert time.monotonic() < deadline and server.poll() is None, "server did not start"
             time.sleep(0.05)
-        with httpx.stream("POST", url + "/completion", timeout=30, json={
-            "prompt": "x", "n_predict": 100000, "ignore_eos": True, "stream": True, "temperature": 0,
-        }) as resp:
+        with httpx.stream(
+            "POST",
+            url + "/completion",
+            timeout=30,
+            json={
+                "prompt": "x",
+                "n_predict": 100000,
+                "ignore_eos": True,
+                "stream": True,
+                "temperature": 0,
+            },
+        ) as resp:
             lines = resp.iter_lines()
             for _ in range(5):
                 next(lines)
@@ -164,12 +203,16 @@ def test_graph_reuse_off_only_while_making_a_context(monkeypatch, make_config):
     from types import SimpleNamespace
 
     import llama_cpp
+
     from llamactor.runtime.engine import model as model_mod
-    from llamactor.runtime.service.core import concurrent_rpc_contexts
+    from llamactor.runtime.service.inprocess import concurrent_rpc_contexts
 
     seen: list[str | None] = []
-    monkeypatch.setattr(llama_cpp, "llama_init_from_model",
-                        lambda ptr, params: seen.append(os.environ.get(model_mod.GRAPH_REUSE_ENV)) or 1)
+    monkeypatch.setattr(
+        llama_cpp,
+        "llama_init_from_model",
+        lambda ptr, params: seen.append(os.environ.get(model_mod.GRAPH_REUSE_ENV)) or 1,
+    )
     monkeypatch.delenv(model_mod.GRAPH_REUSE_ENV, raising=False)
     model_mod.open_context(SimpleNamespace(ptr=None, graph_reuse=False), "a context")
     model_mod.open_context(SimpleNamespace(ptr=None, graph_reuse=True), "a context")

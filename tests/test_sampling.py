@@ -1,4 +1,4 @@
-"""Issue 9: every sampling field of llama-server, through real requests (HTTP and embedding API).
+"""Every sampling field of llama-server, through real requests (HTTP and embedding API).
 
 A field nobody sends once is how a plain ``repeat_penalty`` came to crash a group: each field
 here goes through ``/completion``, the OpenAI endpoints (the ``openai`` client where OpenAI has
@@ -14,10 +14,10 @@ import os
 import httpx
 import openai
 import pytest
-
 from conftest import open_server
-from llamactor.runtime import Runtime
+
 from llamactor.protocol.errors import RequestError
+from llamactor.runtime import Runtime
 
 PROMPT = "hello world"
 N = 16
@@ -29,8 +29,14 @@ FIELDS: dict[str, dict] = {
     "repeat_last_n": {"repeat_penalty": 1.3, "repeat_last_n": -1, "temperature": 0},
     "frequency_penalty": {"frequency_penalty": 1.5, "temperature": 0},
     "presence_penalty": {"presence_penalty": 1.5, "temperature": 0},
-    "dry": {"dry_multiplier": 2.0, "dry_base": 1.75, "dry_allowed_length": 1, "dry_penalty_last_n": -1,
-            "dry_sequence_breakers": ["\n", "."], "temperature": 0},
+    "dry": {
+        "dry_multiplier": 2.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 1,
+        "dry_penalty_last_n": -1,
+        "dry_sequence_breakers": ["\n", "."],
+        "temperature": 0,
+    },
     "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.0, "temperature": 0, "seed": 3},
     "mirostat_1": {"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.2, "temperature": 0.9, "seed": 5},
     "mirostat_2": {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2, "temperature": 0.9, "seed": 5},
@@ -52,9 +58,10 @@ async def _greedy(rt: Runtime) -> tuple[int, ...]:
     return (await rt.complete(PROMPT, max_tokens=N, temperature=0, ignore_eos=True)).choices[0].tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FIELDS))
 async def test_every_sampling_field_through_http_and_embedding_api(make_config, name):
-    """Issue 9 check 1: each field gives 200 over HTTP and a result from Runtime.complete, both
+    """Each field gives 200 over HTTP and a result from Runtime.complete, both
     the same tokens (same seed), and the group never restarts."""
     fields = FIELDS[name]
     async with open_server(make_config(parallel=2)) as (rt, url):
@@ -68,7 +75,7 @@ async def test_every_sampling_field_through_http_and_embedding_api(make_config, 
         out = await rt.complete(PROMPT, max_tokens=N, ignore_eos=True, **kwargs)
         assert out.choices[0].tokens == http_tokens
         assert len(http_tokens) == N
-        assert rt.supervisor.restarts == [0]
+        assert rt.engine.supervisor.restarts == [0]
 
 
 async def test_penalties_and_bias_change_greedy_output(make_config):
@@ -100,28 +107,43 @@ async def test_penalties_see_the_prompt(make_config):
 
 async def test_seeds_reproduce_and_differ(make_config):
     async with Runtime.open(make_config(parallel=2)) as rt:
-        a = await rt.complete(PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1, ignore_eos=True)
-        b = await rt.complete(PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1, ignore_eos=True)
-        c = await rt.complete(PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=2, ignore_eos=True)
+        a = await rt.complete(
+            PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1, ignore_eos=True
+        )
+        b = await rt.complete(
+            PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1, ignore_eos=True
+        )
+        c = await rt.complete(
+            PROMPT, max_tokens=N, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=2, ignore_eos=True
+        )
         assert a.choices[0].tokens == b.choices[0].tokens != c.choices[0].tokens
 
 
 async def test_openai_client_penalties(make_config):
-    """Issue 9 check 1: frequency/presence penalties through the openai client (chat and completions)."""
+    """Frequency/presence penalties through the openai client (chat and completions)."""
     async with open_server(make_config(parallel=2)) as (rt, url):
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
         chat = await client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-            frequency_penalty=1.0, presence_penalty=0.5, temperature=0,
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            frequency_penalty=1.0,
+            presence_penalty=0.5,
+            temperature=0,
         )
         assert chat.choices[0].finish_reason in ("stop", "length")
         done = await client.completions.create(
-            model="tiny", prompt=PROMPT, max_tokens=8, frequency_penalty=1.0, presence_penalty=0.5, temperature=0,
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=8,
+            frequency_penalty=1.0,
+            presence_penalty=0.5,
+            temperature=0,
             extra_body={"repeat_penalty": 1.1, "dry_multiplier": 0.8, "xtc_probability": 0.5, "mirostat": 2},
         )
         assert done.usage.completion_tokens >= 1
         await client.close()
-        assert rt.supervisor.restarts == [0] and rt.health() == "ok"
+        assert rt.engine.supervisor.restarts == [0] and rt.health() == "ok"
 
 
 BAD = [
@@ -141,6 +163,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fields", "named"), BAD)
 async def test_bad_sampling_values_are_400_naming_the_field(make_config, fields, named):
     async with open_server(make_config(parallel=1)) as (rt, url):
@@ -156,7 +179,7 @@ async def test_bad_sampling_values_are_400_naming_the_field(make_config, fields,
             kwargs["logit_bias"] = [(t, -math.inf) for t, _ in kwargs["logit_bias"]]
         with pytest.raises(RequestError):
             await rt.complete(PROMPT, max_tokens=4, **kwargs)
-        assert rt.supervisor.restarts == [0]
+        assert rt.engine.supervisor.restarts == [0]
 
 
 async def test_grammar_with_ignore_eos_keeps_serving(make_config):
@@ -169,6 +192,7 @@ async def test_grammar_with_ignore_eos_keeps_serving(make_config):
             assert c.choices[0].text in ("yes", "no") and c.n_predicted == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
 async def test_a_grammar_with_every_allowed_token_banned_fails_alone(make_config, temperature):
     """A grammar whose every allowed token logit_bias bans leaves the chain nothing to draw: it
@@ -177,11 +201,19 @@ async def test_a_grammar_with_every_allowed_token_banned_fails_alone(make_config
     Now the request fails alone, with a 400 naming the cause, and the engine never dies."""
     async with Runtime.open(make_config(), isolate=True) as rt:
         words = ("yes", "no")
-        banned = [t for t in range(rt.model.n_vocab)
-                  if (piece := rt.model.piece(t).decode("utf-8", "replace")) and any(w.startswith(piece) for w in words)]
+        banned = [
+            t
+            for t in range(rt.model.n_vocab)
+            if (piece := rt.model.piece(t).decode("utf-8", "replace")) and any(w.startswith(piece) for w in words)
+        ]
         with pytest.raises(RequestError, match="the grammar allows no token here"):
-            await rt.complete(PROMPT, max_tokens=4, grammar='root ::= "yes" | "no"', temperature=temperature,
-                              logit_bias=[(t, float("-inf")) for t in banned])
+            await rt.complete(
+                PROMPT,
+                max_tokens=4,
+                grammar='root ::= "yes" | "no"',
+                temperature=temperature,
+                logit_bias=[(t, float("-inf")) for t in banned],
+            )
         c = await rt.complete(PROMPT, max_tokens=4, grammar='root ::= "yes" | "no"', temperature=temperature)
         assert c.choices[0].text in ("yes", "no")
         assert rt.engine.counters.restarts == 0
@@ -235,8 +267,14 @@ def test_greedy_argmax_is_the_chains_token(tiny_model):
                 assert biased_argmax(logits, biases) == data[arr.selected].id, (params, ignore_eos, trial)
         finally:
             llama_cpp.llama_sampler_free(chain)
-    for stateful in ({"repeat_penalty": 1.3}, {"frequency_penalty": 0.5}, {"dry_multiplier": 1.0},
-                     {"xtc_probability": 0.5}, {"grammar": 'root ::= "a"'}, {"temperature": 0.7}):
+    for stateful in (
+        {"repeat_penalty": 1.3},
+        {"frequency_penalty": 0.5},
+        {"dry_multiplier": 1.0},
+        {"xtc_probability": 0.5},
+        {"grammar": 'root ::= "a"'},
+        {"temperature": 0.7},
+    ):
         assert argmax_biases(model, SamplingParams(**{"temperature": 0, **stateful})) is None, stateful
 
 
@@ -265,6 +303,7 @@ def test_history_lengths_past_the_context_cost_no_memory(tiny_model):
         assert grown < 64, (field, grown)
 
 
+@pytest.mark.slow
 async def test_history_lengths_past_the_context_are_the_whole_context(make_config):
     """The same through a request: a length past the slot context answers as -1 does (the whole
     slot context). 10**6, not 2**31 - 1: were the cap lost, this test must not take 24 GB."""

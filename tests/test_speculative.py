@@ -1,4 +1,4 @@
-"""Issue 13, EN-2 / PG-11: speculative decoding per group, n-gram (prompt lookup) and a draft model.
+"""Speculative decoding per group (one draft context each), n-gram (prompt lookup) and a draft model.
 
 Identity horizon, measured on the tiny model (8 repetitive prompts, concurrent, greedy,
 ``--spec-ngram-simple-size-n`` 1, 2, 3 and 12, ``pipeline_groups`` 1 and 2, and the model as its
@@ -23,8 +23,8 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-
 from conftest import open_server
+
 from llamactor.actors.policies import BUILTIN
 from llamactor.runtime import ConfigError, RequestError, Runtime
 from llamactor.runtime.service.config import default_model_path
@@ -61,16 +61,17 @@ async def _greedy(rt: Runtime, prompts: list[str], n_predict: int = N_PREDICT, *
 def _spec_counters(rt: Runtime) -> dict[str, float]:
     """llama-server's spec_decode_* counters summed over the groups."""
     out: dict[str, float] = {}
-    for line in rt.metrics.render().decode().splitlines():
+    for line in rt.engine.metrics.render().decode().splitlines():
         if line.startswith("llamacpp:spec_decode_num_") and "per_pos" not in line:
             name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
             out[name] = out.get(name, 0.0) + value
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("groups", [1, 2])
 async def test_ngram_greedy_output_identical_and_drafts_accepted(make_config, groups):
-    """EN-2, PG-11: greedy output with n-gram speculation equals plain decoding for N = 1 and 2
+    """Greedy output with n-gram speculation equals plain decoding for N = 1 and 2
     groups (8 concurrent prompts, 256 tokens each; horizon in the module docstring), drafts were
     verified and accepted in every group, and the counters are llama-server's."""
     cfg = make_config(parallel=8, pipeline_groups=groups)
@@ -78,28 +79,34 @@ async def test_ngram_greedy_output_identical_and_drafts_accepted(make_config, gr
         plain = await _greedy(rt, PROMPTS)
         assert _spec_counters(rt) == {  # off: nothing drafted, and the series exist
             "llamacpp:spec_decode_num_draft_tokens_total": 0.0,
-            "llamacpp:spec_decode_num_accepted_tokens_total": 0.0, "llamacpp:spec_decode_num_drafts_total": 0.0}
-        assert not any(s["speculative"] for s in rt.slots())
+            "llamacpp:spec_decode_num_accepted_tokens_total": 0.0,
+            "llamacpp:spec_decode_num_drafts_total": 0.0,
+        }
+        assert not any(s.speculative for s in rt.engine.slot_states())
     async with Runtime.open(make_config(parallel=8, pipeline_groups=groups, **NGRAM)) as rt:
         spec = await _greedy(rt, PROMPTS)
         counters = _spec_counters(rt)
-        metrics = rt.metrics.render().decode()
-        assert all(s["speculative"] for s in rt.slots())
+        metrics = rt.engine.metrics.render().decode()
+        assert all(s.speculative for s in rt.engine.slot_states())
     assert spec == plain
     assert counters["llamacpp:spec_decode_num_accepted_tokens_total"] > 0
-    assert counters["llamacpp:spec_decode_num_draft_tokens_total"] >= counters[
-        "llamacpp:spec_decode_num_accepted_tokens_total"]
+    assert (
+        counters["llamacpp:spec_decode_num_draft_tokens_total"]
+        >= counters["llamacpp:spec_decode_num_accepted_tokens_total"]
+    )
     for g in range(groups):
         assert f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{group="{g}",position="0"}}' in metrics
 
 
+@pytest.mark.slow
 async def test_draft_model_same_model_identical_with_full_acceptance(make_config, tiny_model):
-    """EN-2: a draft model (-md) with one draft context per group (PG-11): the model as its own
+    """A draft model (-md) with one draft context per group: the model as its own
     draft gives the same greedy tokens and every draft token is accepted."""
     async with Runtime.open(make_config(parallel=4, pipeline_groups=2)) as rt:
         plain = await _greedy(rt, PROMPTS[:4])
-    async with Runtime.open(make_config(parallel=4, pipeline_groups=2, spec_draft_model=str(tiny_model),
-                                        spec_draft_n_max=6)) as rt:
+    async with Runtime.open(
+        make_config(parallel=4, pipeline_groups=2, spec_draft_model=str(tiny_model), spec_draft_n_max=6)
+    ) as rt:
         spec = await _greedy(rt, PROMPTS[:4])
         counters = _spec_counters(rt)
         assert rt.config.spec_type == "draft-simple"
@@ -116,7 +123,7 @@ async def test_draft_model_same_model_identical_with_full_acceptance(make_config
 
 
 async def test_metrics_slots_and_request_fields_over_http(make_config):
-    """EN-2: /metrics counts drafts per group, /slots shows ``speculative`` and the draft counters
+    """/metrics counts drafts per group, /slots shows ``speculative`` and the draft counters
     (llama-server's timings names draft_n, draft_n_accepted, which the response's timings carry
     too), and the request fields
     speculative.n_max / n_min / p_min are read (n_max 0 turns it off for that request, a small
@@ -136,19 +143,36 @@ async def test_metrics_slots_and_request_fields_over_http(make_config):
             assert (timings["draft_n"], timings["draft_n_accepted"]) == (slot["draft_n"], slot["draft_n_accepted"])
             assert "draft_n" not in plain["timings"]
             metrics = (await client.get("/metrics")).text
-            assert f'llamacpp:spec_decode_num_accepted_tokens_total{{group="0"}} {slot["draft_n_accepted"]:.1f}' \
-                in metrics
-            small = await client.post("/v1/completions", json={
-                "prompt": PROMPTS[1], "max_tokens": 96, "temperature": 0, "ignore_eos": True, "id_slot": 0,
-                "speculative.n_max": 2, "speculative.n_min": 1, "speculative.p_min": 0.5})
+            assert (
+                f'llamacpp:spec_decode_num_accepted_tokens_total{{group="0"}} {slot["draft_n_accepted"]:.1f}' in metrics
+            )
+            small = await client.post(
+                "/v1/completions",
+                json={
+                    "prompt": PROMPTS[1],
+                    "max_tokens": 96,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "id_slot": 0,
+                    "speculative.n_max": 2,
+                    "speculative.n_min": 1,
+                    "speculative.p_min": 0.5,
+                },
+            )
             assert small.status_code == 200
             slot = (await client.get("/slots")).json()[0]
             assert 0 < slot["draft_n"] <= 2 * slot["draft_n_steps"]
             assert small.json()["choices"][0]["text"] == plain["content"]
-            for field, value in (("speculative.n_max", -1), ("speculative.n_min", -3), ("speculative.p_min", 1.5),
-                                 ("speculative.n_min", "x")):
-                for path, extra in (("/completion", {}), ("/v1/chat/completions", {"messages": [
-                        {"role": "user", "content": "hi"}]})):
+            for field, value in (
+                ("speculative.n_max", -1),
+                ("speculative.n_min", -3),
+                ("speculative.p_min", 1.5),
+                ("speculative.n_min", "x"),
+            ):
+                for path, extra in (
+                    ("/completion", {}),
+                    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                ):
                     r = await client.post(path, json={"prompt": "hi", "n_predict": 2, **extra, field: value})
                     assert r.status_code == 400 and field in r.text, (path, field, r.text)
         # the embedding API: the same fields as keyword arguments
@@ -161,7 +185,7 @@ async def test_metrics_slots_and_request_fields_over_http(make_config):
 
 
 def test_bad_speculation_settings_refused(make_config, tiny_model):
-    """EN-2: bad speculation settings are refused at startup with a message naming them."""
+    """Bad speculation settings are refused at startup with a message naming them."""
     for overrides, message in (
         ({"spec_type": "ngram-mod"}, "--spec-type must be one of"),
         ({"spec_type": "ngram-simple", "spec_ngram_size_n": 0}, "--spec-ngram-simple-size-n"),
@@ -177,7 +201,7 @@ def test_bad_speculation_settings_refused(make_config, tiny_model):
 
 
 async def test_draft_model_with_another_vocabulary_refused(make_config):
-    """EN-2 bad input: a draft model whose vocabulary differs from the target's stops startup,
+    """Speculation bad input: a draft model whose vocabulary differs from the target's stops startup,
     naming it (SmolLM2 as the draft of the tiny model)."""
     draft = str(default_model_path())
     with pytest.raises(ConfigError, match="vocabulary does not match") as info:
@@ -186,8 +210,9 @@ async def test_draft_model_with_another_vocabulary_refused(make_config):
     assert draft in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_flags_and_exit_2(tiny_model: Path):
-    """EN-2 flags as llama-server spells them: an unbuilt --spec-type and a draft model with
+    """Speculation flags as llama-server spells them: an unbuilt --spec-type and a draft model with
     another vocabulary exit with code 2 naming them; the older --draft-max is read as
     --spec-draft-n-max."""
     env = {**os.environ, "LLAMA_ARG_DRAFT_MAX": "7"}
@@ -196,30 +221,65 @@ def test_cli_flags_and_exit_2(tiny_model: Path):
         (["-md", str(default_model_path())], "vocabulary does not match"),
         (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "0"], "--spec-ngram-simple-size-n"),
     ):
-        proc = subprocess.run([*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "--port", "0", *flags],
-                              check=False, capture_output=True, timeout=120, env=env)
+        proc = subprocess.run(
+            [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "--port", "0", *flags],
+            check=False,
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
         assert proc.returncode == 2, (flags, proc.stderr.decode()[-2000:])
         assert message in proc.stderr.decode(), proc.stderr.decode()[-2000:]
 
 
 def test_cli_reads_the_speculation_flags(tiny_model: Path):
-    """EN-2: every speculation flag lands in its config field (older llama-server's --draft-max too)."""
+    """Every speculation flag lands in its config field (older llama-server's --draft-max too)."""
     from test_llama_server_compat import _parse
 
-    opts = _parse(["-m", str(tiny_model), "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
-                   "--spec-ngram-simple-size-m", "16", "--draft-max", "5", "--spec-draft-n-min", "2",
-                   "--draft-p-min", "0.25", "-md", str(tiny_model), "-ngld", "0", "-devd", "CPU"])
+    opts = _parse(
+        [
+            "-m",
+            str(tiny_model),
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "4",
+            "--spec-ngram-simple-size-m",
+            "16",
+            "--draft-max",
+            "5",
+            "--spec-draft-n-min",
+            "2",
+            "--draft-p-min",
+            "0.25",
+            "-md",
+            str(tiny_model),
+            "-ngld",
+            "0",
+            "-devd",
+            "CPU",
+        ]
+    )
     c = opts.config
-    assert (c.spec_type, c.spec_ngram_size_n, c.spec_ngram_size_m, c.spec_draft_n_max, c.spec_draft_n_min,
-            c.spec_draft_p_min, c.spec_draft_model, c.spec_draft_n_gpu_layers, c.spec_draft_devices) == (
-        "ngram-simple", 4, 16, 5, 2, 0.25, str(tiny_model), 0, ("CPU",))
+    assert (
+        c.spec_type,
+        c.spec_ngram_size_n,
+        c.spec_ngram_size_m,
+        c.spec_draft_n_max,
+        c.spec_draft_n_min,
+        c.spec_draft_p_min,
+        c.spec_draft_model,
+        c.spec_draft_n_gpu_layers,
+        c.spec_draft_devices,
+    ) == ("ngram-simple", 4, 16, 5, 2, 0.25, str(tiny_model), 0, ("CPU",))
     assert _parse(["--spec-type", "none,draft-simple"]).config.spec_type == "draft-simple"
     assert _parse([], {"LLAMA_ARG_SPEC_TYPE": "ngram-simple"}).config.spec_type == "ngram-simple"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", sorted(BUILTIN))
 async def test_every_policy_with_speculation(make_config, policy):
-    """EN-2 under every built-in policy (SPEC section 4): greedy output as without speculation."""
+    """Speculation under every built-in scheduling policy: greedy output as without speculation."""
     prompts = PROMPTS[:4]
     async with Runtime.open(make_config(parallel=4, scheduler=policy)) as rt:
         plain = await _greedy(rt, prompts, 64)
@@ -229,8 +289,9 @@ async def test_every_policy_with_speculation(make_config, policy):
     assert spec == plain
 
 
+@pytest.mark.slow
 async def test_request_features_with_speculation(make_config):
-    """EN-2 with the request's other features: stop strings, n_predict, n > 1 (each choice
+    """Speculation with the request's other features: stop strings, n_predict, n > 1 (each choice
     speculates on its own slot), n_probs (the probabilities come from the verify batch's
     rows), seeded sampling (valid, and repeatable), and the end of the slot's context."""
     prompt = PROMPTS[0]
@@ -253,8 +314,7 @@ async def test_request_features_with_speculation(make_config):
         events = [e async for e in rt.stream(prompt, max_tokens=40, temperature=0, ignore_eos=True, n_probs=3)]
         tokens = [e for e in events if type(e).__name__ == "Token"]
         assert len(tokens) == 40 and all(len(t.top) == 3 and t.logprob is not None for t in tokens)
-        seeded = [await rt.complete(prompt, max_tokens=80, temperature=0.9, seed=42, ignore_eos=True)
-                  for _ in range(2)]
+        seeded = [await rt.complete(prompt, max_tokens=80, temperature=0.9, seed=42, ignore_eos=True) for _ in range(2)]
         assert seeded[0].n_predicted == 80 and seeded[0].choices[0].tokens == seeded[1].choices[0].tokens
         full = await rt.complete(prompt, max_tokens=-1, temperature=0, ignore_eos=True)
         assert full.finish_reason == "length" and full.choices[0].tokens == full_ref.choices[0].tokens
@@ -262,7 +322,7 @@ async def test_request_features_with_speculation(make_config):
 
 
 async def test_cancel_mid_draft_leaves_the_slot_consistent(make_config):
-    """EN-2: a client that leaves while its slot speculates ends the request; the rejected
+    """A client that leaves while its slot speculates ends the request; the rejected
     drafts' KV cells are gone, so the slot's cached prompt is reused exactly afterwards (the same
     greedy tokens as a fresh runtime, with the prefix taken from the cache)."""
     prompt = PROMPTS[1]
@@ -283,12 +343,12 @@ async def test_cancel_mid_draft_leaves_the_slot_consistent(make_config):
 
 async def _wait_idle(rt: Runtime) -> None:
     with anyio.fail_after(10):
-        while any(s["is_processing"] for s in rt.slots()):
+        while any(s.busy for s in rt.engine.slot_states()):
             await anyio.sleep(0.01)
 
 
 async def test_drafts_fit_the_batch(make_config, monkeypatch):
-    """EN-2: a step never exceeds n_batch: drafts (up to 48 tokens here) are cut to the room the
+    """A step never exceeds n_batch: drafts (up to 48 tokens here) are cut to the room the
     plan's prompt and generate rows leave, and the output is still plain greedy's."""
     import llama_cpp
 
@@ -303,8 +363,9 @@ async def test_drafts_fit_the_batch(make_config, monkeypatch):
     async with Runtime.open(make_config(parallel=2, n_batch=8, n_ubatch=8)) as rt:
         plain = await _greedy(rt, prompts, 128)
     monkeypatch.setattr(llama_cpp, "llama_decode", counting)
-    async with Runtime.open(make_config(parallel=2, n_batch=8, n_ubatch=8, spec_type="ngram-simple",
-                                        spec_ngram_size_n=2)) as rt:
+    async with Runtime.open(
+        make_config(parallel=2, n_batch=8, n_ubatch=8, spec_type="ngram-simple", spec_ngram_size_n=2)
+    ) as rt:
         spec = await _greedy(rt, prompts, 128)
         counters = _spec_counters(rt)
     assert spec == plain

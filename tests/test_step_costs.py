@@ -1,4 +1,4 @@
-"""ops/step_costs.py: the step-cost probe behind issue 13's chat analysis (README, Engine features)."""
+"""ops/step_costs.py: the step-cost probe behind the chat workload's analysis (README, Engine features)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,26 @@ def test_wave_floor_finds_the_best_split():
 
 
 def test_step_costs_runs_on_a_model(tiny_model, capsys):
-    assert main([str(tiny_model), "--slots", "3", "--history", "20", "--new", "6", "--threads", "1",
-                 "--ctx", "192", "--repeat", "1"]) == 0
+    assert (
+        main(
+            [
+                str(tiny_model),
+                "--slots",
+                "3",
+                "--history",
+                "20",
+                "--new",
+                "6",
+                "--threads",
+                "1",
+                "--ctx",
+                "192",
+                "--repeat",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| generate | 3 |" in out and "| prefill 3 × 6 | 18 |" in out
     assert "a wave of 3 turns at once" in out and "first token p50 >=" in out

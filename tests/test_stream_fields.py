@@ -1,4 +1,4 @@
-"""API-14 streaming knobs as llama-server has them: SSE keep-alive pings (``sse_ping_interval``
+"""Streaming knobs as llama-server has them: SSE keep-alive pings (``sse_ping_interval``
 and ``--sse-ping-interval``), ``t_max_predict_ms`` and ``post_sampling_probs`` with ``n_probs``;
 each through HTTP and through the embedding API ``Runtime``."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-
 from conftest import open_server
+
 from llamactor.protocol.errors import RequestError
 from llamactor.runtime import Runtime
 
@@ -52,8 +52,9 @@ async def _sse(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> by
         return b"".join([chunk async for chunk in r.aiter_raw()])
 
 
+@pytest.mark.slow
 async def test_sse_pings_while_silent(make_config: Any) -> None:
-    """API-14: a stream silent longer than the interval gets ``:`` comment frames (llama-server's
+    """A stream silent longer than the interval gets ``:`` comment frames (llama-server's
     ping); the server flag sets the default, the request field overrides it, -1 turns it off."""
     hooks = SlowTokens()
     hooks.delay, hooks.at = 1.5, 2  # a 1.5 s silence after the first token
@@ -68,22 +69,30 @@ async def test_sse_pings_while_silent(make_config: Any) -> None:
             quick = await _sse(client, "/completion", body)  # never silent for a second: no ping
             assert b":\n\n" not in quick
             hooks.delay = 1.5
-            chat = await _sse(client, "/v1/chat/completions", {
-                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
-                "sse_ping_interval": 1})
+            chat = await _sse(
+                client,
+                "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                    "temperature": 0,
+                    "sse_ping_interval": 1,
+                },
+            )
             assert chat.count(b":\n\n") >= 1 and chat.endswith(b"data: [DONE]\n\n")
 
 
 async def test_sse_ping_bad_input(make_config: Any) -> None:
-    """API-14: a non-integer sse_ping_interval is a 400 naming the field."""
+    """A non-integer sse_ping_interval is a 400 naming the field."""
     async with open_server(make_config(parallel=1)) as (_rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             r = await client.post("/completion", json={"prompt": PROMPT, "stream": True, "sse_ping_interval": "x"})
             assert r.status_code == 400 and "sse_ping_interval" in r.text
 
 
+@pytest.mark.slow
 async def test_t_max_predict_ms(make_config: Any) -> None:
-    """API-14, llama-server's rule: past ``t_max_predict_ms`` of prediction the generation stops
+    """llama-server's rule: past ``t_max_predict_ms`` of prediction the generation stops
     at a token whose text holds a newline (stop_type "limit"); without a newline it runs on."""
     hooks = SlowTokens()
     hooks.delay = 0.005  # 5 ms per token
@@ -97,23 +106,34 @@ async def test_t_max_predict_ms(make_config: Any) -> None:
             assert r["stop_type"] == "limit" and 2 <= r["tokens_predicted"] < 40 and r["content"].endswith("\n")
             r = (await client.post("/completion", json={**base, "logit_bias": newline})).json()
             assert r["tokens_predicted"] == 40  # no limit asked
-            r = (await client.post("/completion", json={**base, "logit_bias": [[nl[0], False]],
-                                                          "t_max_predict_ms": 1})).json()
+            r = (
+                await client.post("/completion", json={**base, "logit_bias": [[nl[0], False]], "t_max_predict_ms": 1})
+            ).json()
             assert r["tokens_predicted"] == 40 and "\n" not in r["content"]  # never a newline: no stop
             r = await client.post("/completion", json={**base, "t_max_predict_ms": -5})
             assert r.status_code == 400 and "t_max_predict_ms" in r.text
-        c = await rt.complete(PROMPT, max_tokens=40, temperature=0, ignore_eos=True, logit_bias={nl[0]: 100.0},
-                              t_max_predict_ms=12)
+        c = await rt.complete(
+            PROMPT, max_tokens=40, temperature=0, ignore_eos=True, logit_bias={nl[0]: 100.0}, t_max_predict_ms=12
+        )
         assert c.choices[0].finish_reason == "length" and len(c.choices[0].tokens) < 40
 
 
 async def test_post_sampling_probs(make_config: Any) -> None:
-    """API-14: ``post_sampling_probs`` reports probabilities after the sampler chain as
+    """``post_sampling_probs`` reports probabilities after the sampler chain as
     llama-server names them (``prob``/``top_probs``): top_k cuts the list, they sum to 1 over
     what is left; without it ``logprob``/``top_logprobs`` of the raw distribution."""
     async with open_server(make_config(parallel=1)) as (rt, url):
-        body = {"prompt": PROMPT, "n_predict": 4, "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0,
-                "seed": 5, "n_probs": 5, "ignore_eos": True}
+        body = {
+            "prompt": PROMPT,
+            "n_predict": 4,
+            "temperature": 1.0,
+            "top_k": 3,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "seed": 5,
+            "n_probs": 5,
+            "ignore_eos": True,
+        }
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             post = (await client.post("/completion", json={**body, "post_sampling_probs": True})).json()
             pre = (await client.post("/completion", json=body)).json()
@@ -123,24 +143,38 @@ async def test_post_sampling_probs(make_config: Any) -> None:
                 tops = entry["top_probs"]
                 assert 1 <= len(tops) <= 3 and math.isclose(sum(t["prob"] for t in tops), 1.0, rel_tol=1e-4)
                 assert [t["prob"] for t in tops] == sorted((t["prob"] for t in tops), reverse=True)
-                assert any(t["id"] == entry["id"] and math.isclose(t["prob"], entry["prob"], rel_tol=1e-5) for t in tops)
+                assert any(
+                    t["id"] == entry["id"] and math.isclose(t["prob"], entry["prob"], rel_tol=1e-5) for t in tops
+                )
             for entry in pre["completion_probabilities"]:
                 assert "logprob" in entry and len(entry["top_logprobs"]) == 5
             stream = await _sse(client, "/completion", {**body, "post_sampling_probs": True})
             assert b'"top_probs"' in stream and b'"top_logprobs"' not in stream
-            greedy = (await client.post("/completion", json={**body, "temperature": 0, "post_sampling_probs": True})).json()
+            greedy = (
+                await client.post("/completion", json={**body, "temperature": 0, "post_sampling_probs": True})
+            ).json()
             assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in greedy["completion_probabilities"])
             r = await client.post("/completion", json={**body, "post_sampling_probs": "yes"})
             assert r.status_code == 400 and "post_sampling_probs" in r.text
-        c = await rt.complete(PROMPT, max_tokens=4, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=5,
-                              n_probs=5, ignore_eos=True, post_sampling_probs=True)
+        c = await rt.complete(
+            PROMPT,
+            max_tokens=4,
+            temperature=1.0,
+            top_k=3,
+            top_p=1.0,
+            min_p=0.0,
+            seed=5,
+            n_probs=5,
+            ignore_eos=True,
+            post_sampling_probs=True,
+        )
         assert list(c.choices[0].tokens) == post["tokens"]
         for ev in c.choices[0].logprobs:
             assert len(ev.top) <= 3 and math.isclose(sum(math.exp(t.logprob) for t in ev.top), 1.0, rel_tol=1e-4)
 
 
 def test_embedding_api_rejects_bad_t_max(make_config: Any) -> None:
-    """API-14: the embedding API refuses a bad t_max_predict_ms with the field's name."""
+    """The embedding API refuses a bad t_max_predict_ms with the field's name."""
 
     async def run() -> None:
         async with Runtime.open(make_config(parallel=1)) as rt:
@@ -151,23 +185,25 @@ def test_embedding_api_rejects_bad_t_max(make_config: Any) -> None:
 
 
 async def test_return_progress_streams_prompt_progress(make_config):
-    """API-14 return_progress: while a long prompt is prefilled in several chunks, the stream
+    """return_progress: while a long prompt is prefilled in several chunks, the stream
     carries llama-server's ``prompt_progress`` chunks (total, cache, processed, time_ms), ending
     at processed == total; native, OpenAI completions and chat; off by default; through the
     embedding API as Progress events."""
     import json as _json
 
     import httpx as _httpx
-
     from conftest import open_server as _open_server
+
     from llamactor.protocol.events import Progress
 
     prompt = [5, 6, 7, 8] * 100  # 400 tokens, 64-token chunks
     config = make_config(parallel=1, n_ctx=1024, n_batch=64, n_ubatch=64)
     async with _open_server(config) as (rt, url):
         async with _httpx.AsyncClient(base_url=url, timeout=30) as client:
-            for path, body in (("/completion", {"prompt": prompt, "n_predict": 2}),
-                               ("/v1/completions", {"prompt": [9] + prompt[1:], "max_tokens": 2})):
+            for path, body in (
+                ("/completion", {"prompt": prompt, "n_predict": 2}),
+                ("/v1/completions", {"prompt": [9] + prompt[1:], "max_tokens": 2}),
+            ):
                 r = await client.post(path, json={**body, "stream": True, "return_progress": True, "temperature": 0})
                 frames = [_json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
                 progress = [f["prompt_progress"] for f in frames if "prompt_progress" in f]
@@ -179,12 +215,20 @@ async def test_return_progress_streams_prompt_progress(make_config):
                 body = {**body, "prompt": [10 + len(path)] + prompt[1:]}  # a prompt not cached yet
                 r = await client.post(path, json={**body, "stream": True, "temperature": 0})
                 assert r.status_code == 200 and "prompt_progress" not in r.text  # off by default
-            r = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hello " * 100}], "max_tokens": 2, "stream": True,
-                "return_progress": True, "temperature": 0})
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "hello " * 100}],
+                    "max_tokens": 2,
+                    "stream": True,
+                    "return_progress": True,
+                    "temperature": 0,
+                },
+            )
             assert r.status_code == 200 and '"prompt_progress"' in r.text and r.text.strip().endswith("[DONE]")
-        events = [e async for e in rt.stream(prompt[:-4] + [9, 9, 9, 9], max_tokens=2, temperature=0,
-                                             return_progress=True)]
+        events = [
+            e async for e in rt.stream(prompt[:-4] + [9, 9, 9, 9], max_tokens=2, temperature=0, return_progress=True)
+        ]
         assert any(isinstance(e, Progress) for e in events)
         out = await rt.complete(prompt, max_tokens=2, temperature=0, return_progress=True)
         assert out.n_predicted == 2  # collect() skips progress events
@@ -198,12 +242,16 @@ async def test_unicode_line_breaks_stay_inside_one_sse_line(make_config: Any) ->
     grammar = 'root ::= "a\\u2028b\\x85c\\u2029d"'
     async with open_server(make_config(parallel=1)) as (_rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            for path, body in (("/completion", {"prompt": PROMPT}), ("/v1/completions", {"prompt": PROMPT}),
-                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})):
+            for path, body in (
+                ("/completion", {"prompt": PROMPT}),
+                ("/v1/completions", {"prompt": PROMPT}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}),
+            ):
                 raw = await _sse(client, path, {**body, "grammar": grammar, "max_tokens": 16, "n_predict": 16})
                 assert "\u2028".encode() not in raw and b"\\u2028" in raw, raw
-                async with client.stream("POST", path, json={**body, "grammar": grammar, "max_tokens": 16,
-                                                             "n_predict": 16, "stream": True}) as r:
+                async with client.stream(
+                    "POST", path, json={**body, "grammar": grammar, "max_tokens": 16, "n_predict": 16, "stream": True}
+                ) as r:
                     lines = [line async for line in r.aiter_lines()]
                 frames = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
                 assert all(line.startswith(("data: ", ":")) or not line for line in lines), lines

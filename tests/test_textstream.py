@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings (AC-5)."""
+"""Incremental detokenization and stop strings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from llamactor.runtime.engine.textstream import TextStream
 
 
 def test_utf8_held_until_complete():
-    """AC-5: a multi-byte character split over tokens is released only when complete."""
+    """A multi-byte character split over tokens is released only when complete."""
     s = TextStream()
     data = "🙂".encode()
     assert s.push(data[:1]) == ""
@@ -16,7 +16,7 @@ def test_utf8_held_until_complete():
 
 
 def test_stop_string_held_back_then_released():
-    """AC-5: text that may start a stop string is held back until it can no longer match."""
+    """Text that may start a stop string is held back until it can no longer match."""
     s = TextStream(("END",))
     assert s.push(b"abc E") == "abc "
     assert s.push(b"N") == ""

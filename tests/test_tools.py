@@ -1,4 +1,4 @@
-"""API-8 tool calls end to end: the real openai client against the bundled server on the tiny
+"""Tool calls end to end: the real openai client against the bundled server on the tiny
 model, the embedding API (``rt.chat``), each template family, lazy grammars, bad input.
 
 The tiny model's weights are random, so a valid call can only come from the grammar: every
@@ -14,22 +14,29 @@ import time
 
 import httpx
 import jsonschema
+import msgspec
 import openai
 import pytest
+from chat_templates import HERMES, LLAMA3, MISTRAL, use_template
+from conftest import TEST_THREADS, open_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat_templates import HERMES, LLAMA3, MISTRAL, use_template
-from conftest import TEST_THREADS, open_server
 from llamactor.protocol.errors import RequestError
-from llamactor.protocol.sampling import SamplingParams
-from llamactor.runtime import Runtime, RuntimeConfig
+from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
+from llamactor.runtime import GenerationRequest, RequestHandle, Runtime, RuntimeConfig
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatparse import MessageParser
 from llamactor.runtime.service.chatturn import prepare_chat
 from llamactor.runtime.service.config import default_model_path
 from llamactor.runtime.service.toolcalls import (
-    SYNTAX, ToolChoice, ToolFormat, call_grammar, detect_format, parse_tools, trigger_words,
+    SYNTAX,
+    ToolChoice,
+    ToolFormat,
+    call_grammar,
+    detect_format,
+    parse_tools,
+    trigger_words,
 )
 
 WEATHER_PARAMS = {
@@ -41,10 +48,15 @@ WEATHER_PARAMS = {
     },
     "required": ["city", "unit"],
 }
-TIME_PARAMS = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-               "required": ["zone"]}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                            "parameters": WEATHER_PARAMS}}
+TIME_PARAMS = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER_PARAMS},
+}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": TIME_PARAMS}}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {"get_weather": WEATHER_PARAMS, "get_time": TIME_PARAMS}
@@ -62,15 +74,17 @@ def _valid(name: str, arguments: str) -> dict:
     return args
 
 
+@pytest.mark.slow
 async def test_required_tool_call_openai_client_streaming_and_not(make_config):
-    """API-8: tool_choice "required" yields a valid call with the real openai client, streaming
+    """tool_choice "required" yields a valid call with the real openai client, streaming
     and not: finish_reason "tool_calls", arguments valid against the schema, and the stream's
     tool_calls deltas reassemble to the same call as the non-streaming answer."""
     async with open_server(make_config()) as (rt, url):
         client = _client(url)
         try:
-            kwargs = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=CALL_TOKENS,
-                          temperature=0)
+            kwargs = dict(
+                model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=CALL_TOKENS, temperature=0
+            )
             full = await client.chat.completions.create(**kwargs)
             choice = full.choices[0]
             assert choice.finish_reason == "tool_calls"
@@ -99,15 +113,17 @@ async def test_required_tool_call_openai_client_streaming_and_not(make_config):
             await client.close()
 
 
+@pytest.mark.slow
 async def test_smollm2_required_call_is_valid_and_on_topic():
-    """API-8 on SmolLM2 (its template has no tool support: the GENERIC family): a required call
+    """Tool calls on SmolLM2 (its template has no tool support: the GENERIC family): a required call
     through the openai client is valid, and the model fills it from the question (Paris)."""
     config = RuntimeConfig(model=default_model_path(), n_ctx=2048, parallel=1, threads=TEST_THREADS)
     async with open_server(config) as (rt, url):
         client = _client(url)
         try:
-            r = await client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],
-                                                     tool_choice="required", max_tokens=60, temperature=0)
+            r = await client.chat.completions.create(
+                model="smol", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0
+            )
             call = r.choices[0].message.tool_calls[0]
             assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
             assert _valid("get_weather", call.function.arguments)["city"] == "Paris"
@@ -118,22 +134,33 @@ async def test_smollm2_required_call_is_valid_and_on_topic():
 
 
 async def test_named_tool_choice_and_tool_results_sent_back(make_config):
-    """API-8: a named function is the one called (HTTP and rt.chat), and the assistant's
+    """A named function is the one called (HTTP and rt.chat), and the assistant's
     tool_calls plus a role "tool" answer are accepted back in the history and rendered."""
     async with open_server(make_config()) as (rt, url):
         client = _client(url)
         try:
             named = {"type": "function", "function": {"name": "get_time"}}
-            r = await client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=named,
-                                                     max_tokens=CALL_TOKENS, temperature=0.7, seed=5)
+            r = await client.chat.completions.create(
+                model="tiny",
+                messages=ASK,
+                tools=TOOLS,
+                tool_choice=named,
+                max_tokens=CALL_TOKENS,
+                temperature=0.7,
+                seed=5,
+            )
             call = r.choices[0].message.tool_calls[0]
             assert call.function.name == "get_time"
             assert _valid("get_time", call.function.arguments)["zone"] in ("UTC", "CET")
 
-            history = [*ASK, r.choices[0].message.model_dump(exclude_none=True),
-                       {"role": "tool", "tool_call_id": call.id, "content": "12:00 UTC"}]
-            follow = await client.chat.completions.create(model="tiny", messages=history, tools=TOOLS,
-                                                          max_tokens=5, temperature=0)
+            history = [
+                *ASK,
+                r.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "12:00 UTC"},
+            ]
+            follow = await client.chat.completions.create(
+                model="tiny", messages=history, tools=TOOLS, max_tokens=5, temperature=0
+            )
             assert follow.choices[0].finish_reason in ("stop", "length")
             async with httpx.AsyncClient(base_url=url) as http:
                 r = await http.post("/apply-template", json={"messages": history, "tools": TOOLS})
@@ -149,14 +176,15 @@ async def test_named_tool_choice_and_tool_results_sent_back(make_config):
 
 
 async def test_tool_choice_none_and_auto_answer_in_text(make_config):
-    """API-8: "none" gives no call and no grammar; "auto" on a model that does not call gives
+    """tool_choice "none" gives no call and no grammar; "auto" on a model that does not call gives
     its plain answer, unconstrained (the lazy grammar never engaged: the same tokens as the
     same prompt run with no grammar at all)."""
     async with open_server(make_config()) as (rt, url):
         client = _client(url)
         try:
-            r = await client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none",
-                                                     max_tokens=8, temperature=0)
+            r = await client.chat.completions.create(
+                model="tiny", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0
+            )
             assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
             assert r.choices[0].message.content
         finally:
@@ -164,41 +192,52 @@ async def test_tool_choice_none_and_auto_answer_in_text(make_config):
         turn = rt.prepare_chat(ASK, tools=TOOLS, tool_choice="auto")
         assert turn.grammar_lazy and "<tool_call>" in turn.grammar_triggers and turn.grammar
         plain = await rt.complete(turn.prompt, max_tokens=40, temperature=0)
-        lazy = await rt.complete(turn.prompt, max_tokens=40, params=turn.sampling(SamplingParams(temperature=0)))
-        assert lazy.choices[0].tokens == plain.choices[0].tokens
-        result = await rt.chat(ASK, tools=TOOLS, max_tokens=40, temperature=0)
+        result = await rt.chat(ASK, tools=TOOLS, max_tokens=40, temperature=0)  # under the lazy grammar
+        assert result.completion.choices[0].tokens == plain.choices[0].tokens
         assert result.message.content == plain.text and not result.message.tool_calls
 
 
 async def test_lazy_grammar_engages_at_its_trigger_word(make_config):
-    """API-8: a lazy grammar leaves the text free until the trigger word, then constrains it
+    """A lazy grammar leaves the text free until the trigger word, then constrains it
     (greedy text of the tiny model repeats "et"; after it the grammar forces "XYZ")."""
     async with Runtime.open(make_config()) as rt:
         free = await rt.complete("hello", max_tokens=30, temperature=0)
         assert "et" in free.text
-        params = SamplingParams(temperature=0, grammar='root ::= "et" "XYZ"', grammar_lazy=True,
-                                grammar_triggers=("et",))
-        lazy = await rt.complete("hello", max_tokens=30, params=params)
+        admitted = await rt.admission.admit(GenerationRequest(prompt="hello", max_tokens=30, temperature=0))
+        lazy_params = msgspec.structs.replace(
+            admitted.task.params, grammar='root ::= "et" "XYZ"', grammar_lazy=True, grammar_triggers=("et",)
+        )
+        rt.engine.submit(msgspec.structs.replace(admitted.task, params=lazy_params))
+        lazy = await RequestHandle(admitted.task, admitted.events, rt.engine.cancel).result()
         cut = free.text.index("et")
         assert lazy.text == free.text[:cut] + "etXYZ" and lazy.finish_reason == "stop"
-        for bad in (dict(grammar_lazy=True), dict(grammar="root ::= \"a\"", grammar_triggers=("a",)),
-                    dict(grammar="root ::= \"a\"", grammar_lazy=True, grammar_triggers=("",))):
-            with pytest.raises(RequestError, match="grammar"):
-                await rt.complete("hello", max_tokens=2, params=SamplingParams(**bad))
+        for bad in (
+            dict(grammar_lazy=True),
+            dict(grammar='root ::= "a"', grammar_triggers=("a",)),
+            dict(grammar='root ::= "a"', grammar_lazy=True, grammar_triggers=("",)),
+        ):
+            with pytest.raises(ParamError, match="grammar"):
+                check_sampling(SamplingParams(**bad), n_vocab=100)
 
 
+@pytest.mark.slow
 async def test_lazy_grammar_does_not_slow_plain_answers(make_config):
-    """API-8: a plain answer under a lazy tool grammar that never engages costs about what it
+    """A plain answer under a lazy tool grammar that never engages costs about what it
     costs without one (the trigger check is one end-anchored regex per token)."""
     async with Runtime.open(make_config(parallel=1)) as rt:
         turn = rt.prepare_chat(ASK, tools=TOOLS)
-        base = SamplingParams(temperature=0)
         timings: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(3):
             for lazy in (False, True):
                 t = time.perf_counter()
-                c = await rt.complete(turn.prompt, max_tokens=600, ignore_eos=True,
-                                      params=turn.sampling(base) if lazy else base)
+                admitted = await rt.admission.admit(
+                    GenerationRequest(prompt=turn.prompt, max_tokens=600, ignore_eos=True, temperature=0)
+                )
+                task = admitted.task
+                if lazy:
+                    task = msgspec.structs.replace(task, params=turn.sampling(task.params))
+                rt.engine.submit(task)
+                c = await RequestHandle(task, admitted.events, rt.engine.cancel).result()
                 timings[lazy].append(time.perf_counter() - t)
                 assert c.n_predicted == 600
         plain, lazy_s = min(timings[False]), min(timings[True])
@@ -206,11 +245,17 @@ async def test_lazy_grammar_does_not_slow_plain_answers(make_config):
         assert lazy_s < plain * 1.5 + 0.05
 
 
-@pytest.mark.parametrize("source,fmt,opener", [(HERMES, ToolFormat.HERMES, "<tool_call>"),
-                                               (LLAMA3, ToolFormat.LLAMA3, '{"name": '),
-                                               (MISTRAL, ToolFormat.MISTRAL, "[TOOL_CALLS][")])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "source,fmt,opener",
+    [
+        (HERMES, ToolFormat.HERMES, "<tool_call>"),
+        (LLAMA3, ToolFormat.LLAMA3, '{"name": '),
+        (MISTRAL, ToolFormat.MISTRAL, "[TOOL_CALLS]["),
+    ],
+)
 async def test_native_template_families(make_config, source, fmt, opener):
-    """API-8: each native family gets the tools through its template, writes calls in its own
+    """Each native family gets the tools through its template, writes calls in its own
     syntax under the grammar, and they parse back into the same call (HTTP, streaming, rt.chat)."""
     async with open_server(make_config()) as (rt, url):
         use_template(rt, source)
@@ -228,9 +273,15 @@ async def test_native_template_families(make_config, source, fmt, opener):
             assert len(call.id) == 9 and call.id.isalnum() and f'"id": "{call.id}"' in raw
         client = _client(url)
         try:
-            stream = await client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
-                                                          tool_choice="required", max_tokens=CALL_TOKENS,
-                                                          temperature=0, stream=True)
+            stream = await client.chat.completions.create(
+                model="tiny",
+                messages=ASK,
+                tools=TOOLS,
+                tool_choice="required",
+                max_tokens=CALL_TOKENS,
+                temperature=0,
+                stream=True,
+            )
             name = args = ""
             async for chunk in stream:
                 for c in chunk.choices:
@@ -248,10 +299,11 @@ async def test_native_template_families(make_config, source, fmt, opener):
 
 
 async def test_parallel_tool_calls(make_config):
-    """API-8: parallel_tool_calls lets the grammar take several calls; each parsed call is valid."""
+    """parallel_tool_calls lets the grammar take several calls; each parsed call is valid."""
     async with Runtime.open(make_config()) as rt:
-        result = await rt.chat(ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=True,
-                               max_tokens=600, temperature=0.8, seed=2)
+        result = await rt.chat(
+            ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=True, max_tokens=600, temperature=0.8, seed=2
+        )
         assert result.message.tool_calls
         for call in result.message.tool_calls:
             _valid(call.name, call.arguments)
@@ -261,36 +313,70 @@ async def test_parallel_tool_calls(make_config):
 
 
 BAD = [
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice.function.name: unknown function 'nope'"),
+    (
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice.function.name: unknown function 'nope'",
+    ),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice must be 'none', 'auto', 'required'"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
-     "tools[0].function.parameters.type is not valid JSON Schema"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}}}}]},
-     "tools[0].function.parameters.properties.a.maxLength is not valid JSON Schema"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "a"}}}]},
-     "tools[0].function.parameters.required is not valid JSON Schema"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "tools[0].function.parameters must describe an object"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
+        "tools[0].function.parameters.type is not valid JSON Schema",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}},
+                    },
+                }
+            ]
+        },
+        "tools[0].function.parameters.properties.a.maxLength is not valid JSON Schema",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "a"}}}]},
+        "tools[0].function.parameters.required is not valid JSON Schema",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters must describe an object",
+    ),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name: 'get_weather' is offered twice"),
     ({"tools": [{"type": "code_interpreter", "function": {"name": "f"}}]}, "tools[0].type"),
     ({"tool_choice": "required"}, "tool_choice: 'required' needs a non-empty tools list"),
-    ({"messages": [*ASK, {"role": "tool", "tool_call_id": "zzz", "content": "x"}]},
-     "messages[1].tool_call_id: no earlier assistant tool call has id 'zzz'"),
+    (
+        {"messages": [*ASK, {"role": "tool", "tool_call_id": "zzz", "content": "x"}]},
+        "messages[1].tool_call_id: no earlier assistant tool call has id 'zzz'",
+    ),
     ({"messages": [*ASK, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id is required"),
-    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {
-        "name": "get_weather", "arguments": "{not json"}}]}]}, "messages[1].tool_calls[0].function.arguments"),
+    (
+        {
+            "messages": [
+                *ASK,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}
+                    ],
+                },
+            ]
+        },
+        "messages[1].tool_calls[0].function.arguments",
+    ),
     ({"tools": TOOLS, "grammar": 'root ::= "x"'}, "cannot be combined with tools"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "cannot be combined with tools"),
     ({"tools": [{"type": "function", "function": {"name": 3}}]}, "$.tools[0].function.name"),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,message", BAD, ids=[m[:40] for _, m in BAD])
 async def test_bad_tool_input_is_a_400_naming_the_field(make_config, extra, message):
-    """API-8 bad input: each is a 400 whose message names the field; the server keeps serving,
+    """Tool-call bad input: each is a 400 whose message names the field; the server keeps serving,
     and the embedding API raises the same RequestError."""
     async with open_server(make_config()) as (rt, url):
         body = {"messages": ASK, "max_tokens": 2, **extra}
@@ -308,7 +394,7 @@ async def test_bad_tool_input_is_a_400_naming_the_field(make_config, extra, mess
 
 
 async def test_apply_template_and_input_tokens_match_the_chat_prompt(make_config):
-    """API-13: /apply-template returns the prompt the chat request runs, and
+    """/apply-template returns the prompt the chat request runs, and
     /v1/chat/completions/input_tokens its length, equal to the chat answer's prompt_tokens."""
     async with open_server(make_config()) as (rt, url):
         body = {"messages": ASK, "tools": TOOLS}
@@ -329,7 +415,7 @@ async def test_apply_template_and_input_tokens_match_the_chat_prompt(make_config
 FAMILY_TEXT = {
     ToolFormat.HERMES: 'Let me check.<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
     ToolFormat.GENERIC: '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>\n<tool_call>\n'
-                        '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
+    '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
     ToolFormat.LLAMA3: '{"name": "get_time", "parameters": {"zone": "UTC"}}',
     ToolFormat.MISTRAL: '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}, "id": "abcDEF123"}]',
 }
@@ -338,7 +424,7 @@ FAMILY_TEXT = {
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(fmt=st.sampled_from(list(FAMILY_TEXT)), think=st.booleans(), cuts=st.lists(st.integers(0, 400), max_size=12))
 def test_parser_result_does_not_depend_on_how_the_text_streams(fmt, think, cuts):
-    """API-8/API-9: the parse of a streamed answer equals the parse of the whole text, for every
+    """The parse of a streamed answer equals the parse of the whole text, for every
     family and with a reasoning block, however the text is cut into pieces."""
     text = ("<think>\nplan </thi the call</think>\n\n" if think else "") + FAMILY_TEXT[fmt]
     whole = MessageParser(SYNTAX[fmt], reasoning_format="deepseek", new_id=lambda: "id")
@@ -354,19 +440,45 @@ def test_parser_result_does_not_depend_on_how_the_text_streams(fmt, think, cuts)
     d = parts.finish()
     reasoning, content, calls = reasoning + d.reasoning, content + d.content, calls + d.calls
     assert parts.message == whole.message
-    assert (reasoning, content, [c for _, c in calls]) == (whole.message.reasoning_content, whole.message.content,
-                                                            whole.message.tool_calls)
+    assert (reasoning, content, [c for _, c in calls]) == (
+        whole.message.reasoning_content,
+        whole.message.content,
+        whole.message.tool_calls,
+    )
     assert whole.message.tool_calls and all(c.name in SCHEMAS for c in whole.message.tool_calls)
     assert whole.message.reasoning_content == ("\nplan </thi the call" if think else "")
 
 
-FRAGMENTS = ["<tool_call>", "</tool_call>", "\n", "{", "}", "[", "]", '"', "[TOOL_CALLS]", '[{"name"', '{"name"',
-             '{"name": "f", "arguments": {}}', "<think>", "</think>", " ", "x", "<", "\\"]
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "\n",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "[TOOL_CALLS]",
+    '[{"name"',
+    '{"name"',
+    '{"name": "f", "arguments": {}}',
+    "<think>",
+    "</think>",
+    " ",
+    "x",
+    "<",
+    "\\",
+]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(fmt=st.sampled_from(list(SYNTAX)), pieces=st.lists(st.sampled_from(FRAGMENTS), max_size=30),
-       cuts=st.lists(st.integers(0, 300), max_size=8), think=st.booleans())
+@given(
+    fmt=st.sampled_from(list(SYNTAX)),
+    pieces=st.lists(st.sampled_from(FRAGMENTS), max_size=30),
+    cuts=st.lists(st.integers(0, 300), max_size=8),
+    think=st.booleans(),
+)
 def test_parser_never_fails_and_keeps_every_character(fmt, pieces, cuts, think):
     """Whatever the model writes, the parser ends, loses no text (content + reasoning + calls
     account for it) and gives the same result however the text streams."""
@@ -397,8 +509,12 @@ def test_mistral_call_without_its_control_token():
 
 def test_parser_keeps_what_is_not_a_call_as_content():
     """A malformed or unfinished call stays in the content as text."""
-    for text in ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": "f", "arguments": {"a"',
-                 "[TOOL_CALLS] not json", 'x <tool_cal'):
+    for text in (
+        '<tool_call>{"name": 3}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a"',
+        "[TOOL_CALLS] not json",
+        "x <tool_cal",
+    ):
         fmt = ToolFormat.MISTRAL if "TOOL_CALLS" in text else ToolFormat.HERMES
         p = MessageParser(SYNTAX[fmt])
         p.feed(text)
@@ -410,8 +526,10 @@ def test_trigger_words_are_prefixes_the_grammar_accepts():
     """Every lazy trigger word is a prefix of a call the grammar writes (the engine feeds the
     grammar exactly the word, so any other text there would abort llama.cpp)."""
     for fmt, syntax in SYNTAX.items():
-        example = {ToolFormat.LLAMA3: '{"name": "get_time"',
-                   ToolFormat.MISTRAL: '[TOOL_CALLS][{"name": "get_time"'}.get(fmt, '<tool_call>\n{"name": "get_time"')
+        example = {
+            ToolFormat.LLAMA3: '{"name": "get_time"',
+            ToolFormat.MISTRAL: '[TOOL_CALLS][{"name": "get_time"',
+        }.get(fmt, '<tool_call>\n{"name": "get_time"')
         compact = example.replace("<tool_call>\n", "<tool_call>")
         for word in trigger_words(syntax):
             assert example.startswith(word) or compact.startswith(word), (fmt, word)

@@ -1,4 +1,4 @@
-"""API-17: the built-in page (chat playground, live view) in a real browser, and its /live stream.
+"""The built-in page (chat playground, live view) in a real browser, and its /live stream.
 
 The browser is the system's chromium (/usr/bin/chromium, installed by .ci/run) driven by
 Playwright's Python package; no browser is downloaded. If chromium cannot start, these tests
@@ -23,17 +23,27 @@ import anyio
 import httpx
 import msgspec
 import pytest
-
 from conftest import free_port, open_server, serve_runtime, wait_until
 from faults import Faults
+
 from llamactor.protocol.live import LiveGroup, LiveHistogram, LiveSnapshot
 from llamactor.runtime import Runtime
 from llamactor.runtime.http.live import LiveFeed, LiveFrame
 from llamactor.runtime.service.core import RuntimeCore
 
+pytestmark = pytest.mark.slow  # a headless browser per test
+
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 UI_TIMEOUT_MS = 30_000  # the CPU is shared: generous, and every wait is on a condition
 KEY = "test-key-123"
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +68,7 @@ async def browser_page(base_url: str, tmp_path: Path, name: str) -> AsyncIterato
     async with async_playwright() as pw:
         try:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
-        except Exception as exc:  # noqa: BLE001 - any launch failure is a test failure, with its reason
+        except Exception as exc:
             pytest.fail(f"chromium ({CHROMIUM}) could not start: {exc}")
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 900})
@@ -131,7 +141,7 @@ async def test_a_browser_that_cannot_start_fails_with_its_reason(tmp_path: Path,
 
 
 async def test_chat_streams_a_reply(make_config, tmp_path: Path) -> None:
-    """API-17: the chat page shows /props and streams a reply over /v1/chat/completions SSE; the
+    """The chat page shows /props and streams a reply over /v1/chat/completions SSE; the
     reply equals the server's greedy answer to the same messages, with its token count and speed."""
     async with open_server(make_config(parallel=2)) as (rt, url):
         async with browser_page(url, tmp_path, "chat") as page:
@@ -147,15 +157,24 @@ async def test_chat_streams_a_reply(make_config, tmp_path: Path) -> None:
             assert "24 tokens" in stats and "tok/s" in stats and "first token" in stats, stats
             shown = await reply.locator(".text").text_content()
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            r = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}],
-                "temperature": 0, "max_tokens": 24, "ignore_eos": True})
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [
+                        {"role": "system", "content": "You are terse."},
+                        {"role": "user", "content": "Hello there"},
+                    ],
+                    "temperature": 0,
+                    "max_tokens": 24,
+                    "ignore_eos": True,
+                },
+            )
         assert r.status_code == 200, r.text
         assert shown == r.json()["choices"][0]["message"]["content"]
 
 
 async def test_chat_stop_cancels_the_request(make_config, tmp_path: Path) -> None:
-    """API-17/API-6: Stop aborts the stream; the server cancels the request and frees its slot."""
+    """Stop aborts the stream; the server cancels the request and frees its slot."""
     faults = Faults()
     hold = faults.hold = threading.Event()  # decode steps wait: the request is in flight until we say so
     async with open_server(make_config(parallel=2), hooks=faults) as (rt, url), held(hold):
@@ -164,14 +183,14 @@ async def test_chat_stop_cancels_the_request(make_config, tmp_path: Path) -> Non
             await page.fill("#s-extra", '{"ignore_eos": true}')
             await page.fill("#input", "Tell me everything")
             await page.click("#send")
-            await wait_until(lambda: any(s["is_processing"] for s in rt.slots()), timeout_s=30)
+            await wait_until(lambda: any(s.busy for s in rt.engine.slot_states()), timeout_s=30)
             await expect_ok(page.locator("#stop"), to_be_enabled=True)
             await page.click("#stop")
             reply = page.locator(".msg.assistant").first
             await expect_ok(reply, to_have_attribute=("data-finish", "stopped"))
             await expect_ok(reply.locator(".stats"), to_contain_text="stopped")
             hold.set()
-            await wait_until(lambda: not any(s["is_processing"] for s in rt.slots()), timeout_s=30)
+            await wait_until(lambda: not any(s.busy for s in rt.engine.slot_states()), timeout_s=30)
             await expect_ok(page.locator("#send"), to_be_enabled=True)
 
 
@@ -179,7 +198,7 @@ async def test_chat_stop_cancels_the_request(make_config, tmp_path: Path) -> Non
 
 
 async def test_live_view_shows_groups_slots_and_state_changes(make_config, tmp_path: Path) -> None:
-    """API-17: 2 groups x 2 slots are drawn; a held request's slot goes idle -> prefill ->
+    """2 groups x 2 slots are drawn; a held request's slot goes idle -> prefill ->
     generate (with its token count) -> idle, and the policy, queue and rates are shown."""
     faults = Faults()
     hold = faults.hold = threading.Event()
@@ -197,8 +216,7 @@ async def test_live_view_shows_groups_slots_and_state_changes(make_config, tmp_p
 
             # one decode step per hold.set(): each step clears the hold again when it is done
             faults.on_step = lambda group, result: hold.clear()
-            handle = await rt.submit("a prompt for the live view", max_tokens=6, ignore_eos=True,
-                                     temperature=0)
+            handle = await rt.submit("a prompt for the live view", max_tokens=6, ignore_eos=True, temperature=0)
             busy = page.locator('.slot[data-state="prefill"]')
             await expect_ok(busy, to_have_count=1)  # its prefill step is held
             await expect_ok(busy, to_contain_text="age")
@@ -217,7 +235,7 @@ async def test_live_view_shows_groups_slots_and_state_changes(make_config, tmp_p
 
 
 async def test_live_view_shows_a_group_that_is_down(make_config, tmp_path: Path) -> None:
-    """API-17: a group past its restart limit is drawn as down, its slots too; the other serves on.
+    """A group past its restart limit is drawn as down, its slots too; the other serves on.
     The same through the embedding API (``rt.live_snapshot()``) and through /live."""
     faults = Faults()
     faults.decode_groups = {1}
@@ -225,7 +243,7 @@ async def test_live_view_shows_a_group_that_is_down(make_config, tmp_path: Path)
         faults.fail_decode = 1
         with pytest.raises(Exception, match="injected decode failure"):
             await rt.complete("boom", max_tokens=4, id_slot=2, temperature=0)
-        await wait_until(lambda: 1 in rt.supervisor.snapshot().groups_down)
+        await wait_until(lambda: 1 in rt.engine.supervisor.snapshot().groups_down)
         snap = rt.live_snapshot()
         assert not snap.healthy and [g.up for g in snap.groups] == [True, False]
         assert [s.state for s in snap.groups[1].slots] == ["down", "down"]
@@ -243,7 +261,7 @@ async def test_live_view_shows_a_group_that_is_down(make_config, tmp_path: Path)
 
 
 async def test_api_key_page_asks_for_the_key(make_config, tmp_path: Path) -> None:
-    """API-17/API-7: with --api-key the page loads (it is public, as llama-server's), says clearly
+    """With --api-key the page loads (it is public, as llama-server's), says clearly
     that a key is needed, refuses a wrong one, and works (props, live view, chat) with the right
     one. /live needs the key like every API path."""
     async with open_server(make_config(parallel=2, api_key=KEY)) as (rt, url):
@@ -280,7 +298,7 @@ async def test_api_key_page_asks_for_the_key(make_config, tmp_path: Path) -> Non
 
 
 async def test_no_webui_turns_the_page_off(make_config) -> None:
-    """API-17: ``webui=False`` (``--no-webui``) answers 404 on / and the assets, as llama-server;
+    """``webui=False`` (``--no-webui``) answers 404 on / and the assets, as llama-server;
     the API, /live included, stays."""
     async with open_server(make_config(parallel=2, webui=False)) as (rt, url):
         async with httpx.AsyncClient(base_url=url) as client:
@@ -289,22 +307,38 @@ async def test_no_webui_turns_the_page_off(make_config) -> None:
                 assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", path
             assert (await client.get("/props")).status_code == 200
         assert len(await read_frames(url, 1)) == 1
-    async with open_server(make_config(parallel=2)) as (rt, url):
-        async with httpx.AsyncClient(base_url=url) as client:
-            r = await client.get("/")
-            assert r.status_code == 200 and "<title>llamactor</title>" in r.text
-            assert "default-src 'none'" in r.headers["content-security-policy"]
-            assert (await client.get("/webui/index.html")).status_code == 404
-            assert (await client.get("/webui/../pyproject.toml")).status_code == 404
+    async with open_server(make_config(parallel=2)) as (rt, url), httpx.AsyncClient(base_url=url) as client:
+        r = await client.get("/")
+        assert r.status_code == 200 and "<title>llamactor</title>" in r.text
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        assert (await client.get("/webui/index.html")).status_code == 404
+        assert (await client.get("/webui/../pyproject.toml")).status_code == 404
 
 
 def test_serve_no_webui_flag(tiny_model: Path) -> None:
-    """API-17: ``llamactor serve --no-webui`` as a user runs it: / is a 404, the API answers."""
+    """``llamactor serve --no-webui`` as a user runs it: / is a 404, the API answers."""
     from test_cli import LLAMACTOR, _wait_ready
 
     port = free_port()
-    proc = subprocess.Popen([*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "-np", "1",
-                             "-c", "512", "--no-webui"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *LLAMACTOR,
+            "serve",
+            "-m",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "-np",
+            "1",
+            "-c",
+            "512",
+            "--no-webui",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, proc)
@@ -329,7 +363,7 @@ async def read_frames(url: str, n: int, headers: dict[str, str] | None = None) -
 
 
 async def test_live_stream_takes_one_snapshot_per_tick_for_all_clients(make_config) -> None:
-    """API-17: three clients of /live share one snapshot per tick (not one per client), and
+    """Three clients of /live share one snapshot per tick (not one per client), and
     get the same frames; no client connected, no snapshot taken."""
     async with Runtime.open(make_config(parallel=4, pipeline_groups=2)) as rt:
         calls = 0
@@ -363,7 +397,7 @@ async def test_live_stream_takes_one_snapshot_per_tick_for_all_clients(make_conf
 
 
 async def test_live_feed_survives_its_producer_leaving() -> None:
-    """API-17: the client that happens to produce a tick may leave mid-tick; the others go on."""
+    """The client that happens to produce a tick may leave mid-tick; the others go on."""
     seq = 0
 
     def snapshot() -> LiveSnapshot:
@@ -389,21 +423,43 @@ async def test_live_feed_survives_its_producer_leaving() -> None:
 
 
 def _snapshot(at: float, predicted: int, prompt: int = 0, ttft: tuple[int, ...] = (0, 0, 0)) -> LiveSnapshot:
-    group = LiveGroup(id=0, up=True, restarts=0, phase="none", cohort=0, waiting=0, tokens_predicted=predicted,
-                      prompt_tokens=prompt, n_decode=0, requests_failed=0, slots=())
+    group = LiveGroup(
+        id=0,
+        up=True,
+        restarts=0,
+        phase="none",
+        cohort=0,
+        waiting=0,
+        tokens_predicted=predicted,
+        prompt_tokens=prompt,
+        n_decode=0,
+        requests_failed=0,
+        slots=(),
+    )
     hist = LiveHistogram(bounds_s=(0.1, 1.0), counts=ttft, sum_s=0.0)
-    return LiveSnapshot(at=at, state="ready", healthy=True, model="m", scheduler="s", uptime_s=at, queue_depth=0,
-                        queue_size=8, groups=(group,), ttft=hist, inter_token=None)
+    return LiveSnapshot(
+        at=at,
+        state="ready",
+        healthy=True,
+        model="m",
+        scheduler="s",
+        uptime_s=at,
+        queue_depth=0,
+        queue_size=8,
+        groups=(group,),
+        ttft=hist,
+        inter_token=None,
+    )
 
 
 def test_live_history_rates_series_and_recent_histograms() -> None:
-    """API-17: rates from cumulative counters (tok/s over the last seconds), one series point a
+    """Rates from cumulative counters (tok/s over the last seconds), one series point a
     second, and histograms of the last minute only."""
     from llamactor.runtime.http.live import History
 
     h = History()
     frame: LiveFrame | None = None
-    for i in range(0, 121):  # two minutes at 1 Hz: 50 tok/s generated, 200 prompt tok/s
+    for i in range(121):  # two minutes at 1 Hz: 50 tok/s generated, 200 prompt tok/s
         t = float(i)
         ttft = (i, 0, 0) if i <= 30 else (30, i - 30, 0)  # fast TTFTs in the first 30 s, slow after
         frame = h.add(_snapshot(at=1000 + t, predicted=50 * i, prompt=200 * i, ttft=ttft), t, clients=1, tick_s=1.0)
@@ -417,13 +473,13 @@ def test_live_history_rates_series_and_recent_histograms() -> None:
 
 
 def test_live_snapshot_before_open(make_config) -> None:
-    """API-17: a runtime that is not serving reports its state and no groups (no exception)."""
+    """A runtime that is not serving reports its state and no groups (no exception)."""
     snap = RuntimeCore(make_config()).live_snapshot()
     assert (snap.state, snap.groups, snap.healthy) == ("created", (), False)
 
 
 def test_package_data_ships_the_page(tmp_path: Path) -> None:
-    """API-17: the page's files are package data (pyproject), so a non-editable install has them:
+    """The page's files are package data (pyproject), so a non-editable install has them:
     setuptools' build step, run on a clean copy of the sources, puts them into the package."""
     import shutil
 
@@ -435,8 +491,13 @@ def test_package_data_ships_the_page(tmp_path: Path) -> None:
         else:
             shutil.copy(ROOT / name, src / name)
     out = tmp_path / "build"
-    r = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
-                        "--build-lib", str(out)], cwd=src, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py", "--build-lib", str(out)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     for name in ("index.html", "app.css", "app.js"):
         built = out / "llamactor" / "runtime" / "http" / "webui" / name

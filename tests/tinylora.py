@@ -1,4 +1,4 @@
-"""A tiny random LoRA adapter GGUF for tinymodel.py's model (EN-1 tests).
+"""A tiny random LoRA adapter GGUF for tinymodel.py's model (LoRA tests).
 
 The layout is what llama.cpp's convert_lora_to_gguf.py writes and llama_adapter_lora_init
 reads: ``general.type = "adapter"``, ``general.architecture`` of the base model,
@@ -16,7 +16,6 @@ import pathlib
 
 import gguf
 import numpy as np
-
 from tinymodel import ARCHITECTURE, HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, write_out
 
 RANK = 4
@@ -45,6 +44,10 @@ def write_tiny_lora(path: str | os.PathLike, *, seed: int = 1) -> pathlib.Path:
     for layer in range(N_LAYER):
         for name, (out_features, in_features) in TARGETS.items():
             base = f"blk.{layer}.{name}.weight"
-            writer.add_tensor(base + ".lora_a", (rng.standard_normal((RANK, in_features)) * LORA_STD).astype(np.float32))
-            writer.add_tensor(base + ".lora_b", (rng.standard_normal((out_features, RANK)) * LORA_STD).astype(np.float32))
+            writer.add_tensor(
+                base + ".lora_a", (rng.standard_normal((RANK, in_features)) * LORA_STD).astype(np.float32)
+            )
+            writer.add_tensor(
+                base + ".lora_b", (rng.standard_normal((out_features, RANK)) * LORA_STD).astype(np.float32)
+            )
     return write_out(writer, {}, path)

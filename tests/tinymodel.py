@@ -58,10 +58,16 @@ EOS_TOKEN = "<|eos|>"
 IM_START_TOKEN = "<|im_start|>"
 IM_END_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
-# write_tiny_model(fim=True) only (API-12): Qwen2.5-Coder's fill-in-the-middle tokens, appended
+# write_tiny_model(fim=True) only (for /infill): Qwen2.5-Coder's fill-in-the-middle tokens, appended
 # after the specials above, with the tokenizer.ggml.fim_*_token_id keys llama.cpp reads.
-FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>",
-              "pad": "<|fim_pad|>", "rep": "<|repo_name|>", "sep": "<|file_sep|>"}
+FIM_TOKENS = {
+    "pre": "<|fim_prefix|>",
+    "suf": "<|fim_suffix|>",
+    "mid": "<|fim_middle|>",
+    "pad": "<|fim_pad|>",
+    "rep": "<|repo_name|>",
+    "sep": "<|file_sep|>",
+}
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -87,8 +93,7 @@ _WORD_PATTERN = re.compile(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+")
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's reversible byte -> printable character table, indexed by byte."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)}
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
     unprintable = (byte for byte in range(N_BYTE_TOKENS) if byte not in printable)
     remapped = {byte: chr(N_BYTE_TOKENS + i) for i, byte in enumerate(unprintable)}
     return [remapped.get(byte, chr(byte)) for byte in range(N_BYTE_TOKENS)]
@@ -97,7 +102,7 @@ def _bytes_to_unicode() -> list[str]:
 def _merge_pair(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
     merged, i = [], 0
     while i < len(word):
-        if word[i:i + 2] == pair:
+        if word[i : i + 2] == pair:
             merged.append(pair[0] + pair[1])
             i += 2
         else:
@@ -108,10 +113,7 @@ def _merge_pair(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]
 
 def _learn_merges(corpus: str, byte_chars: list[str], n_merges: int) -> list[tuple[str, str]]:
     """Classic BPE training; ties break lexicographically so output is stable."""
-    words = Counter(
-        tuple(byte_chars[b] for b in piece.encode("utf-8"))
-        for piece in _WORD_PATTERN.findall(corpus)
-    )
+    words = Counter(tuple(byte_chars[b] for b in piece.encode("utf-8")) for piece in _WORD_PATTERN.findall(corpus))
     merges: list[tuple[str, str]] = []
     while len(merges) < n_merges:
         pairs: Counter[tuple[str, str]] = Counter()
@@ -139,6 +141,7 @@ def _build_vocab(specials: tuple[str, ...] = SPECIAL_TOKENS) -> tuple[list[str],
 
 def _weights(rng: np.random.Generator, n_vocab: int, n_special: int = len(SPECIAL_TOKENS)) -> dict[str, np.ndarray]:
     """All tensors by GGUF name; matrices are (out_features, in_features)."""
+
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * WEIGHT_STD).astype(np.float16)
 
@@ -180,8 +183,7 @@ def _add_hparams(writer: gguf.GGUFWriter, n_vocab: int) -> None:
     writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int],
-                   merges: list[str]) -> None:
+def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(TOKENIZER_PRE)
     writer.add_token_list(tokens)
@@ -198,7 +200,7 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int],
 def write_tiny_model(path: str | os.PathLike, *, seed: int = 0, fim: bool = False) -> pathlib.Path:
     """Write the tiny GGUF model to `path` and return it as a Path.
 
-    ``fim=True`` adds the FIM_TOKENS and their metadata keys (for /infill, API-12); the
+    ``fim=True`` adds the FIM_TOKENS and their metadata keys (for /infill); the
     default model's bytes do not change.
     """
     path = pathlib.Path(path)
@@ -226,7 +228,7 @@ def write_out(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: pat
 
 # Self-check (`python tests/tinymodel.py`): loads the model with llama_cpp.
 
-SAMPLE_TEXT = "héllo 世界 🙂 The quick brown fox , said: \"ok\"\n\tend"
+SAMPLE_TEXT = 'héllo 世界 🙂 The quick brown fox , said: "ok"\n\tend'
 PROMPTS = ("The quick brown fox", "Hello world", "héllo 世界 🙂", "What is the time?")
 N_GENERATE = 32
 N_SEQ_MAX = 8

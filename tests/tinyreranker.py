@@ -1,4 +1,4 @@
-"""A tiny random-weight reranker GGUF (Qwen3 architecture with a classifier head) for API-11 tests.
+"""A tiny random-weight reranker GGUF (Qwen3 architecture with a classifier head) for rerank tests.
 
 llama.cpp's rank pooling reads one token's hidden state (the last one for a causal model) and
 passes it through the model's classifier head, ``cls.output``; of the architectures the vendored
@@ -17,7 +17,6 @@ import pathlib
 
 import gguf
 import numpy as np
-
 import tinymodel as tm
 
 ARCHITECTURE = "qwen3"

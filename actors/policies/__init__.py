@@ -3,10 +3,12 @@ module or file path."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,33 +16,88 @@ from typing import Any
 from llamactor.actors.policies.adaptive import AdaptivePolicy
 from llamactor.actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
 from llamactor.actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
+from llamactor.actors.policies.priority import PriorityPolicy
 from llamactor.actors.policies.stallfree import StallFreePolicy
 from llamactor.actors.policy import Policy
 from llamactor.protocol.errors import ConfigError
 
 BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (ContinuousPolicy, NoContBatchingPolicy, SerialPrefillPolicy, CohortPolicy, StallFreePolicy,
-                AdaptivePolicy)
+    for cls in (
+        ContinuousPolicy,
+        NoContBatchingPolicy,
+        SerialPrefillPolicy,
+        CohortPolicy,
+        StallFreePolicy,
+        AdaptivePolicy,
+        PriorityPolicy,
+    )
 }
 
 
-def resolve_policy(spec: str) -> type[Policy]:
-    """The policy class named by ``--scheduler`` (ConfigError if it cannot be loaded).
+PolicySpec = str | type[Policy] | Policy
+
+
+def resolve_policy(spec: PolicySpec) -> type[Policy]:
+    """The policy class ``spec`` names (ConfigError if it cannot be loaded).
 
     ``spec`` is a built-in name (``"continuous"``), ``package.module:Class`` (the current
-    directory is searched first, as uvicorn does for its app argument), or
-    ``path/to/file.py:Class`` (a file anywhere, loaded as a module of its own).
+    directory is searched first, as uvicorn does for its app argument), ``path/to/file.py:Class``
+    (a file anywhere, loaded as a module of its own), a policy class, or a policy instance.
     """
+    if isinstance(spec, Policy):
+        return type(spec)
+    if isinstance(spec, type):
+        if not (issubclass(spec, Policy) or callable(getattr(spec, "plan", None))):
+            raise ConfigError(f"scheduler {spec.__name__} is not a policy class (needs a plan() method)")
+        return spec
+    if not isinstance(spec, str):
+        raise ConfigError(f"scheduler must be a name, module:Class, a Policy class or instance; got {spec!r}")
     if spec in BUILTIN:
         return BUILTIN[spec]
     if ":" not in spec:
-        raise ConfigError(f"unknown scheduler {spec!r}; built-in: {', '.join(sorted(BUILTIN))}, "
-                          f"or module:Class, or path/to/file.py:Class")
+        raise ConfigError(
+            f"unknown scheduler {spec!r}; built-in: {', '.join(sorted(BUILTIN))}, "
+            f"or module:Class, or path/to/file.py:Class"
+        )
     cls = load_object(spec, "scheduler")
     if not (isinstance(cls, type) and callable(getattr(cls, "plan", None))):
         raise ConfigError(f"scheduler {spec!r} is not a policy class (needs a plan() method)")
     return cls
+
+
+def policy_factory(spec: PolicySpec, options: Mapping[str, Any]) -> Callable[[int], Policy]:
+    """``make(group)``: a new policy for one group (each group has its own, and a restarted
+    group a fresh one). A class or name is instantiated as ``Class(group, **options)``; an
+    instance is copied (``copy.deepcopy``) for each group, its ``group`` set."""
+    if isinstance(spec, Policy):
+        template = spec
+
+        def copy_of(group: int) -> Policy:
+            policy = copy.deepcopy(template)
+            policy.group = group
+            return policy
+
+        return copy_of
+    cls = resolve_policy(spec)
+
+    def make(group: int) -> Policy:
+        try:
+            return cls(group, **options)
+        except TypeError as exc:
+            raise ConfigError(
+                f"scheduler {policy_name(spec)} cannot be made with options {dict(options)}: {exc}"
+            ) from exc
+
+    return make
+
+
+def policy_name(spec: PolicySpec) -> str:
+    """How ``spec`` is shown (logs, /props, the live view): the name given, or the class's."""
+    if isinstance(spec, str):
+        return spec
+    cls = spec if isinstance(spec, type) else type(spec)
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def load_object(spec: str, what: str) -> Any:

@@ -1,4 +1,4 @@
-"""``adaptive`` (the default): continuous batching whose prompt budget follows the traffic (issue 12).
+"""``adaptive`` (the default): continuous batching whose prompt budget follows the traffic.
 
 Every step every generating slot contributes its token, as in ``continuous``; what varies is
 how many prompt tokens join them, and whose. The policy judges requests as the goodput
@@ -65,13 +65,14 @@ class AdaptivePolicy(Policy):
             # prefill, so it has no generation-only step yet)
             return StepPlan(prefill=take(order, min(room, budget)), generate=generate)
         urgent = late | {s.local for s in waiting if not self.feasible(view, s)}
-        return StepPlan(prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token,
-                                           urgent), generate=generate)
+        return StepPlan(
+            prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token, urgent),
+            generate=generate,
+        )
 
     # ---- how many prompt tokens ----------------------------------------------------------
 
-    def budget(self, view: GroupView, generate: tuple[int, ...],
-               waiting: list[SlotView]) -> tuple[int, frozenset[int]]:
+    def budget(self, view: GroupView, generate: tuple[int, ...], waiting: list[SlotView]) -> tuple[int, frozenset[int]]:
         """Prompt tokens for the next step, and the prompts that would miss their target at the
         normal budget (the reason it was raised: ``take_split`` never leaves them out)."""
         room = view.n_batch - len(generate)
@@ -85,8 +86,11 @@ class AdaptivePolicy(Policy):
         on_track = self.on_track(view)
         if hopeless >= on_track or 2 * on_track < len(generate):
             return room, none
-        budget = max(MIN_PREFILL_CHUNK, int((self.target_itl_ms - per_step) / per_token),
-                     room * len(waiting) // (len(waiting) + len(generate)))
+        budget = max(
+            MIN_PREFILL_CHUNK,
+            int((self.target_itl_ms - per_step) / per_token),
+            room * len(waiting) // (len(waiting) + len(generate)),
+        )
         if budget < room and (late := self.late(view, waiting, budget)):
             return room, late
         if budget < room and len({s.order for s in waiting}) > 1:
@@ -156,8 +160,9 @@ class AdaptivePolicy(Policy):
         return max(view.now - s.arrived, 0.0) * 1e3
 
 
-def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: float,
-               urgent: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
+def take_split(
+    slots: list[SlotView], budget: int, step_ms: float, token_ms: float, urgent: frozenset[int] = frozenset()
+) -> tuple[tuple[int, int], ...]:
     """``take``, ending the step early when that gives first tokens sooner on the whole.
 
     Prompts that finish in this step all get their first token when it ends. One more prompt
@@ -180,8 +185,9 @@ def take_split(slots: list[SlotView], budget: int, step_ms: float, token_ms: flo
             break
         k = min(s.prompt_left, budget)
         finishes = k == s.prompt_left
-        if done and (done * k * token_ms > (n - done) * step_ms if finishes
-                     else done >= n - done and s.local not in urgent):
+        if done and (
+            done * k * token_ms > (n - done) * step_ms if finishes else done >= n - done and s.local not in urgent
+        ):
             break
         out.append((s.local, k))
         budget -= k

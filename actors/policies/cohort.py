@@ -1,4 +1,4 @@
-"""``cohort`` (phase exclusion, SPEC PH-1 … PH-8) and ``serial-prefill``.
+"""``cohort`` (phase exclusion: prefill cohorts and a barrier before generation) and ``serial-prefill``.
 
 Why a state machine: a batch must never mix prompt and generated tokens, and prompts that
 were admitted together must start generating together, so a group is always in exactly one
@@ -8,13 +8,13 @@ of these phases:
       ▲                                                        │ every member done
       └───────────── last member finished ◄──── GENERATE ◄─────┘
 
-- open: arrivals join the cohort and share n_batch fairly (PH-2);
-- sealed: the first member finished its prompt; later arrivals wait for the next cohort (PH-3);
-  finished members keep their logits and sample nothing (PH-4, the group holds them "ready");
-- GENERATE: the whole cohort is released at once (PH-5); no prefill runs; arrivals queue and
-  the cohort drains (PH-6). With ``max_generate_ms`` the engine may be handed to the next
+- open: arrivals join the cohort and share n_batch fairly;
+- sealed: the first member finished its prompt; later arrivals wait for the next cohort;
+  finished members keep their logits and sample nothing (the group holds them "ready");
+- GENERATE: the whole cohort is released at once; no prefill runs; arrivals queue and
+  the cohort drains. With ``max_generate_ms`` the engine may be handed to the next
   cohort's prefill after that long, pausing generation (still never mixing phases);
-- a cancelled member simply leaves the barrier (PH-7).
+- a cancelled member simply leaves the barrier (no deadlock, no leaked slot).
 
 State changes only in ``on_event`` (called by the PhaseCoordinator); ``plan`` reads it
 through the latest grant.
@@ -181,9 +181,7 @@ class CohortPolicy(Policy):
             members = [s for s in view.slots if s.order in grant.prefill and s.phase == "prefill"]
             self._rotate += 1
             return StepPlan(prefill=self.share(members, view.n_batch))
-        release = tuple(
-            s.local for s in view.slots if s.order in grant.release and s.phase == "ready" and s.parent < 0
-        )
+        release = tuple(s.local for s in view.slots if s.order in grant.release and s.phase == "ready" and s.parent < 0)
         return StepPlan(generate=generating(view, grant.generate), release=release)
 
     def share(self, members: list[SlotView], n_batch: int) -> tuple[tuple[int, int], ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from llamactor.actors.policy import GroupView, Policy, StepPlan, fill_prefill, generating
 from llamactor.protocol.messages import Grant
 
-DEFAULT_PREFILL_BUDGET = 128  # best of 64/128/256 in the BE-2 mixed workload (README)
+DEFAULT_PREFILL_BUDGET = 128  # best of 64/128/256 in the benchmark's mixed workload (README)
 MIN_PREFILL_CHUNK = 16  # never starve prompts completely, whatever the measured costs
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 
 class OwnedBatch:
-    __slots__ = ("tok", "pos", "nseq", "seq", "out", "ramp", "_seq_ptrs", "batch")
+    __slots__ = ("_seq_ptrs", "batch", "nseq", "out", "pos", "ramp", "seq", "tok")
 
     def __init__(self, n: int, *, output_all: bool = False) -> None:
         """``n`` rows; ``output_all``: every row outputs (an embedding context), else none by default."""

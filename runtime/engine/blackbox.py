@@ -1,4 +1,4 @@
-"""Which request the engine process was serving when it died (issue 14's resume, made fair).
+"""Which request the engine process was serving when it died (resume after an engine death, made fair).
 
 An abort inside llama.cpp ends the engine process with no chance to say why. Every request in
 it counts that death toward ``--resume-max``, so one request that aborts the engine on each

@@ -1,4 +1,4 @@
-"""Draft-model speculation (EN-2 ``draft-simple``, ``-md FILE``): one draft context per group (PG-11).
+"""Draft-model speculation (``draft-simple``, ``-md FILE``): one draft context per group.
 
 The draft model is loaded once per process (like the target) and must share the target's
 vocabulary (``check_compatible``, llama.cpp's ``common_speculative_are_compatible``). Each
@@ -25,6 +25,7 @@ import numpy as np
 
 from llamactor.protocol.errors import ConfigError, EngineError
 from llamactor.runtime.engine.batch import OwnedBatch
+from llamactor.runtime.engine.logits import logits_at
 from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.engine.speculative import (
@@ -69,8 +70,9 @@ def check_compatible(target: Model, draft: Model, path: str) -> None:
                 problems.append(f"token {t} is {draft.token_text(t)!r} there, {target.token_text(t)!r} in the target")
                 break
     if problems:
-        raise ConfigError(f"--model-draft {path}: the draft model's vocabulary does not match the target's "
-                          f"({'; '.join(problems)})")
+        raise ConfigError(
+            f"--model-draft {path}: the draft model's vocabulary does not match the target's ({'; '.join(problems)})"
+        )
 
 
 class DraftContext:
@@ -80,10 +82,18 @@ class DraftContext:
         model: Model = spec.draft_model
         self.model = model
         self.n_vocab_target = n_vocab_target  # a draft stops at a token the target does not have
-        self.ptr = open_context(model, "the draft context", n_ctx=spec.n_ctx_draft or ctx_opts.n_ctx,
-                                n_batch=ctx_opts.n_batch, n_ubatch=ctx_opts.n_ubatch, n_seq_max=ctx_opts.n_seq_max,
-                                n_threads=ctx_opts.n_threads, n_threads_batch=ctx_opts.n_threads_batch,
-                                kv_unified=ctx_opts.kv_unified, flash_attn_type=ctx_opts.flash_attn)
+        self.ptr = open_context(
+            model,
+            "the draft context",
+            n_ctx=spec.n_ctx_draft or ctx_opts.n_ctx,
+            n_batch=ctx_opts.n_batch,
+            n_ubatch=ctx_opts.n_ubatch,
+            n_seq_max=ctx_opts.n_seq_max,
+            n_threads=ctx_opts.n_threads,
+            n_threads_batch=ctx_opts.n_threads_batch,
+            kv_unified=ctx_opts.kv_unified,
+            flash_attn_type=ctx_opts.flash_attn,
+        )
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
@@ -190,7 +200,7 @@ class DraftContext:
     def _pick(self, row: int, p_min: float) -> tuple[int, float]:
         """The draft's greedy token at batch ``row`` and its probability among the top 10
         (computed only when ``p_min`` asks for it)."""
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, row), shape=(self.model.n_vocab,))
+        logits = logits_at(self.ptr, row, self.model.n_vocab)
         token = int(logits.argmax())
         if p_min <= 0.0:
             return token, 1.0

@@ -1,4 +1,4 @@
-"""An embedding context over the loaded model: batch fill, pooled vectors, normalization (API-10, API-11).
+"""An embedding context over the loaded model: batch fill, pooled vectors, normalization (embeddings, rerank).
 
 ``EmbeddingContext`` is a second kind of llama_context made from the one ``Model`` whose weights
 the generation groups already use: embeddings on, pooling set, its own KV cells. One call of
@@ -37,8 +37,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.protocol.errors import ConfigError, EngineError
+from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.runtime.engine.model import Model, open_context
 
 POOLING_CODES = {
@@ -71,17 +71,29 @@ class EmbeddingContext:
         self.model = model
         pooling = POOLING_CODES[opts.pooling] if opts.pooling else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
         # stateless sequences: one batch worth of cells is all it needs
-        self.ptr = open_context(model, "the embedding context", n_ctx=opts.n_batch, n_batch=opts.n_batch,
-                                n_ubatch=opts.n_batch, n_seq_max=opts.n_seq_max, n_threads=opts.n_threads,
-                                n_threads_batch=opts.n_threads, kv_unified=True, embeddings=True,
-                                pooling_type=pooling, flash_attn_type=opts.flash_attn)
+        self.ptr = open_context(
+            model,
+            "the embedding context",
+            n_ctx=opts.n_batch,
+            n_batch=opts.n_batch,
+            n_ubatch=opts.n_batch,
+            n_seq_max=opts.n_seq_max,
+            n_threads=opts.n_threads,
+            n_threads_batch=opts.n_threads,
+            kv_unified=True,
+            embeddings=True,
+            pooling_type=pooling,
+            flash_attn_type=opts.flash_attn,
+        )
         self.memory = llama_cpp.llama_get_memory(self.ptr)  # NULL for encoder-only models (BERT)
         self.pooling = POOLING_NAMES[llama_cpp.llama_pooling_type(self.ptr)]
         if self.pooling == "rank" and not has_classifier_head(model.path):
             # llama.cpp would score with the first hidden unit of the wrong rows: refuse instead.
             self.close()
-            raise ConfigError(f"--pooling rank needs a reranker model with a classifier head (a cls.output "
-                              f"tensor); {model.name} has none")
+            raise ConfigError(
+                f"--pooling rank needs a reranker model with a classifier head (a cls.output "
+                f"tensor); {model.name} has none"
+            )
         self.n_batch = int(llama_cpp.llama_n_batch(self.ptr))
         self.n_seq_max = int(llama_cpp.llama_n_seq_max(self.ptr))
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model.ptr))

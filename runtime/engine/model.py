@@ -12,9 +12,9 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
@@ -29,7 +29,7 @@ _backend_ready = False
 def _silent_log_callback():
     # llama.cpp logs every load detail to stderr; keep the callback object alive forever.
     @llama_cpp.llama_log_callback
-    def _drop(level, text, user_data):  # noqa: ARG001
+    def _drop(level, text, user_data):
         return None
 
     return _drop
@@ -49,20 +49,20 @@ def init_backend(*, quiet: bool = True) -> None:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to place the weights (AC-5). ``devices`` is a NULL-terminated ggml device array or None."""
+    """How to place the weights. ``devices`` is a NULL-terminated ggml device array or None."""
 
     n_gpu_layers: int = 0
     use_mmap: bool = True
     split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER
     tensor_split: tuple[float, ...] = ()
     devices: ctypes.Array[Any] | None = None
-    vocab_only: bool = False  # the tokenizer and metadata without weights (the API process, issue 14)
+    vocab_only: bool = False  # the tokenizer and metadata without weights (the API process of an isolated engine)
     graph_reuse: bool = True  # False: its contexts get llama.cpp's graph reuse off (see open_context)
 
 
 @dataclass(frozen=True)
 class FimTokens:
-    """Fill-in-the-middle token ids from the vocabulary (API-12); -1 means the model has none."""
+    """Fill-in-the-middle token ids from the vocabulary (for /infill); -1 means the model has none."""
 
     pre: int
     suf: int
@@ -106,10 +106,10 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog = [bool(llama_cpp.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)]
         self.name = path.name
-        self.adapters: list[Any] = []  # LoRA adapters (EN-1), by id; freed with the model
+        self.adapters: list[Any] = []  # LoRA adapters, by id; freed with the model
 
     def load_adapter(self, path: str | Path) -> int:
-        """Load a LoRA adapter once for every context of this model (EN-1); return its id.
+        """Load a LoRA adapter once for every context of this model; return its id.
 
         Called at startup only, before any context exists. ConfigError names a file that is
         missing or that llama.cpp refuses (not a LoRA GGUF, or made for another model).
@@ -119,8 +119,9 @@ class Model:
             raise ConfigError(f"LoRA adapter file not found: {path}")
         ptr = llama_cpp.llama_adapter_lora_init(self.ptr, str(path).encode())
         if not ptr:
-            raise ConfigError(f"llama.cpp could not load the LoRA adapter {path} "
-                              f"(not a LoRA adapter GGUF, or made for another model)")
+            raise ConfigError(
+                f"llama.cpp could not load the LoRA adapter {path} (not a LoRA adapter GGUF, or made for another model)"
+            )
         self.adapters.append(ptr)
         return len(self.adapters) - 1
 
@@ -141,12 +142,15 @@ class Model:
         return raw.decode("utf-8", "replace") if raw else None
 
     def fim_tokens(self) -> FimTokens:
-        """The GGUF's fill-in-the-middle tokens (API-12); -1 (LLAMA_TOKEN_NULL) where it has none."""
+        """The GGUF's fill-in-the-middle tokens; -1 (LLAMA_TOKEN_NULL) where it has none."""
         v = self.vocab
         return FimTokens(
-            pre=llama_cpp.llama_vocab_fim_pre(v), suf=llama_cpp.llama_vocab_fim_suf(v),
-            mid=llama_cpp.llama_vocab_fim_mid(v), pad=llama_cpp.llama_vocab_fim_pad(v),
-            rep=llama_cpp.llama_vocab_fim_rep(v), sep=llama_cpp.llama_vocab_fim_sep(v),
+            pre=llama_cpp.llama_vocab_fim_pre(v),
+            suf=llama_cpp.llama_vocab_fim_suf(v),
+            mid=llama_cpp.llama_vocab_fim_mid(v),
+            pad=llama_cpp.llama_vocab_fim_pad(v),
+            rep=llama_cpp.llama_vocab_fim_rep(v),
+            sep=llama_cpp.llama_vocab_fim_sep(v),
         )
 
     def token_text(self, token: int) -> str:

@@ -1,4 +1,4 @@
-"""Per-group pipeline profiler (PG-7): where one group's iterations and tokens spend time.
+"""Per-group pipeline profiler (``--profile``): where one group's iterations and tokens spend time.
 
 Enabled with ``--profile`` (or LLAMACTOR_PIPE_PROF=1). Each group owns one ``GroupProfile``
 and logs it every ``REPORT_INTERVAL_S``: mean milliseconds per iteration waiting for the

@@ -1,4 +1,4 @@
-"""A prompt cache in host memory, beyond the slots (EN-5, llama-server's ``--cache-ram``).
+"""A prompt cache in host memory, beyond the slots (llama-server's ``--cache-ram``).
 
 When a slot is taken by another conversation, the KV state of what it held is copied out of
 the context (``llama_state_seq_get_data``) into this cache; a later prompt that extends a
@@ -11,7 +11,7 @@ The rules are llama-server's (server_prompt_cache): a prompt already contained i
 not stored again; storing a prompt drops entries it contains; the oldest entries go first when
 the byte limit is reached; a cached prompt is only restored when it keeps at least a quarter
 of itself and shares more of the new prompt than the slot does. Entries are keyed by the LoRA
-set their KV was computed under (EN-1): only a prompt with the same set may restore one.
+set their KV was computed under: only a prompt with the same set may restore one.
 
 Used by the groups on the event loop, between their steps (never during a decode), so it needs
 no lock. One instance per runtime, shared by all groups.
@@ -37,7 +37,7 @@ SAVE_BELOW_FRACTION = 0.5  # --no-cache-idle-slots: a slot's KV is saved when a 
 class Entry:
     tokens: np.ndarray  # int32 token ids whose KV ``state`` holds
     state: bytes  # llama_state_seq_get_data of one sequence
-    lora: LoraSet = NO_LORA  # the adapters the KV was computed under (EN-1)
+    lora: LoraSet = NO_LORA  # the adapters the KV was computed under
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,15 @@ class PromptCache:
         self.saves = self.hits = self.tokens_reused = 0
 
     def statistics(self) -> PromptCacheStats:
-        return PromptCacheStats(len(self._entries), sum(len(e.tokens) for e in self._entries.values()),
-                                self._bytes, self.limit_bytes, self.saves, self.hits, self.tokens_reused)
+        return PromptCacheStats(
+            len(self._entries),
+            sum(len(e.tokens) for e in self._entries.values()),
+            self._bytes,
+            self.limit_bytes,
+            self.saves,
+            self.hits,
+            self.tokens_reused,
+        )
 
     # ---- the two operations a group calls around a slot's reuse -------------------------
 
@@ -89,14 +96,16 @@ class PromptCache:
     def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray, lora: LoraSet = NO_LORA) -> bool:
         """Copy sequence ``seq``'s KV (holding ``tokens``, computed under ``lora``) into the
         cache; False if not stored."""
-        if len(tokens) == 0 or any(e.lora == lora and common_prefix(e.tokens, tokens) == len(tokens)
-                                   for e in self._entries.values()):
+        if len(tokens) == 0 or any(
+            e.lora == lora and common_prefix(e.tokens, tokens) == len(tokens) for e in self._entries.values()
+        ):
             return False  # nothing, or already contained in an entry
         size = llama_cpp.llama_state_seq_get_size(ctx, seq)
         if size == 0 or (self.limit_bytes and size > self.limit_bytes):
             return False
-        for key in [k for k, e in self._entries.items()
-                    if e.lora == lora and common_prefix(e.tokens, tokens) == len(e.tokens)]:
+        for key in [
+            k for k, e in self._entries.items() if e.lora == lora and common_prefix(e.tokens, tokens) == len(e.tokens)
+        ]:
             self._drop(key)  # entries the new one contains
         while self._entries and self.limit_bytes and self._bytes + size > self.limit_bytes:
             self._drop(next(iter(self._entries)))
@@ -109,8 +118,9 @@ class PromptCache:
         self.saves += 1
         return True
 
-    def restore(self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray,
-                lora: LoraSet = NO_LORA) -> np.ndarray | None:
+    def restore(
+        self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray, lora: LoraSet = NO_LORA
+    ) -> np.ndarray | None:
         """Restore into ``seq`` the entry (computed under ``lora``) that serves ``prompt`` better
         than what the slot holds (``slot_tokens``, empty when the slot's KV is of another set);
         return what the slot holds now (the entry's tokens; empty if the restore failed), or

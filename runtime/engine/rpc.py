@@ -1,4 +1,5 @@
-"""ggml-rpc: llama.cpp's own RPC backend, through llama-cpp-python's shared libraries (SPEC 5).
+"""ggml-rpc: llama.cpp's own RPC backend, through llama-cpp-python's shared libraries
+(for a layer split over remote workers).
 
 llama-cpp-python 0.3.x has no bindings for it, so the few functions we need are declared here
 with ctypes on the bundled ``libggml.so`` / ``libggml-rpc.so`` (built with GGML_RPC=ON by
@@ -40,8 +41,10 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     lib = library_dir()
     rpc_path = lib / "libggml-rpc.so"
     if not rpc_path.exists():
-        raise ConfigError(f"llama-cpp-python was built without ggml-rpc ({rpc_path} is missing); "
-                          f"rebuild it with CMAKE_ARGS=-DGGML_RPC=ON (make install does)")
+        raise ConfigError(
+            f"llama-cpp-python was built without ggml-rpc ({rpc_path} is missing); "
+            f"rebuild it with CMAKE_ARGS=-DGGML_RPC=ON (make install does)"
+        )
     ggml = ctypes.CDLL(str(lib / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
     rpc = ctypes.CDLL(str(rpc_path), mode=ctypes.RTLD_GLOBAL)
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
@@ -62,7 +65,11 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     rpc.ggml_backend_rpc_add_server.restype = _reg_t
     rpc.ggml_backend_rpc_start_server.argtypes = [
-        ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(_dev_t),
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(_dev_t),
     ]
     rpc.ggml_backend_rpc_start_server.restype = None
     return ggml, rpc

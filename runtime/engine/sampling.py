@@ -1,4 +1,4 @@
-"""Build a llama.cpp sampler chain from ``SamplingParams`` (AC-5), as llama-server does.
+"""Build a llama.cpp sampler chain from ``SamplingParams``, as llama-server does.
 
 One chain per slot per request. The chain is llama-server's ``common_sampler_init``: logit
 bias, then the samplers in the request's order (default: penalties, dry, top_n_sigma, top_k,
@@ -11,7 +11,7 @@ a greedy request (temperature <= 0) ends in ``greedy`` after only the samplers t
 the arg-max (bias, penalties, DRY, XTC): top-k/p, min-p, typical, top-n-sigma and a zero
 temperature all keep the arg-max, so the token is the same and the step is cheaper.
 
-A lazy grammar (``grammar_lazy``, API-8) is llama.cpp's ``llama_sampler_init_grammar_lazy_patterns``
+A lazy grammar (``grammar_lazy``, for tool calls) is llama.cpp's ``llama_sampler_init_grammar_lazy_patterns``
 (argtypes: vocab, grammar, root, char** patterns, n, llama_token* tokens, n): unconstrained
 until the text ends with a trigger word, then the grammar; see ``_grammar`` for the pattern.
 
@@ -30,15 +30,20 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.errors import RequestError
+from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime.engine.model import Model
 
 MIROSTAT_M = 100  # llama-server's fixed m for mirostat v1
 
 
 def build_chain(
-    model: Model, p: SamplingParams, *, n_ctx: int, seed_offset: int = 0, prompt: Sequence[int] | np.ndarray = (),
+    model: Model,
+    p: SamplingParams,
+    *,
+    n_ctx: int,
+    seed_offset: int = 0,
+    prompt: Sequence[int] | np.ndarray = (),
     ignore_eos: bool = False,
 ) -> ctypes.c_void_p:
     """Return a new sampler chain; the caller owns it (``llama_sampler_free``).
@@ -47,7 +52,7 @@ def build_chain(
     ``n_ctx`` is the slot's context (what -1 means for ``repeat_last_n``/``dry_penalty_last_n``);
     ``prompt`` is shown to the penalty and DRY samplers (llama-server's ``init_sampler``).
     ``ignore_eos`` bans every end-of-generation token with a -inf logit bias, as llama-server
-    does (its ``logit_bias_eog``; API-16): without it a sampled EOS would be skipped rather than
+    does (its ``logit_bias_eog``): without it a sampled EOS would be skipped rather than
     never drawn, and the random draw over the remaining tokens would differ from llama-server's.
     Raises RequestError when llama.cpp refuses the grammar; the chain is freed then.
     """
@@ -60,14 +65,21 @@ def build_chain(
     return chain
 
 
-def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, seed_offset: int,
-          prompt: Sequence[int] | np.ndarray, ignore_eos: bool = False) -> None:
+def _fill(
+    chain: ctypes.c_void_p,
+    model: Model,
+    p: SamplingParams,
+    n_ctx: int,
+    seed_offset: int,
+    prompt: Sequence[int] | np.ndarray,
+    ignore_eos: bool = False,
+) -> None:
     def add(sampler: ctypes.c_void_p, *, history: int = 0) -> None:
         if not sampler:
             raise RequestError("llama.cpp could not build a sampler for these settings")
         # The sampler keeps only its last ``history`` tokens: showing it the prompt's tail
         # leaves it in the state llama-server's whole-prompt replay does.
-        for tok in prompt[len(prompt) - min(history, len(prompt)):] if history else ():
+        for tok in prompt[len(prompt) - min(history, len(prompt)) :] if history else ():
             llama_cpp.llama_sampler_accept(sampler, int(tok))
         llama_cpp.llama_sampler_chain_add(chain, sampler)
 
@@ -97,23 +109,38 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         return
     # -1 means the whole slot context; more than it is the whole slot context too (llama.cpp
     # allocates a ring buffer of that many tokens: 2**31 - 1 in one request took 8 GB, twice).
-    last_n = lambda n: n_ctx if n < 0 else min(n, n_ctx)  # noqa: E731
+    last_n = lambda n: n_ctx if n < 0 else min(n, n_ctx)
     for name in p.samplers:
         if p.greedy and name not in _ARGMAX_CHANGING:
             continue
         if name == "penalties":
             if p.penalties_on:
-                add(llama_cpp.llama_sampler_init_penalties(
-                    model.n_vocab, last_n(p.repeat_last_n), p.repeat_penalty, p.frequency_penalty, p.presence_penalty,
-                ), history=last_n(p.repeat_last_n))
+                add(
+                    llama_cpp.llama_sampler_init_penalties(
+                        model.n_vocab,
+                        last_n(p.repeat_last_n),
+                        p.repeat_penalty,
+                        p.frequency_penalty,
+                        p.presence_penalty,
+                    ),
+                    history=last_n(p.repeat_last_n),
+                )
         elif name == "dry":
             if p.dry_on:
                 breakers = [b.encode() for b in p.dry_sequence_breakers]
                 c_breakers = (ctypes.c_char_p * len(breakers))(*breakers)
-                add(llama_cpp.llama_sampler_init_dry(
-                    model.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-                    last_n(p.dry_penalty_last_n), c_breakers, len(breakers),
-                ), history=last_n(p.dry_penalty_last_n))
+                add(
+                    llama_cpp.llama_sampler_init_dry(
+                        model.vocab,
+                        p.dry_multiplier,
+                        p.dry_base,
+                        p.dry_allowed_length,
+                        last_n(p.dry_penalty_last_n),
+                        c_breakers,
+                        len(breakers),
+                    ),
+                    history=last_n(p.dry_penalty_last_n),
+                )
         elif name == "top_n_sigma":
             if p.top_n_sigma >= 0:
                 add(llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma))
@@ -140,8 +167,12 @@ def _fill(chain: ctypes.c_void_p, model: Model, p: SamplingParams, n_ctx: int, s
         add(llama_cpp.llama_sampler_init_dist(seed))
 
 
-def argmax_biases(model: Model, p: SamplingParams, *, ignore_eos: bool = False,
-                  ) -> tuple[np.ndarray, np.ndarray] | None:
+def argmax_biases(
+    model: Model,
+    p: SamplingParams,
+    *,
+    ignore_eos: bool = False,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The chain's logit biases as (token ids, values) when ``build_chain`` gives ``p`` only
     biases and ``greedy``, else None.
 
@@ -155,8 +186,10 @@ def argmax_biases(model: Model, p: SamplingParams, *, ignore_eos: bool = False,
     if not p.greedy or p.grammar or p.penalties_on or p.dry_on or xtc:
         return None
     biases = p.logit_bias + (_eog_bias(model) if ignore_eos else ())
-    return (np.fromiter((t for t, _ in biases), dtype=np.intp, count=len(biases)),
-            np.fromiter((b for _, b in biases), dtype=np.float32, count=len(biases)))
+    return (
+        np.fromiter((t for t, _ in biases), dtype=np.intp, count=len(biases)),
+        np.fromiter((b for _, b in biases), dtype=np.float32, count=len(biases)),
+    )
 
 
 def biased_argmax(logits: np.ndarray, biases: tuple[np.ndarray, np.ndarray]) -> int:
@@ -195,7 +228,13 @@ def _grammar(model: Model, p: SamplingParams) -> ctypes.c_void_p:
     pattern = _trie_regex(p.grammar_triggers) + "$"
     patterns = (ctypes.c_char_p * 1)(pattern.encode())
     return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-        model.vocab, p.grammar.encode(), b"root", patterns, 1, None, 0,
+        model.vocab,
+        p.grammar.encode(),
+        b"root",
+        patterns,
+        1,
+        None,
+        0,
     )
 
 

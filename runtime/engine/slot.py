@@ -24,29 +24,54 @@ class Phase(enum.Enum):
     """Where a slot is in a request's life. The phase coordinator plans on these.
 
     The state machine exists so that a batch can be built from slots of one phase only
-    (SPEC PH-1) and so that a finished prompt never samples before its cohort is released.
+    (never prompt and generated tokens together) and so that a finished prompt never samples
+    before its cohort is released.
     """
 
     IDLE = "idle"  # free; its KV may still hold a cached prompt for reuse
     PREFILL = "prefill"  # prompt tokens left to decode
-    READY = "ready"  # prompt done, first-token logits kept; waits for the barrier (PH-4)
+    READY = "ready"  # prompt done, first-token logits kept; waits for the cohort's barrier
     GENERATE = "generate"  # one sampled token per step
 
 
 class Slot:
     __slots__ = (
-        "id", "local", "phase", "task", "index", "children", "parent", "prompt", "n_past",
-        "cache", "sampler", "next_token", "n_decoded", "stream", "n_cached", "t_start",
-        "t_prompt_done", "t_last", "order", "kept_logits", "finished", "truncated", "lora", "spec",
-        "follows", "share_upto", "replay", "argmax",
+        "argmax",
+        "cache",
+        "children",
+        "finished",
+        "follows",
+        "id",
+        "index",
+        "kept_logits",
+        "local",
+        "lora",
+        "n_cached",
+        "n_decoded",
+        "n_past",
+        "next_token",
+        "order",
+        "parent",
+        "phase",
+        "prompt",
+        "replay",
+        "sampler",
+        "share_upto",
+        "spec",
+        "stream",
+        "t_last",
+        "t_prompt_done",
+        "t_start",
+        "task",
+        "truncated",
     )
 
     def __init__(self, slot_id: int, local: int) -> None:
         self.id = slot_id  # global id, as shown by /slots and used by id_slot
         self.local = local  # sequence id inside the group's context
         self.cache: list[int] = []  # token ids whose KV this sequence holds, in order
-        self.lora: LoraSet = NO_LORA  # the LoRA set ``cache``'s KV was computed under (EN-1)
-        # speculation of the request it serves (EN-2); None when it does not speculate. Set by
+        self.lora: LoraSet = NO_LORA  # the LoRA set ``cache``'s KV was computed under
+        # speculation of the request it serves; None when it does not speculate. Set by
         # Context.start, kept by reset(): /slots shows the last request's draft counters.
         self.spec: SpecState | None = None
         self.reset()
@@ -72,8 +97,8 @@ class Slot:
         self.order = 0
         self.kept_logits: np.ndarray | None = None
         self.finished = False
-        self.truncated = False  # its context was shifted (EN-4)
-        # EN-6: a prompt that waits for another slot of the group to prefill their common
+        self.truncated = False  # its context was shifted (--context-shift)
+        # prefix sharing: a prompt that waits for another slot of the group to prefill their common
         # prefix (its first ``share_upto`` tokens), then copies that KV instead of prefilling it
         self.follows: Slot | None = None
         self.share_upto = 0

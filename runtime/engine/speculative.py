@@ -1,9 +1,9 @@
-"""Speculative decoding per group (EN-2, PG-11): draft tokens for a slot's next step.
+"""Speculative decoding per group: draft tokens for a slot's next step.
 
 A slot that speculates contributes ``1 + k`` rows to its next decode step: the token it
 sampled last and ``k`` drafted tokens that may follow it, logits for all. The slot's own
 sampler chain then samples row after row and accepts while the sampled token equals the
-draft (``Context._verify``); the KV cells of the rejected drafts are removed again. Greedy
+draft (``step.DecodeStep._verify``); the KV cells of the rejected drafts are removed again. Greedy
 output is the same as without speculation, up to the numerics of a multi-token batch
 (tests/test_speculative.py measures how far it stays bit-identical).
 
@@ -18,7 +18,8 @@ Draft sources, named as llama-server names them (``--spec-type``):
   one draft context per group (``runtime.engine.draftmodel``).
 
 Drafts are cut so that a step never exceeds ``n_batch`` nor, because of drafts, one ubatch
-(the room left after the plan's prompt and generate rows, see ``Context.step``), the slot's context (``n_ctx - n_past - 2``, as llama-server's
+(the room left after the plan's prompt and generate rows, see ``step.DecodeStep.run``), the slot's
+context (``n_ctx - n_past - 2``, as llama-server's
 ``get_n_draft_max``) and the request's remaining tokens (``n_predict - n_decoded - 1``).
 
 Everything here runs in the group's worker thread during its step, and touches only the
@@ -108,7 +109,7 @@ class SpecState:
         (``s.cache``) holds all but the last, which is ``s.next_token``."""
         missing = self.n_prompt + s.n_decoded - self.n_seen
         if missing > 0:
-            tail = s.cache[len(s.cache) - (missing - 1):] if missing > 1 else []
+            tail = s.cache[len(s.cache) - (missing - 1) :] if missing > 1 else []
             tail.append(s.next_token)
             self._push(tail)
         return self.hist[: self.n]

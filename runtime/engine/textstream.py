@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings for one choice (AC-5).
+"""Incremental detokenization and stop strings for one choice.
 
 Bytes of each sampled token go in; text that can safely be shown comes out:
 - an incomplete UTF-8 sequence is held until its last byte arrives;
@@ -13,7 +13,7 @@ import codecs
 
 
 class TextStream:
-    __slots__ = ("_decoder", "_stops", "_max_stop", "_parts", "_held", "stopped_by")
+    __slots__ = ("_decoder", "_held", "_max_stop", "_parts", "_stops", "stopped_by")
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")

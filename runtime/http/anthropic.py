@@ -1,4 +1,4 @@
-"""Anthropic Messages API: ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (API-13).
+"""Anthropic Messages API: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
 
 A Messages request is converted into a chat completions request the way llama-server's
 ``server_chat_convert_anthropic_to_oai`` does (system prompt, text/thinking/tool_use/
@@ -30,7 +30,7 @@ from llamactor.protocol.wire import ChatCompletionRequest
 from llamactor.runtime.http.chat_api import ChoiceParsers
 from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
-from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.results import Completion
 
 DEFAULT_MAX_TOKENS = 4096  # llama-server's value when a request leaves max_tokens out
 PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
@@ -123,17 +123,29 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
             if not isinstance(args, Mapping):
                 raise RequestError(f"{at}.input must be an object")
             seen_calls.add(call_id)
-            calls.append({"id": call_id, "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+                }
+            )
         elif kind == "tool_result" and role == "user":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or call_id not in seen_calls:
                 raise RequestError(f"{at}.tool_use_id: no earlier tool_use block has id {call_id!r}")
-            results.append({"role": "tool", "tool_call_id": call_id,
-                            "content": _result_text(block.get("content"), f"{at}.content")})
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": _result_text(block.get("content"), f"{at}.content"),
+                }
+            )
         else:
-            raise RequestError(f"{at}: unsupported content block {kind!r} for role {role!r} "
-                               f"(text, thinking, tool_use and tool_result are)")
+            raise RequestError(
+                f"{at}: unsupported content block {kind!r} for role {role!r} "
+                f"(text, thinking, tool_use and tool_result are)"
+            )
     out: list[dict[str, Any]] = []
     if texts or calls or reasoning:
         msg: dict[str, Any] = {"role": role, "content": "".join(texts)}
@@ -157,8 +169,9 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, Mapping) or not isinstance(tool.get("name"), str):
             raise RequestError(f"tools[{i}].name is required")
         if tool.get("type") not in (None, "custom"):
-            raise RequestError(f"tools[{i}].type: only client tools with an input_schema are supported, "
-                               f"got {tool.get('type')!r}")
+            raise RequestError(
+                f"tools[{i}].type: only client tools with an input_schema are supported, got {tool.get('type')!r}"
+            )
         fn: dict[str, Any] = {"name": tool["name"], "description": tool.get("description") or ""}
         if tool.get("input_schema") is not None:
             fn["parameters"] = tool["input_schema"]
@@ -168,7 +181,7 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 
 def _tool_choice(raw: Any) -> tuple[Any, bool | None]:
     if not isinstance(raw, Mapping) or raw.get("type") not in (*TOOL_CHOICE_TYPES, "tool"):
-        raise RequestError("tool_choice must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}")
+        raise RequestError('tool_choice must be {"type": "auto" | "any" | "tool" | "none"}')
     parallel = None if raw.get("disable_parallel_tool_use") is None else not raw["disable_parallel_tool_use"]
     if raw["type"] == "tool":
         if not isinstance(raw.get("name"), str):
@@ -220,7 +233,10 @@ class AnthropicShaper:
     def body(self, c: Completion) -> dict[str, Any]:
         choice = parse_completion(self.turn, c).choices[0]
         return {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
             "content": _blocks(choice.message),
             "stop_reason": _stop_reason(choice.message, c.finish_reason, c.stopping_word),
             "stop_sequence": c.stopping_word or None,
@@ -238,12 +254,19 @@ class AnthropicShaper:
         if isinstance(ev, Done):
             out += self._close()
             message = self.parsers.message(0)
-            out.append(("message_delta", {
-                "type": "message_delta",
-                "delta": {"stop_reason": _stop_reason(message, ev.finish_reason, ev.stopping_word),
-                          "stop_sequence": ev.stopping_word or None},
-                "usage": {"output_tokens": ev.n_predicted},
-            }))
+            out.append(
+                (
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {
+                            "stop_reason": _stop_reason(message, ev.finish_reason, ev.stopping_word),
+                            "stop_sequence": ev.stopping_word or None,
+                        },
+                        "usage": {"output_tokens": ev.n_predicted},
+                    },
+                )
+            )
             out.append(("message_stop", {"type": "message_stop"}))
             self._finished = True
         return out
@@ -252,17 +275,32 @@ class AnthropicShaper:
         """Closing events of a stream that ended without any (nothing to generate)."""
         if self._finished:
             return None
-        return [*self._start(), ("message_delta", {"type": "message_delta", "delta": {
-            "stop_reason": "max_tokens", "stop_sequence": None}, "usage": {"output_tokens": 0}}),
-            ("message_stop", {"type": "message_stop"})]
+        return [
+            *self._start(),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                    "usage": {"output_tokens": 0},
+                },
+            ),
+            ("message_stop", {"type": "message_stop"}),
+        ]
 
     def _start(self) -> list[tuple[str, Any]]:
         if self._started:
             return []
         self._started = True
         message: dict[str, Any] = {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": self._usage(self.prompt_tokens, 0, 0),
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": self._usage(self.prompt_tokens, 0, 0),
         }
         return [("message_start", {"type": "message_start", "message": message})]
 
@@ -286,8 +324,9 @@ class AnthropicShaper:
         out = self._close()
         self._block, self._kind = self._n_blocks, kind
         self._n_blocks += 1
-        out.append(("content_block_start",
-                    {"type": "content_block_start", "index": self._block, "content_block": block}))
+        out.append(
+            ("content_block_start", {"type": "content_block_start", "index": self._block, "content_block": block})
+        )
         return out
 
     def _block_delta(self, delta: dict[str, Any]) -> tuple[str, Any]:

@@ -1,16 +1,15 @@
-"""The bundled HTTP app (SPEC section 6): Starlette routes over one ``Runtime``.
+"""The bundled HTTP app: Starlette routes over one ``Runtime``.
 
 Requests are decoded with msgspec into ``protocol.wire`` Structs, submitted to the runtime,
 and answered either as one JSON body or as SSE. Errors are shaped by ``runtime.httperrors``.
 The first event of a request is awaited before any response starts, so a queue-full or
 engine error still gets its proper status code even for streaming requests. A client that
-disconnects cancels its request at once (API-6), streaming or not.
+disconnects cancels its request at once, streaming or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import re
 from collections.abc import AsyncIterator
@@ -25,30 +24,40 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llamactor.actors.policies import policy_name
 from llamactor.protocol import sse
+from llamactor.protocol.errors import Closed, NotFound, NotSupported, RequestError, Unauthorized, Unavailable
 from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest,
+    DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    InfillRequest,
+    LoraEntry,
+    NativeCompletionRequest,
+    RerankRequest,
+    TokenizeRequest,
 )
-from llamactor.runtime.service.config import MAX_BODY_BYTES
-from llamactor.protocol.errors import NotFound, RequestError, Unauthorized, Unavailable
-from llamactor.runtime.service.handles import RequestHandle, collect, nothing_generated
+from llamactor.runtime.http import anthropic, embeddings, responses_api
+from llamactor.runtime.http.chat_api import ChatShaper, named_frame
+from llamactor.runtime.http.cors import Cors
 from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import BodyTooLarge, error_response
-from llamactor.runtime.http.requests import Submission, chat_turn, from_chat, from_completion, from_native
-from llamactor.runtime.http import anthropic, responses_api
-from llamactor.runtime.http.chat_api import ChatShaper, named_frame
-from llamactor.runtime.http.responses import (
-    NativeShaper, OpenAIShaper, default_generation_settings, generation_settings,
-)
-from llamactor.runtime.http import embeddings
-from llamactor.protocol.wire import EmbeddingRequest, LoraEntry, RerankRequest
-from llamactor.protocol.wire import InfillRequest
-from llamactor.protocol.errors import NotSupported
-from llamactor.runtime.http.cors import Cors
-from llamactor.runtime.service.infill import check_fim
 from llamactor.runtime.http.live import LiveFeed
 from llamactor.runtime.http.page import ASSET_PATH, PAGE_PATHS, PUBLIC_PAGE_PATHS, Page
+from llamactor.runtime.http.requests import from_chat, from_completion, from_infill, from_native
+from llamactor.runtime.http.responses import (
+    NativeShaper,
+    OpenAIShaper,
+    default_generation_settings,
+    generation_settings,
+)
+from llamactor.runtime.http.slots import slot_action_json, slots_json
+from llamactor.runtime.service.config import MAX_BODY_BYTES
+from llamactor.runtime.service.handles import RequestHandle, collect
+from llamactor.runtime.service.infill import check_fim
 
 if TYPE_CHECKING:
     from llamactor.runtime.service.core import RuntimeCore as Runtime
@@ -110,7 +119,7 @@ async def _decode(request: Request, type_: type) -> Any:
 
 async def _unless_disconnected(request: Request, handle: RequestHandle, wait: Any) -> Any:
     """Await ``wait()`` while watching the client; if it leaves (or anything fails), the request
-    is cancelled at once and its slot freed (API-6)."""
+    is cancelled at once and its slot freed."""
     try:
         return await until_disconnect(request, wait)
     except BaseException:
@@ -121,7 +130,7 @@ async def _unless_disconnected(request: Request, handle: RequestHandle, wait: An
 class Api:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.feed = LiveFeed(rt.live_snapshot)  # one ticker shared by every /live client (API-17)
+        self.feed = LiveFeed(rt.live_snapshot)  # one ticker shared by every /live client
 
     @property
     def model_id(self) -> str:
@@ -134,11 +143,12 @@ class Api:
         state = self.rt.health()
         if state == "ok":
             return _json({"status": "ok"})
-        message = {"loading": "Loading model", "unhealthy": "a group is down past its restart limit",
-                   "draining": "the server is shutting down: it finishes the requests it has",
-                   "restarting": "engine restarting: the requests in flight resume when it is back"}.get(
-            state, "the server is shutting down"
-        )
+        message = {
+            "loading": "Loading model",
+            "unhealthy": "a group is down past its restart limit",
+            "draining": "the server is shutting down: it finishes the requests it has",
+            "restarting": "engine restarting: the requests in flight resume when it is back",
+        }.get(state, "the server is shutting down")
         return error_response(Unavailable(message))
 
     async def models(self, request: Request) -> Response:
@@ -149,32 +159,39 @@ class Api:
     async def props(self, request: Request) -> Response:
         self.rt._require_ready()
         cfg = self.rt.config
-        return _json({
-            "model_path": str(cfg.model),
-            "model_alias": self.model_id,
-            "total_slots": cfg.parallel,
-            "n_ctx": cfg.ctx_per_request,
-            "n_ctx_total": cfg.n_ctx,
-            "pipeline_groups": cfg.pipeline_groups,
-            "kv_unified": cfg.kv_unified,
-            "scheduler": cfg.scheduler,
-            "engine": self.rt.engine_status(),  # issue 14: in this process, or a child process and its state
-            "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
-            "default_generation_settings": default_generation_settings(cfg),
-            **self._server_props(),
-        })
+        return _json(
+            {
+                "model_path": str(cfg.model),
+                "model_alias": self.model_id,
+                "total_slots": cfg.parallel,
+                "n_ctx": cfg.ctx_per_request,
+                "n_ctx_total": cfg.n_ctx,
+                "pipeline_groups": cfg.pipeline_groups,
+                "kv_unified": cfg.kv_unified,
+                "scheduler": policy_name(cfg.scheduler),
+                "engine": msgspec.to_builtins(self.rt.engine_status()),  # in this process or a child process
+                "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
+                "default_generation_settings": default_generation_settings(cfg),
+                **self._server_props(),
+            }
+        )
 
     def _server_props(self) -> dict[str, Any]:
-        """The rest of llama-server's GET /props fields (its ``get_res_props``), API-16."""
+        """The rest of llama-server's GET /props fields (its ``get_res_props``)."""
         cfg, model = self.rt.config, self.rt.model
         assert model is not None
         return {
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": True, "endpoint_props": cfg.endpoint_props, "endpoint_metrics": True,
-            "ui": cfg.webui, "ui_settings": {},
+            "endpoint_slots": True,
+            "endpoint_props": cfg.endpoint_props,
+            "endpoint_metrics": True,
+            "ui": cfg.webui,
+            "ui_settings": {},
             "bos_token": model.token_text(model.bos) if model.bos >= 0 else "",
             "eos_token": model.token_text(model.eos) if model.eos >= 0 else "",
-            "build_info": "llamactor", "is_sleeping": False, "cors_proxy_enabled": False,
+            "build_info": "llamactor",
+            "is_sleeping": False,
+            "cors_proxy_enabled": False,
             "infill": model.fim_tokens().mid >= 0,  # llamactor's: /infill serves this model
         }
 
@@ -187,11 +204,11 @@ class Api:
         return _json({"success": True})
 
     async def lora_adapters(self, request: Request) -> Response:
-        """GET /lora-adapters (EN-1): the loaded adapters and their global scales."""
+        """GET /lora-adapters: the loaded adapters and their global scales."""
         return _json(self.rt.lora_adapters())
 
     async def set_lora_adapters(self, request: Request) -> Response:
-        """POST /lora-adapters (EN-1): ``[{"id", "scale"}, ...]`` sets the global scales."""
+        """POST /lora-adapters: ``[{"id", "scale"}, ...]`` sets the global scales."""
         entries = await _decode(request, list[LoraEntry])
         self.rt.set_lora_adapters(entries)
         return _json({"success": True})
@@ -211,7 +228,7 @@ class Api:
         return _json({"content": self.rt.detokenize(req.tokens)})
 
     async def slots(self, request: Request) -> Response:
-        return _json(await self.rt.fetch_slots())
+        return _json(slots_json(await self.rt.slots()))
 
     async def slot_action(self, request: Request) -> Response:
         self.rt._require_ready()
@@ -235,21 +252,21 @@ class Api:
             if action == "restore" and not full.is_file():
                 raise NotFound(f"no saved slot file named {filename!r}")
             path = str(full)
-        result = await self.rt.slot_action(slot, action, path)
-        if path:
-            result["filename"] = Path(path).name
-        return _json(result)
+        return _json(slot_action_json(await self.rt.slot_action(slot, action, path), path))
 
     async def live(self, request: Request) -> Response:
-        """The live view's SSE stream (API-17): one shared snapshot per tick, see ``http.live``."""
-        return StreamingResponse(self.feed.frames(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        """The live view's SSE stream: one shared snapshot per tick, see ``http.live``."""
+        return StreamingResponse(
+            self.feed.frames(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def metrics(self, request: Request) -> Response:
         self.rt._require_ready()
-        return Response(await self.rt.fetch_metrics(), media_type="text/plain; version=0.0.4")
+        return Response(await self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
 
-    # ---- embeddings and rerank (API-10, API-11): shapes in ``http.embeddings`` ---------------
+    # ---- embeddings and rerank: shapes in ``http.embeddings`` --------------------------------
 
     async def embeddings_oai(self, request: Request) -> Response:
         req = await _decode(request, EmbeddingRequest)
@@ -267,60 +284,78 @@ class Api:
 
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
-        sub = from_native(req, self.rt.config)
-        handle = await self._submit(sub)
-        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0,
-                              settings=generation_settings(handle.task, stream=req.stream),
-                              post_sampling_probs=req.post_sampling_probs)
+        handle = await self.rt.submit_request(from_native(req))
+        shaper = NativeShaper(
+            self.model_id,
+            want_probs=req.n_probs > 0,
+            settings=generation_settings(handle.task, stream=req.stream),
+            post_sampling_probs=req.post_sampling_probs,
+        )
         if req.stream:
-            return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False,
-                                      ping=req.sse_ping_interval, progress=shaper.progress)
+            return await self._stream(
+                request,
+                handle,
+                lambda ev: [shaper.chunk(ev)],
+                done=False,
+                ping=req.sse_ping_interval,
+                progress=shaper.progress,
+            )
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def infill(self, request: Request) -> Response:
-        """POST /infill (API-12): llama-server's FIM prompt, answered in the /completion shape."""
+        """POST /infill: llama-server's fill-in-the-middle prompt, answered in the /completion shape."""
         self.rt._require_ready()
         assert self.rt.model is not None
         check_fim(self.rt.model)  # 501 before the body is read, as llama-server checks first
         req = await _decode(request, InfillRequest)
-        for field in ("input_prefix", "input_suffix"):
-            if getattr(req, field) is None:
-                raise RequestError(f'"{field}" is required')
-        assert req.input_prefix is not None and req.input_suffix is not None
-        tokens = self.rt.infill_prompt(req.input_prefix, req.input_suffix, req.input_extra, req.prompt)
-        sub = dataclasses.replace(from_native(req, self.rt.config), prompt=tokens)
-        handle = await self._submit(sub)
-        shaper = NativeShaper(self.model_id, want_probs=req.n_probs > 0,
-                              settings=generation_settings(handle.task, stream=req.stream))
+        handle = await self.rt.submit_request(from_infill(req))
+        shaper = NativeShaper(
+            self.model_id, want_probs=req.n_probs > 0, settings=generation_settings(handle.task, stream=req.stream)
+        )
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def completions(self, request: Request) -> Response:
         req = await _decode(request, CompletionRequest)
-        sub = from_completion(req, self.rt.config)
+        cfg = self.rt.config
+        default = cfg.n_predict_max if cfg.n_predict_max > 0 else DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS
+        handle = await self.rt.submit_request(from_completion(req, default))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        shaper = OpenAIShaper(self.model_id, chat=False, want_logprobs=req.logprobs is not None,
-                              include_usage=include_usage)
-        handle = await self._submit(sub)
+        shaper = OpenAIShaper(
+            self.model_id, chat=False, want_logprobs=req.logprobs is not None, include_usage=include_usage
+        )
         if req.stream:
-            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
-                                      ping=req.sse_ping_interval, progress=shaper.progress)
+            return await self._stream(
+                request,
+                handle,
+                shaper.chunks,
+                done=True,
+                tail=shaper.usage_chunk,
+                ping=req.sse_ping_interval,
+                progress=shaper.progress,
+            )
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def chat(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
-        turn = chat_turn(self.rt, req)
-        sub = from_chat(req, turn, self.rt.config)
+        handle = await self.rt.submit_request(from_chat(req))
+        assert handle.turn is not None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        shaper = ChatShaper(self.model_id, turn=turn, want_logprobs=req.logprobs, include_usage=include_usage)
-        handle = await self._submit(sub)
+        shaper = ChatShaper(self.model_id, turn=handle.turn, want_logprobs=req.logprobs, include_usage=include_usage)
         if req.stream:
-            return await self._stream(request, handle, shaper.chunks, done=True, tail=shaper.usage_chunk,
-                                      ping=req.sse_ping_interval, progress=shaper.progress)
+            return await self._stream(
+                request,
+                handle,
+                shaper.chunks,
+                done=True,
+                tail=shaper.usage_chunk,
+                ping=req.sse_ping_interval,
+                progress=shaper.progress,
+            )
         return _json(shaper.body(await self._collect(request, handle)))
 
-    # ---- chat-shaped APIs over the chat path (API-13) -----------------------------------
+    # ---- chat-shaped APIs over the chat path (Responses, Anthropic Messages) -------------
 
     async def responses(self, request: Request) -> Response:
         req = responses_api.to_chat(await _decode(request, dict[str, Any]))
@@ -331,17 +366,16 @@ class Api:
         return await self._chat_as(request, req, anthropic.AnthropicShaper)
 
     async def _chat_as(self, request: Request, req: ChatCompletionRequest, shaper_cls: Any) -> Response:
-        turn = chat_turn(self.rt, req)
-        shaper = shaper_cls(self.model_id, turn)
-        handle = await self._submit(from_chat(msgspec.structs.replace(req, n=1), turn, self.rt.config))
+        handle = await self.rt.submit_request(from_chat(msgspec.structs.replace(req, n=1)))
+        shaper = shaper_cls(self.model_id, handle.turn)
         shaper.prompt_tokens = len(handle.task.prompt)
         if req.stream:
-            return await self._stream(request, handle, shaper.events, done=False, tail=shaper.tail,
-                                      frame=named_frame)
+            return await self._stream(request, handle, shaper.events, done=False, tail=shaper.tail, frame=named_frame)
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def apply_template(self, request: Request) -> Response:
-        return _json({"prompt": chat_turn(self.rt, await _decode(request, ChatCompletionRequest)).prompt})
+        req = await _decode(request, ChatCompletionRequest)
+        return _json({"prompt": self.rt.chat_turn(from_chat(req)).prompt})
 
     async def chat_input_tokens(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
@@ -356,29 +390,34 @@ class Api:
         return _json(anthropic.count_tokens_body(await self._count(req)))
 
     async def _count(self, req: ChatCompletionRequest) -> int:
-        return len(await self.rt.tokenize(chat_turn(self.rt, req).prompt))
-
-    async def _submit(self, sub: Submission) -> RequestHandle:
-        return await self.rt.submit(sub.prompt, **sub.kwargs())
+        return len(await self.rt.tokenize(self.rt.chat_turn(from_chat(req)).prompt))
 
     async def _collect(self, request: Request, handle: RequestHandle) -> Any:
-        """Collect a non-streaming result; a client disconnect cancels the request (API-6)."""
+        """Collect a non-streaming result; a client disconnect cancels the request."""
         return await _unless_disconnected(request, handle, lambda: collect(handle))
 
     async def _first(self, request: Request, handle: RequestHandle) -> Token | Done | Progress | None:
-        """The first event, or an error; a client leaving while queued or prefilling cancels (API-6)."""
+        """The first event, or an error; a client leaving while queued or prefilling cancels."""
         return await _unless_disconnected(request, handle, handle.first)
 
-    async def _stream(self, request: Request, handle: RequestHandle, shape: Any, *, done: bool,
-                      tail: Any = None, frame: Any = sse.frame, ping: int | None = None,
-                      progress: Any = None) -> Response:
-        """SSE of one request. ``ping`` (API-14, llama-server's ``sse_ping_interval``; None: the
-        server's --sse-ping-interval): after that many seconds without an event, a comment
-        frame ``:`` keeps the connection open; <= 0 sends none (and costs nothing)."""
+    async def _stream(
+        self,
+        request: Request,
+        handle: RequestHandle,
+        shape: Any,
+        *,
+        done: bool,
+        tail: Any = None,
+        frame: Any = sse.frame,
+        ping: int | None = None,
+        progress: Any = None,
+    ) -> Response:
+        """SSE of one request. ``ping`` (llama-server's ``sse_ping_interval``; None: the server's
+        --sse-ping-interval): after that many seconds without an event, a comment frame ``:``
+        keeps the connection open; <= 0 sends none (and costs nothing)."""
         first = await self._first(request, handle)
-        ended = first is None  # nothing to generate (n_predict 0): the stream is closed already
-        if ended:
-            first = nothing_generated(handle.task)  # still one final chunk, as llama-server sends
+        if first is None:
+            raise Closed("the request ended before its first event (the runtime is closing)")
         interval = self.rt.config.sse_ping_interval if ping is None else ping
 
         async def frames() -> AsyncIterator[bytes]:
@@ -392,8 +431,6 @@ class Api:
                     chunks = shape(event) if not isinstance(event, Progress) else progress(event) if progress else []
                     for chunk in chunks:
                         yield frame(chunk)
-                    if ended:
-                        break
                     if interval <= 0:
                         event = await anext(iterator, None)
                         continue
@@ -407,7 +444,7 @@ class Api:
                     yield frame(extra)
                 if done:
                     yield sse.DONE
-            except Exception as exc:  # noqa: BLE001 - mid-stream failures end the stream with an error event
+            except Exception as exc:
                 from llamactor.runtime.http.errors import error_body
 
                 yield sse.frame(error_body(exc))
@@ -416,8 +453,9 @@ class Api:
                     pending.cancel()
                 handle.close()
 
-        return StreamingResponse(frames(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
 
 def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
@@ -427,7 +465,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 return await fn(request)
-            except Exception as exc:  # noqa: BLE001 - every error becomes an OpenAI-shaped body
+            except Exception as exc:
                 return error_response(exc)
 
         return Route(path, endpoint, methods=methods)
@@ -451,10 +489,14 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         route("/v1/messages", api.messages, ["POST"]),
         route("/v1/messages/count_tokens", api.count_tokens, ["POST"]),
         route("/apply-template", api.apply_template, ["POST"]),
-        *(route(path, api.chat_input_tokens, ["POST"])
-          for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens")),
-        *(route(path, api.responses_input_tokens, ["POST"])
-          for path in ("/v1/responses/input_tokens", "/responses/input_tokens")),
+        *(
+            route(path, api.chat_input_tokens, ["POST"])
+            for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens")
+        ),
+        *(
+            route(path, api.responses_input_tokens, ["POST"])
+            for path in ("/v1/responses/input_tokens", "/responses/input_tokens")
+        ),
         route("/tokenize", api.tokenize, ["POST"]),
         route("/detokenize", api.detokenize, ["POST"]),
         route("/slots", api.slots, ["GET"]),
@@ -466,7 +508,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         *(route(path, api.rerank, ["POST"]) for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
         route("/live", api.live, ["GET"]),
     ]
-    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server (API-17)
+    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server
         page = Page()
         routes += [route(path, page.index, ["GET"]) for path in PAGE_PATHS]
         routes.append(route(ASSET_PATH, page.asset, ["GET"]))
@@ -482,12 +524,15 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[  # CORS first: a preflight needs no key, and a 401 still carries Allow-Origin
-            Middleware(Cors, origins=rt.config.cors_origins, methods=rt.config.cors_methods,
-                       headers=rt.config.cors_headers, credentials=rt.config.cors_credentials),
+            Middleware(
+                Cors,
+                origins=rt.config.cors_origins,
+                methods=rt.config.cors_methods,
+                headers=rt.config.cors_headers,
+                credentials=rt.config.cors_credentials,
+            ),
             Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )
-
-

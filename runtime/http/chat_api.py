@@ -1,4 +1,4 @@
-"""Chat answers with tool calls and reasoning, in OpenAI's chat shape (API-8, API-9).
+"""Chat answers with tool calls and reasoning, in OpenAI's chat shape.
 
 ``ChatShaper`` is the chat completions shaper with the answer parsed: each choice's text goes
 through its ``MessageParser`` (``runtime.service.chatparse``), so a stream carries
@@ -20,7 +20,7 @@ from llamactor.protocol.events import Done, Token
 from llamactor.runtime.http.responses import OpenAIShaper
 from llamactor.runtime.service.chatparse import MessageDelta, MessageParser, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, finish_reason, parse_completion
-from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.results import Completion
 
 
 class ChoiceParsers:
@@ -80,8 +80,12 @@ class ChatShaper(OpenAIShaper):
             head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
             args = {"index": i, "function": {"arguments": call.arguments}}
             for part in (head, args):
-                out.append(self._envelope(
-                    [{"index": index, "delta": {"tool_calls": [part]}, "logprobs": None, "finish_reason": None}], obj))
+                out.append(
+                    self._envelope(
+                        [{"index": index, "delta": {"tool_calls": [part]}, "logprobs": None, "finish_reason": None}],
+                        obj,
+                    )
+                )
         return out
 
     def body(self, c: Completion) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""CORS as llama-server does it (API-14, API-16), before the API key check.
+"""CORS as llama-server does it (same defaults and flags), before the API key check.
 
 llama-server's pre-routing handler (``server-http.cpp``): every response carries
 ``Access-Control-Allow-Origin`` — the ``--cors-origins`` value as given, the request's Origin
@@ -28,8 +28,14 @@ def origin_is_localhost(origin: str) -> bool:
 
 
 class Cors:
-    def __init__(self, app: ASGIApp, origins: str = "*", methods: str = "GET, POST, DELETE, OPTIONS",
-                 headers: str = "*", credentials: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        origins: str = "*",
+        methods: str = "GET, POST, DELETE, OPTIONS",
+        headers: str = "*",
+        credentials: bool = True,
+    ) -> None:
         self.app = app
         self.origins = origins
         self.preflight = [

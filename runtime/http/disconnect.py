@@ -1,4 +1,4 @@
-"""Waiting for work while watching the client (API-6): if it disconnects, the work is cancelled."""
+"""Waiting for work while watching the client: if it disconnects, the work is cancelled."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -
         tg.start_soon(watch)
         try:
             outcome.append(await work())
-        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+        except Exception as exc:
             outcome.append(exc)
         tg.cancel_scope.cancel()
     if not outcome:

@@ -1,4 +1,4 @@
-"""Embeddings and rerank over HTTP, in llama-server's shapes (API-10, API-11).
+"""Embeddings and rerank over HTTP, in llama-server's shapes.
 
 - ``POST /v1/embeddings``: OpenAI's shape; ``encoding_format`` float or base64 (little-endian
   float32, as OpenAI and llama-server send it). Pooling ``none`` is refused, as llama-server does.
@@ -9,7 +9,7 @@
   (``documents``: ``results`` of ``{index, relevance_score, document?}``) or TEI shape (``texts``:
   a bare list of ``{index, score, text?}``), best first, at most ``top_n``.
 
-A client that disconnects cancels its request: its inputs not yet decoded are dropped (API-6).
+A client that disconnects cancels its request: its inputs not yet decoded are dropped.
 """
 
 from __future__ import annotations
@@ -55,19 +55,22 @@ async def openai_embeddings(rt: Runtime, req: EmbeddingRequest, model_id: str, r
     service = _service(rt)
     if req.input is None:
         if req.content is None:
-            raise RequestError("\"input\" or \"content\" must be provided")
+            raise RequestError('"input" or "content" must be provided')
         return await native_embeddings(rt, req, request)  # llama-server: "content" is not OAI
     if req.encoding_format not in ENCODING_FORMATS:
         raise RequestError(f"encoding_format must be float or base64, got {req.encoding_format!r}")
-    if req.dimensions is not None and service.actor is not None and req.dimensions != service.actor.n_embd:
-        raise RequestError(f"dimensions: this model's embeddings have {service.actor.n_embd} dimensions, "
-                           f"got {req.dimensions}")
+    info = service.info
+    if req.dimensions is not None and info is not None and req.dimensions != info.n_embd:
+        raise RequestError(f"dimensions: this model's embeddings have {info.n_embd} dimensions, got {req.dimensions}")
     raw = req.input
-    out = await until_disconnect(request, lambda: service.embed(raw, normalize=req.embd_normalize,
-                                                                 field="input", oai=True))
+    out = await until_disconnect(
+        request, lambda: service.embed(raw, normalize=req.embd_normalize, field="input", oai=True)
+    )
     b64 = req.encoding_format == "base64"
-    data = [EmbeddingData(_b64(v), i, "embedding", "base64") if b64 else EmbeddingData(v.tolist(), i, "embedding")
-            for i, v in enumerate(out.vectors)]
+    data = [
+        EmbeddingData(_b64(v), i, "embedding", "base64") if b64 else EmbeddingData(v.tolist(), i, "embedding")
+        for i, v in enumerate(out.vectors)
+    ]
     usage = EmbeddingUsage(out.prompt_tokens, out.prompt_tokens)
     return EmbeddingResponse(data, req.model or model_id, usage)
 
@@ -77,10 +80,12 @@ async def native_embeddings(rt: Runtime, req: EmbeddingRequest, request: Request
     field = "input" if req.input is not None else "content"
     raw = req.input if req.input is not None else req.content
     if raw is None:
-        raise RequestError("\"input\" or \"content\" must be provided")
+        raise RequestError('"input" or "content" must be provided')
     if req.encoding_format != "float":
-        raise RequestError(f"encoding_format {req.encoding_format!r} is only available on /v1/embeddings; the native "
-                           f"/embedding(s) endpoints answer floats")
+        raise RequestError(
+            f"encoding_format {req.encoding_format!r} is only available on /v1/embeddings; the native "
+            f"/embedding(s) endpoints answer floats"
+        )
     out = await until_disconnect(request, lambda: service.embed(raw, normalize=req.embd_normalize, field=field))
     return [NativeEmbedding(i, v.tolist() if v.ndim == 2 else [v.tolist()]) for i, v in enumerate(out.vectors)]
 
@@ -88,11 +93,11 @@ async def native_embeddings(rt: Runtime, req: EmbeddingRequest, request: Request
 async def rerank(rt: Runtime, req: RerankRequest, model_id: str, request: Request) -> Any:
     service = _service(rt, rerank=True)
     if req.query is None:
-        raise RequestError("\"query\" must be provided")
+        raise RequestError('"query" must be provided')
     tei = req.texts is not None and req.documents is None
     docs = req.texts if tei else req.documents
     if docs is None:
-        raise RequestError("\"documents\" must be a non-empty string array")
+        raise RequestError('"documents" must be a non-empty string array')
     check_top_n(req.top_n)
     query = req.query
     ranked_all = await until_disconnect(request, lambda: service.rerank_all(query, docs))

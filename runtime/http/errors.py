@@ -1,4 +1,4 @@
-"""Every HTTP error shape is made here (API-7): ``{"error": {"message", "type", "code"}}``.
+"""Every HTTP error shape is made here, in the OpenAI shape: ``{"error": {"message", "type", "code"}}``.
 
 ``error_response`` maps any exception to a response in one place: llamactor's own errors
 carry their status; foreign ones (msgspec validation, a body that is not UTF-8) are mapped
@@ -11,8 +11,8 @@ import msgspec
 import structlog
 from starlette.responses import Response
 
-from llamactor.protocol.wire import ErrorBody, ErrorResponse
 from llamactor.protocol.errors import ExceedContextSize, LlamactorError, Overloaded, RequestError, Unavailable
+from llamactor.protocol.wire import ErrorBody, ErrorResponse
 
 log = structlog.get_logger("llamactor.http")
 
@@ -43,7 +43,7 @@ def map_exception(exc: BaseException) -> LlamactorError:
 def error_body(exc: BaseException) -> ErrorResponse:
     err = map_exception(exc)
     body = ErrorBody(message=str(err) or err.kind, type=err.kind, code=err.status)
-    if isinstance(err, ExceedContextSize):  # llama-server adds both sizes (API-16)
+    if isinstance(err, ExceedContextSize):  # llama-server adds both sizes
         body.n_prompt_tokens, body.n_ctx = err.n_prompt_tokens, err.n_ctx
     return ErrorResponse(body)
 

@@ -1,4 +1,4 @@
-"""``GET /live``: the live view's server-sent event stream (API-17).
+"""``GET /live``: the live view's server-sent event stream (for the built-in page).
 
 One snapshot per tick for every connected client, never one per client: the first client
 that wants the next frame becomes the tick's producer (it sleeps until the tick is due, pulls
@@ -79,7 +79,9 @@ class History:
         self._hist: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque()
 
     def add(self, snap: LiveSnapshot, now: float, clients: int, tick_s: float) -> LiveFrame:
-        sample = _Sample(now, tuple(g.tokens_predicted for g in snap.groups), tuple(g.prompt_tokens for g in snap.groups))
+        sample = _Sample(
+            now, tuple(g.tokens_predicted for g in snap.groups), tuple(g.prompt_tokens for g in snap.groups)
+        )
         self._recent.append(sample)
         while len(self._recent) > 1 and now - self._recent[0].t > RATE_WINDOW_S:
             self._recent.popleft()  # after a pause with no viewer: 0 at first, not a long average
@@ -95,9 +97,13 @@ class History:
             self._series.append((snap.at, sum(r[0] for r in per_group), sum(r[1] for r in per_group)))
             self._last_point = sample
         return LiveFrame(
-            snapshot=snap, rates=rates, group_rates=group_rates,
+            snapshot=snap,
+            rates=rates,
+            group_rates=group_rates,
             series=Series([p[0] for p in self._series], [p[1] for p in self._series], [p[2] for p in self._series]),
-            recent=self._recent_histograms(snap, now), clients=clients, tick_s=tick_s,
+            recent=self._recent_histograms(snap, now),
+            clients=clients,
+            tick_s=tick_s,
         )
 
     def _recent_histograms(self, snap: LiveSnapshot, now: float) -> Recent:
@@ -130,8 +136,13 @@ def _minus(now: tuple[int, ...], then: tuple[int, ...]) -> list[int]:
 class LiveFeed:
     """The shared ticker behind ``GET /live`` (one per app)."""
 
-    def __init__(self, snapshot: Callable[[], LiveSnapshot], *, tick_s: float = TICK_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], LiveSnapshot],
+        *,
+        tick_s: float = TICK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._snapshot = snapshot
         self.tick_s = tick_s
         self._clock = clock

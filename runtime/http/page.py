@@ -1,4 +1,4 @@
-"""The built-in page (API-17): ``GET /`` and its two assets, shipped in ``runtime/http/webui/``.
+"""The built-in page (chat playground and live view): ``GET /`` and its two assets, shipped in ``runtime/http/webui/``.
 
 Hand-written HTML, CSS and JavaScript, no build step and no third-party code; the files are
 package data (pyproject ``[tool.setuptools.package-data]``), read once when the app is built.
@@ -17,13 +17,18 @@ from starlette.responses import Response
 
 from llamactor.protocol.errors import NotFound
 
-ASSETS = {"index.html": "text/html; charset=utf-8", "app.css": "text/css; charset=utf-8",
-          "app.js": "text/javascript; charset=utf-8"}
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+}
 PAGE_PATHS = ("/", "/index.html")
 ASSET_PATH = "/webui/{name}"
 PUBLIC_PAGE_PATHS = frozenset({*PAGE_PATHS, *(f"/webui/{name}" for name in ASSETS if name != "index.html")})
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def load_assets() -> dict[str, bytes]:

@@ -1,4 +1,4 @@
-"""Shape a request's events into llama-server native and OpenAI responses (API-3, API-4, API-16).
+"""Shape a request's events into llama-server native and OpenAI responses.
 
 One ``Shaper`` per API turns ``Token`` / ``Done`` events into stream chunks and a final
 body, with the parts llama-server's bodies carry: ``timings``, ``system_fingerprint``,
@@ -9,7 +9,6 @@ body, with the parts llama-server's bodies carry: ``timings``, ``system_fingerpr
 from __future__ import annotations
 
 import math
-
 import time
 import uuid
 from importlib import metadata
@@ -20,18 +19,25 @@ from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.wire import NativeChunk, NativeResult, Timings
 from llamactor.runtime.service.config import RuntimeConfig
-from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.results import Completion
 
 STOP_TYPES = {"length": "limit"}
 # llama-server sends its build ("b1-0c1e570"); ours names the server and its version.
 SYSTEM_FINGERPRINT = f"llamactor-{metadata.version('llamactor')}"
 
 
-def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, predicted_ms: float,
-             n_draft: int = 0, n_draft_accepted: int = 0) -> Timings:
+def _timings(
+    n_prompt: int,
+    n_cached: int,
+    n_predicted: int,
+    prompt_ms: float,
+    predicted_ms: float,
+    n_draft: int = 0,
+    n_draft_accepted: int = 0,
+) -> Timings:
     """llama-server's formulas (server_slot_stats): the first generated token comes from the
     prompt's logits, so generation rates count ``n_predicted - 1`` decode steps. ``draft_n`` and
-    ``draft_n_accepted`` only when drafts were verified (EN-2), as llama-server adds them."""
+    ``draft_n_accepted`` only when drafts were verified, as llama-server adds them."""
     n_eval = n_prompt - n_cached
     steps = max(n_predicted - 1, 0)
     return Timings(
@@ -52,15 +58,35 @@ def _timings(n_prompt: int, n_cached: int, n_predicted: int, prompt_ms: float, p
 def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, stream: bool) -> dict[str, Any]:
     """llama-server's ``task_params::to_json(only_metrics=true)`` for the fields llamactor has."""
     return {
-        "seed": p.seed, "temperature": p.temperature, "dynatemp_range": p.dynatemp_range,
-        "dynatemp_exponent": p.dynatemp_exponent, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-        "top_n_sigma": p.top_n_sigma, "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold,
-        "typical_p": p.typical_p, "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
-        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-        "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
-        "dry_penalty_last_n": p.dry_penalty_last_n, "mirostat": p.mirostat, "mirostat_tau": p.mirostat_tau,
-        "mirostat_eta": p.mirostat_eta, "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
-        "ignore_eos": ignore_eos, "stream": stream, "n_probs": p.n_probs, "min_keep": p.min_keep,
+        "seed": p.seed,
+        "temperature": p.temperature,
+        "dynatemp_range": p.dynatemp_range,
+        "dynatemp_exponent": p.dynatemp_exponent,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "top_n_sigma": p.top_n_sigma,
+        "xtc_probability": p.xtc_probability,
+        "xtc_threshold": p.xtc_threshold,
+        "typical_p": p.typical_p,
+        "repeat_last_n": p.repeat_last_n,
+        "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": p.dry_multiplier,
+        "dry_base": p.dry_base,
+        "dry_allowed_length": p.dry_allowed_length,
+        "dry_penalty_last_n": p.dry_penalty_last_n,
+        "mirostat": p.mirostat,
+        "mirostat_tau": p.mirostat_tau,
+        "mirostat_eta": p.mirostat_eta,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "ignore_eos": ignore_eos,
+        "stream": stream,
+        "n_probs": p.n_probs,
+        "min_keep": p.min_keep,
         "samplers": list(p.samplers),
     }
 
@@ -70,15 +96,17 @@ def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
     p = task.params
     out = sampling_settings(p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream)
     out.update(
-        dry_sequence_breakers=list(p.dry_sequence_breakers), stop=list(task.stop),
-        logit_bias=[[token, bias] for token, bias in p.logit_bias], grammar=p.grammar,
-        lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # EN-1: the adapters it ran with
+        dry_sequence_breakers=list(p.dry_sequence_breakers),
+        stop=list(task.stop),
+        logit_bias=[[token, bias] for token, bias in p.logit_bias],
+        grammar=p.grammar,
+        lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # the LoRA adapters it ran with
     )
     return out
 
 
 def default_generation_settings(cfg: RuntimeConfig) -> dict[str, Any]:
-    """``/props``' ``default_generation_settings``: the server's defaults, set by its flags (API-15)."""
+    """``/props``' ``default_generation_settings``: the server's defaults, set by its flags."""
     params = sampling_settings(cfg.sampling, n_predict=cfg.n_predict_max, ignore_eos=cfg.ignore_eos, stream=False)
     params["reasoning_format"] = cfg.reasoning_format
     return {"params": params, "n_ctx": cfg.ctx_per_request}
@@ -91,7 +119,7 @@ def _stop_type(finish: str, word: str) -> str:
 
 
 def _native_probs(ev: Token, post: bool = False) -> list[dict[str, Any]]:
-    """One token's ``completion_probabilities`` entry; ``post`` (API-14 ``post_sampling_probs``)
+    """One token's ``completion_probabilities`` entry; ``post`` (the request's ``post_sampling_probs``)
     gives probabilities after the sampler chain as llama-server names them: ``prob``/``top_probs``."""
     if post:
         return [
@@ -115,8 +143,9 @@ def _native_probs(ev: Token, post: bool = False) -> list[dict[str, Any]]:
 class NativeShaper:
     """llama-server's /completion."""
 
-    def __init__(self, model: str, want_probs: bool, settings: dict[str, Any] | None = None,
-                 post_sampling_probs: bool = False) -> None:
+    def __init__(
+        self, model: str, want_probs: bool, settings: dict[str, Any] | None = None, post_sampling_probs: bool = False
+    ) -> None:
         self.model = model
         self.want_probs = want_probs
         self.post = post_sampling_probs
@@ -125,7 +154,10 @@ class NativeShaper:
     def chunk(self, ev: Token | Done) -> Any:
         if isinstance(ev, Token):
             return NativeChunk(
-                content=ev.text, stop=False, index=ev.index, tokens=[ev.token],
+                content=ev.text,
+                stop=False,
+                index=ev.index,
+                tokens=[ev.token],
                 completion_probabilities=_native_probs(ev, self.post) if self.want_probs else None,
             )
         return self._result(ev, "", [])
@@ -134,24 +166,49 @@ class NativeShaper:
         """A return_progress chunk, as llama-server's (no content, ``prompt_progress``)."""
         return [{"content": "", "stop": False, "index": ev.index, "tokens": [], "prompt_progress": _progress(ev)}]
 
-    def _result(self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None) -> NativeResult:
+    def _result(
+        self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None
+    ) -> NativeResult:
         return NativeResult(
-            content=content, stop=True, index=d.index, id_slot=d.slot, model=self.model,
-            tokens_predicted=d.n_predicted, tokens_evaluated=d.n_prompt,
-            tokens_cached=d.n_prompt + max(d.n_predicted - 1, 0),  # in the slot's KV now (the last token is not decoded)
-            stop_type=_stop_type(d.finish_reason, d.stopping_word), stopping_word=d.stopping_word,
-            truncated=d.truncated, timings=_timings(d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms,
-                                                      d.n_draft, d.n_draft_accepted),
-            generation_settings=self.settings, tokens=tokens, completion_probabilities=probs,
+            content=content,
+            stop=True,
+            index=d.index,
+            id_slot=d.slot,
+            model=self.model,
+            tokens_predicted=d.n_predicted,
+            tokens_evaluated=d.n_prompt,
+            tokens_cached=d.n_prompt
+            + max(d.n_predicted - 1, 0),  # in the slot's KV now (the last token is not decoded)
+            stop_type=_stop_type(d.finish_reason, d.stopping_word),
+            stopping_word=d.stopping_word,
+            truncated=d.truncated,
+            timings=_timings(
+                d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms, d.n_draft, d.n_draft_accepted
+            ),
+            generation_settings=self.settings,
+            tokens=tokens,
+            completion_probabilities=probs,
         )
 
     def body(self, c: Completion) -> Any:
         results = []
         for ch in c.choices:
-            one = len(c.choices) == 1  # the draft counts are the request's (EN-2): shown for n = 1
-            d = Done(ch.index, ch.finish_reason, ch.text, c.stopping_word, c.n_prompt, c.n_cached,
-                     len(ch.tokens), c.prompt_ms, c.predicted_ms, c.slot, truncated=c.truncated,
-                     n_draft=c.n_draft if one else 0, n_draft_accepted=c.n_draft_accepted if one else 0)
+            one = len(c.choices) == 1  # the draft counts are the request's: shown for n = 1
+            d = Done(
+                ch.index,
+                ch.finish_reason,
+                ch.text,
+                c.stopping_word,
+                c.n_prompt,
+                c.n_cached,
+                len(ch.tokens),
+                c.prompt_ms,
+                c.predicted_ms,
+                c.slot,
+                truncated=c.truncated,
+                n_draft=c.n_draft if one else 0,
+                n_draft_accepted=c.n_draft_accepted if one else 0,
+            )
             probs = [p for ev in ch.logprobs for p in _native_probs(ev, self.post)] if self.want_probs else None
             results.append(self._result(d, ch.text, list(ch.tokens), probs))
         return results[0] if len(results) == 1 else results
@@ -175,8 +232,14 @@ class OpenAIShaper:
         self._timings: Timings | None = None
 
     def _envelope(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
 
     def _logprobs(self, events: tuple[Token, ...] | list[Token]) -> Any:
         if not self.want_logprobs:
@@ -220,9 +283,19 @@ class OpenAIShaper:
         out: list[dict[str, Any]] = []
         if self.chat and ev.index not in self._started:
             self._started.add(ev.index)
-            out.append(self._envelope(
-                [{"index": ev.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None}], obj))
+            out.append(
+                self._envelope(
+                    [
+                        {
+                            "index": ev.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    obj,
+                )
+            )
         if isinstance(ev, Token):
             if not ev.text and not self.want_logprobs:
                 return out
@@ -235,8 +308,9 @@ class OpenAIShaper:
             return out
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
         self.n_completion += ev.n_predicted
-        self._timings = _timings(ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms,
-                                 ev.n_draft, ev.n_draft_accepted)
+        self._timings = _timings(
+            ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms, ev.n_draft, ev.n_draft_accepted
+        )
         choice = {"index": ev.index, "logprobs": None, "finish_reason": ev.finish_reason}
         if self.chat:
             choice["delta"] = {}
@@ -263,14 +337,21 @@ class OpenAIShaper:
 
     @staticmethod
     def _usage(n_prompt: int, n_cached: int, n_completion: int) -> dict[str, Any]:
-        return {"completion_tokens": n_completion, "prompt_tokens": n_prompt, "total_tokens": n_prompt + n_completion,
-                "prompt_tokens_details": {"cached_tokens": n_cached}}
+        return {
+            "completion_tokens": n_completion,
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + n_completion,
+            "prompt_tokens_details": {"cached_tokens": n_cached},
+        }
 
     def body(self, c: Completion) -> dict[str, Any]:
         choices = []
         for ch in c.choices:
-            entry: dict[str, Any] = {"index": ch.index, "logprobs": self._logprobs(ch.logprobs),
-                                     "finish_reason": ch.finish_reason}
+            entry: dict[str, Any] = {
+                "index": ch.index,
+                "logprobs": self._logprobs(ch.logprobs),
+                "finish_reason": ch.finish_reason,
+            }
             if self.chat:
                 entry["message"] = {"role": "assistant", "content": ch.text}
             else:
@@ -278,8 +359,9 @@ class OpenAIShaper:
             choices.append(entry)
         env = self._envelope(choices, self.object)
         env["usage"] = self._usage(c.n_prompt, c.n_cached, c.n_predicted)
-        env["timings"] = _timings(c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms,
-                                  c.n_draft, c.n_draft_accepted)
+        env["timings"] = _timings(
+            c.n_prompt, c.n_cached, c.n_predicted, c.prompt_ms, c.predicted_ms, c.n_draft, c.n_draft_accepted
+        )
         return env
 
 

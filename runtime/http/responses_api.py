@@ -1,4 +1,4 @@
-"""OpenAI Responses API: ``POST /v1/responses`` and ``/v1/responses/input_tokens`` (API-13).
+"""OpenAI Responses API: ``POST /v1/responses`` and ``/v1/responses/input_tokens``.
 
 A Responses request is converted into a chat completions request as llama-server's
 ``server_chat_convert_responses_to_chatcmpl`` does: ``instructions`` become a system message,
@@ -34,14 +34,34 @@ from llamactor.protocol.wire import ChatCompletionRequest
 from llamactor.runtime.http.chat_api import ChoiceParsers
 from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage, ToolCall
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
-from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.results import Completion
 
 ROLES_IN = ("user", "system", "developer")
 # Responses fields with no chat meaning (dropped rather than passed on as chat fields).
-DROPPED = frozenset({"input", "instructions", "tools", "tool_choice", "max_output_tokens", "reasoning", "text",
-                     "previous_response_id", "store", "include", "truncation", "metadata", "background",
-                     "prompt", "prompt_cache_key", "safety_identifier", "service_tier", "conversation",
-                     "max_tool_calls", "stream_options"})
+DROPPED = frozenset(
+    {
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "max_output_tokens",
+        "reasoning",
+        "text",
+        "previous_response_id",
+        "store",
+        "include",
+        "truncation",
+        "metadata",
+        "background",
+        "prompt",
+        "prompt_cache_key",
+        "safety_identifier",
+        "service_tier",
+        "conversation",
+        "max_tool_calls",
+        "stream_options",
+    }
+)
 
 
 def _uid(prefix: str) -> str:
@@ -58,8 +78,10 @@ def to_chat(body: Any) -> ChatCompletionRequest:
     if "input" not in body:
         raise RequestError("input is required")
     if body.get("previous_response_id"):
-        raise RequestError("previous_response_id is not supported: this server stores no responses; "
-                           "send the whole conversation in input")
+        raise RequestError(
+            "previous_response_id is not supported: this server stores no responses; "
+            "send the whole conversation in input"
+        )
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in DROPPED}
     messages: list[dict[str, Any]] = []
     if body.get("instructions") is not None:
@@ -86,8 +108,11 @@ def to_chat(body: Any) -> ChatCompletionRequest:
         chat["reasoning_effort"] = reasoning["effort"]
     fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), Mapping) else None
     if isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object"):
-        chat["response_format"] = ({"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
-                                   if fmt["type"] == "json_schema" else {"type": "json_object"})
+        chat["response_format"] = (
+            {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+            if fmt["type"] == "json_schema"
+            else {"type": "json_object"}
+        )
     return msgspec.convert(chat, ChatCompletionRequest)
 
 
@@ -124,8 +149,11 @@ def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise RequestError(f"{where}.{key} must be a string")
-        call = {"id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
         if last is not None:
             last.setdefault("tool_calls", []).append(call)
         else:
@@ -142,8 +170,10 @@ def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
         else:
             messages.append({"role": "assistant", "content": "", "reasoning_content": text})
     else:
-        raise RequestError(f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); "
-                           f"messages, function_call, function_call_output and reasoning items are supported")
+        raise RequestError(
+            f"{where}: cannot tell what this item is (type {kind!r}, role {role!r}); "
+            f"messages, function_call, function_call_output and reasoning items are supported"
+        )
 
 
 def _reasoning_text(content: Any, where: str) -> str:
@@ -187,8 +217,14 @@ def _tool_choice(raw: Any) -> Any:
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "encrypted_content": "",
-            "status": status}
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": content,
+        "encrypted_content": "",
+        "status": status,
+    }
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -201,8 +237,14 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def _call_item(call: ToolCall, status: str) -> dict[str, Any]:
-    return {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": "call_" + call.id,
-            "name": call.name, "arguments": call.arguments if status == "completed" else ""}
+    return {
+        "id": "fc_" + call.id,
+        "type": "function_call",
+        "status": status,
+        "call_id": "call_" + call.id,
+        "name": call.name,
+        "arguments": call.arguments if status == "completed" else "",
+    }
 
 
 class ResponsesShaper:
@@ -222,27 +264,45 @@ class ResponsesShaper:
         self._open: dict[str, Any] | None = None  # the item being streamed (reasoning or message)
         self._open_text = ""
 
-    def _response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                  incomplete: bool = False) -> dict[str, Any]:
+    def _response(
+        self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, incomplete: bool = False
+    ) -> dict[str, Any]:
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "model": self.model, "output": output, "usage": usage, "error": None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "usage": usage,
+            "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "metadata": {},
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+            "metadata": {},
             **({"completed_at": int(time.time())} if status != "in_progress" else {}),
         }
 
     @staticmethod
     def _usage(n_prompt: int, n_cached: int, n_predicted: int) -> dict[str, Any]:
-        return {"input_tokens": n_prompt, "output_tokens": n_predicted, "total_tokens": n_prompt + n_predicted,
-                "input_tokens_details": {"cached_tokens": n_cached},
-                "output_tokens_details": {"reasoning_tokens": 0}}
+        return {
+            "input_tokens": n_prompt,
+            "output_tokens": n_predicted,
+            "total_tokens": n_prompt + n_predicted,
+            "input_tokens_details": {"cached_tokens": n_cached},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
 
     def body(self, c: Completion) -> dict[str, Any]:
         message = parse_completion(self.turn, c).message
         output = self._items(message)
-        return self._response("incomplete" if c.finish_reason == "length" else "completed", output,
-                              self._usage(c.n_prompt, c.n_cached, c.n_predicted), c.finish_reason == "length")
+        return self._response(
+            "incomplete" if c.finish_reason == "length" else "completed",
+            output,
+            self._usage(c.n_prompt, c.n_cached, c.n_predicted),
+            c.finish_reason == "length",
+        )
 
     def _items(self, message: ParsedMessage) -> list[dict[str, Any]]:
         output = []
@@ -267,8 +327,12 @@ class ResponsesShaper:
         if isinstance(ev, Done):
             out += self._close()
             incomplete = ev.finish_reason == "length"
-            response = self._response("incomplete" if incomplete else "completed", self._output,
-                                      self._usage(ev.n_prompt, ev.n_cached, ev.n_predicted), incomplete)
+            response = self._response(
+                "incomplete" if incomplete else "completed",
+                self._output,
+                self._usage(ev.n_prompt, ev.n_cached, ev.n_predicted),
+                incomplete,
+            )
             # Always "response.completed", as llama-server sends (the openai client's stream helper
             # waits for it); a cut-off answer says so in the response's status and incomplete_details.
             out.append(self._event("response.completed", response=response))
@@ -278,38 +342,68 @@ class ResponsesShaper:
     def tail(self) -> list[tuple[str, Any]] | None:
         if self._finished:
             return None
-        return [*self._start(), self._event("response.completed", response=self._response(
-            "completed", [], self._usage(self.prompt_tokens, 0, 0)))]
+        return [
+            *self._start(),
+            self._event(
+                "response.completed", response=self._response("completed", [], self._usage(self.prompt_tokens, 0, 0))
+            ),
+        ]
 
     def _start(self) -> list[tuple[str, Any]]:
         if self._started:
             return []
         self._started = True
         response = self._response("in_progress", [], None)
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        return [
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
+        ]
 
     def _delta(self, delta: MessageDelta) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         if delta.reasoning:
             out += self._open_item("reasoning")
             self._open_text += delta.reasoning
-            out.append(self._event("response.reasoning_text.delta", item_id=self._open_id, output_index=self._index,
-                                   content_index=0, delta=delta.reasoning))
+            out.append(
+                self._event(
+                    "response.reasoning_text.delta",
+                    item_id=self._open_id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta.reasoning,
+                )
+            )
         if delta.content:
             out += self._open_item("message")
             self._open_text += delta.content
-            out.append(self._event("response.output_text.delta", item_id=self._open_id, output_index=self._index,
-                                   content_index=0, delta=delta.content, logprobs=[]))
+            out.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self._open_id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta.content,
+                    logprobs=[],
+                )
+            )
         for _, call in delta.calls:
             out += self._close()
             index, item_id = len(self._output), "fc_" + call.id
             added = _call_item(call, "in_progress")
             out.append(self._event("response.output_item.added", output_index=index, item=added))
-            out.append(self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                                   delta=call.arguments))
-            out.append(self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                                   arguments=call.arguments))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=call.arguments
+                )
+            )
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    arguments=call.arguments,
+                )
+            )
             done = _call_item(call, "completed")
             out.append(self._event("response.output_item.done", output_index=index, item=done))
             self._output.append(done)
@@ -334,8 +428,15 @@ class ResponsesShaper:
         else:
             self._open = _message_item(_uid("msg_"), "", "in_progress")
             out.append(self._event("response.output_item.added", output_index=self._index, item=self._open))
-            out.append(self._event("response.content_part.added", item_id=self._open_id, output_index=self._index,
-                                   content_index=0, part=_text_part("")))
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=self._open_id,
+                    output_index=self._index,
+                    content_index=0,
+                    part=_text_part(""),
+                )
+            )
         self._open_text = ""
         return out
 
@@ -345,14 +446,32 @@ class ResponsesShaper:
         out = []
         item_id, index, text = self._open_id, self._index, self._open_text
         if self._open["type"] == "reasoning":
-            out.append(self._event("response.reasoning_text.done", item_id=item_id, output_index=index,
-                                   content_index=0, text=text))
+            out.append(
+                self._event(
+                    "response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text
+                )
+            )
             done = _reasoning_item(item_id, text, "completed")
         else:
-            out.append(self._event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
-                                   text=text, logprobs=[]))
-            out.append(self._event("response.content_part.done", item_id=item_id, output_index=index,
-                                   content_index=0, part=_text_part(text)))
+            out.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=_text_part(text),
+                )
+            )
             done = _message_item(item_id, text, "completed")
         out.append(self._event("response.output_item.done", output_index=index, item=done))
         self._output.append(done)

@@ -1,4 +1,4 @@
-"""The actor kernel (AC-1): bounded typed mailboxes, tell / try_tell / ask, ordered start/stop.
+"""The actor kernel: bounded typed mailboxes, tell / try_tell / ask, ordered start/stop.
 
 An actor owns its state; the only way in is its mailbox, a bounded anyio memory stream of
 frozen msgspec Structs that ``handle`` dispatches with ``match``. Three ways to send:
@@ -192,4 +192,3 @@ async def open_actor_scope():
         finally:
             await scope.stop_all()
             tg.cancel_scope.cancel()
-

@@ -1,110 +1,148 @@
-"""Admission: a request's arguments become a validated, tokenized ``Task`` (or a RequestError).
+"""Admission: a ``GenerationRequest`` becomes a validated, tokenized ``Task`` (or a RequestError).
 
-Everything that can be wrong with one request is found here, before it reaches the
-supervisor: sampling settings (every sampler of its chain is built once, so settings that
-llama.cpp refuses fail this request alone), stop strings, the prompt and its length, the token
-budget, n, id_slot and the LoRA adapters (EN-1). Nothing here touches an actor.
+The one place where a request meets the server: every field's type is checked
+(``request.validated``), the server's defaults are resolved once (sampling flags, ``-r``,
+``--keep``, ``--no-cache-prompt``, ``--ignore-eos``, ``-n``, the global LoRA scales, the chat
+template's settings), a chat is rendered with its call grammar, a fill-in-the-middle request
+gets its FIM prompt, the prompt is tokenized and checked against the slot context, and every
+sampler of the request's chain is built once (so settings llama.cpp refuses fail this request
+alone). Nothing here touches an actor.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import msgspec
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from llamactor.protocol.errors import ConfigError, ExceedContextSize, NotFound, RequestError
 from llamactor.protocol.events import Event
 from llamactor.protocol.messages import Task
-from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling, check_stop, sampler_names
+from llamactor.protocol.request import SAMPLING_FIELDS, GenerationRequest, bias_pairs, stop_strings, validated
+from llamactor.protocol.sampling import (
+    DEFAULT_SEED,
+    ParamError,
+    SamplingParams,
+    check_sampling,
+    check_stop,
+    sampler_names,
+)
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.sampling import check_chain
+from llamactor.runtime.service.chat import ChatTemplate
+from llamactor.runtime.service.chatturn import ChatTurn, prepare_chat
 from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.infill import infill_tokens
 from llamactor.runtime.service.lora import LoraAdapters
 
 MAX_N_PREDICT = 1 << 24
 EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
+TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 
 Tokenize = Callable[..., Awaitable[list[int]]]
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """An admitted request: its task (holding the send end of its stream), the receive end,
+    and for a chat the rendered turn (how its answer is parsed)."""
+
+    task: Task
+    events: MemoryObjectReceiveStream[Event]
+    turn: ChatTurn | None = None
+
+
 class Admission:
-    def __init__(self, model: Model, config: RuntimeConfig, tokenize: Tokenize,
-                 adapters: LoraAdapters | None = None) -> None:
+    def __init__(
+        self, model: Model, config: RuntimeConfig, template: ChatTemplate, adapters: LoraAdapters | None = None
+    ) -> None:
         self.model = model
         self.config = config
-        self.tokenize = tokenize
+        self.template = template
         self.adapters = adapters if adapters is not None else LoraAdapters()
         self._ids = itertools.count(1)
 
-    async def admit(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int,
-        n: int,
-        stop: Sequence[str] | None,
-        id_slot: int,
-        cache_prompt: bool | None,
-        ignore_eos: bool | None,
-        add_special: bool,
-        params: SamplingParams | None,
-        sampling: dict[str, Any],
-        n_keep: int | None = None,
-        n_discard: int = 0,
-        return_progress: bool = False,
-        lora: Sequence[Any] | None = None,
-    ) -> tuple[Task, MemoryObjectReceiveStream[Event]]:
-        """The task and the receive end of its result stream (the task holds the send end).
-
-        What the caller leaves out (None, or sampling fields not given) is the server's
-        default: ``RuntimeConfig.sampling``, ``stop``, ``cache_prompt``, ``ignore_eos`` (API-15),
-        and for ``lora`` the global adapter scales (EN-1).
-        """
+    async def admit(self, request: GenerationRequest) -> Admitted:
+        """Check and resolve ``request``; raises RequestError (or NotFound, ExceedContextSize)
+        naming the field. The task's stream has room for every event the engine may send."""
+        req = validated(request)
         cfg = self.config
-        params = params or sampling_params(sampling, cfg.sampling)
-        stops = tuple(stop) if stop else cfg.stop
-        cache_prompt = cfg.cache_prompt if cache_prompt is None else cache_prompt
-        ignore_eos = cfg.ignore_eos if ignore_eos is None else ignore_eos
-        lora_set = self.adapters.resolve(lora)
-        await self.check_sampling(params, stops)
-        tokens = await self.prompt_tokens(prompt, add_special)
-        n_predict = self.token_budget(len(tokens), max_tokens)
-        if not 1 <= n <= cfg.slots_per_group:
-            raise RequestError(f"n must be between 1 and the slots of one group ({cfg.slots_per_group}), got {n}")
-        if (n_keep is not None and n_keep < -1) or n_discard < 0:
-            raise RequestError(f"n_keep must be >= -1 and n_discard >= 0, got n_keep={n_keep}, n_discard={n_discard}")
-        if id_slot >= cfg.parallel or id_slot < -1:
-            raise NotFound(f"slot {id_slot} does not exist (0..{cfg.parallel - 1})")
+        turn = self.chat_turn(req) if req.messages is not None else None
+        params = await self.sampling(req, turn)
+        stops = stop_strings(req.stop)
+        stops = stops if any(stops) else cfg.stop  # none, or only empty ones: the server's (-r)
+        try:
+            check_stop(stops)
+        except ParamError as exc:
+            raise RequestError(str(exc)) from None
+        if not 1 <= req.n <= cfg.slots_per_group:
+            raise RequestError(f"n must be between 1 and the slots of one group ({cfg.slots_per_group}), got {req.n}")
+        if (req.n_keep is not None and req.n_keep < -1) or req.n_discard < 0:
+            raise RequestError(
+                f"n_keep must be >= -1 and n_discard >= 0, got n_keep={req.n_keep}, n_discard={req.n_discard}"
+            )
+        if req.id_slot >= cfg.parallel or req.id_slot < -1:
+            raise NotFound(f"id_slot: slot {req.id_slot} does not exist (0..{cfg.parallel - 1})")
+        lora = self.adapters.resolve(req.lora)
+        tokens = await self.prompt_tokens(req, turn)
+        n_predict = self.token_budget(len(tokens), -1 if req.max_tokens is None else req.max_tokens)
         # Room for every event the group may send without waiting: a token (and a Done) per
         # choice, and with return_progress at most one Progress per prompt chunk (>= 1 token).
-        size = n * (max(n_predict, 0) + 2) + EVENT_HEADROOM + (len(tokens) + 1 if return_progress else 0)
+        size = req.n * (max(n_predict, 0) + 2) + EVENT_HEADROOM + (len(tokens) + 1 if req.return_progress else 0)
         send, recv = anyio.create_memory_object_stream[Event](size)
         task = Task(
-            id=next(self._ids), prompt=np.asarray(tokens, dtype=np.int32), params=params, n_predict=n_predict,
-            stop=stops, n=n, id_slot=id_slot, cache_prompt=cache_prompt, ignore_eos=ignore_eos,
-            n_keep=cfg.n_keep if n_keep is None else n_keep, n_discard=n_discard, return_progress=return_progress,
-            lora=lora_set, sink=send,
+            id=next(self._ids),
+            request=msgspec.structs.replace(req, prompt="", messages=None, infill=None),
+            params=params,
+            n_predict=n_predict,
+            stop=stops,
+            cache_prompt=cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
+            ignore_eos=cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
+            n_keep=cfg.n_keep if req.n_keep is None else req.n_keep,
+            lora=lora,
+            prompt=np.asarray(tokens, dtype=np.int32),
+            sink=send,
             arrived=time.perf_counter(),
         )
-        return task, recv
+        return Admitted(task, recv, turn)
 
-    async def check_defaults(self) -> None:
-        """The server's defaults against the loaded model (logit-bias ids, grammar): once at startup."""
-        try:
-            await self.check_sampling(self.config.sampling, self.config.stop)
-        except RequestError as exc:
-            raise ConfigError(f"server sampling defaults: {exc}") from None
+    def chat_turn(self, req: GenerationRequest, *, add_generation_prompt: bool = True) -> ChatTurn:
+        """Render a chat request and choose its call grammar (tool calls, reasoning)."""
+        if req.prompt or req.infill is not None:
+            raise RequestError("messages: a request has messages or a prompt (or infill parts), not both")
+        assert req.messages is not None
+        cfg = self.config
+        kwargs = req.chat_template_kwargs
+        if cfg.chat_template_kwargs:  # the server's (--chat-template-kwargs) under the request's
+            kwargs = {**cfg.chat_template_kwargs, **(kwargs or {})}
+        return prepare_chat(
+            self.template,
+            req.messages,
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            reasoning_format=cfg.reasoning_format if req.reasoning_format is None else req.reasoning_format,
+            reasoning_effort=req.reasoning_effort,
+            chat_template_kwargs=kwargs,
+            add_generation_prompt=add_generation_prompt,
+        )
 
-    async def check_sampling(self, params: SamplingParams, stop: tuple[str, ...]) -> None:
+    async def sampling(self, req: GenerationRequest, turn: ChatTurn | None = None) -> SamplingParams:
+        """The request's sampling over the server's defaults, checked against the model."""
+        params = resolve_sampling(req, self.config.sampling)
+        if turn is not None:
+            params = turn.sampling(params)  # adds the tool-call grammar
         try:
             check_sampling(params, self.model.n_vocab)
-            check_stop(stop)
         except ParamError as exc:
             raise RequestError(str(exc)) from None
         # Grammars and DRY breakers scan the vocabulary: off the event loop.
@@ -112,35 +150,75 @@ class Admission:
             await anyio.to_thread.run_sync(check_chain, self.model, params, self.config.ctx_per_request)
         else:
             check_chain(self.model, params, self.config.ctx_per_request)
+        return params
 
-    async def prompt_tokens(self, prompt: str | Sequence[int], add_special: bool) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestError("the prompt is empty")
-            tokens = await self.tokenize(prompt, add_special=add_special)
+    async def check_defaults(self) -> None:
+        """The server's defaults against the loaded model (logit-bias ids, grammar): once at startup."""
+        try:
+            await self.sampling(GenerationRequest(prompt="-"))
+            check_stop(self.config.stop)
+        except (RequestError, ParamError) as exc:
+            raise ConfigError(f"server sampling defaults: {exc}") from None
+
+    async def prompt_tokens(self, req: GenerationRequest, turn: ChatTurn | None) -> list[int]:
+        """The prompt's tokens: a chat's rendered text, a FIM prompt, a text or token ids."""
+        model, cfg = self.model, self.config
+        if req.infill is not None:
+            parts = req.infill
+            if not isinstance(req.prompt, str):
+                raise RequestError("prompt: with infill parts, the prompt (the middle's start) must be a string")
+            tokens = infill_tokens(
+                model,
+                parts.input_prefix,
+                parts.input_suffix,
+                parts.input_extra,
+                req.prompt,
+                n_batch=cfg.n_batch,
+                n_predict=cfg.n_predict_max,
+                n_ctx=cfg.ctx_per_request,
+            )
         else:
-            tokens = list(prompt)
-            self.model.check_tokens(tokens)
+            prompt = turn.prompt if turn is not None else req.prompt
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise RequestError("prompt: the prompt is empty")
+                tokens = await self.tokenize(prompt, add_special=req.add_special)
+            else:
+                tokens = list(prompt)
+                try:
+                    model.check_tokens(tokens)
+                except RequestError as exc:
+                    raise RequestError(f"prompt: {exc}") from None
         if not tokens:
-            raise RequestError("the prompt is empty")
-        limit = self.config.ctx_per_request
+            raise RequestError("prompt: the prompt is empty")
+        limit = cfg.ctx_per_request
         if len(tokens) >= limit:
             raise ExceedContextSize(
                 f"the prompt has {len(tokens)} tokens but the slot context is {limit} tokens "
-                f"(prompt + generation must fit)", n_prompt_tokens=len(tokens), n_ctx=limit,
+                f"(prompt + generation must fit)",
+                n_prompt_tokens=len(tokens),
+                n_ctx=limit,
             )
         return tokens
+
+    async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        model = self.model
+        if len(text) > TOKENIZE_IN_THREAD_CHARS:
+            return await anyio.to_thread.run_sync(
+                lambda: model.tokenize(text, add_special=add_special, parse_special=parse_special)
+            )
+        return model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def token_budget(self, n_prompt: int, max_tokens: int) -> int:
         """Tokens this request may generate: asked for, capped by the slot and the server."""
         if max_tokens < -1:
-            raise RequestError(f"n_predict/max_tokens must be -1 (unlimited) or >= 0, got {max_tokens}")
+            raise RequestError(f"max_tokens (n_predict) must be -1 (unlimited) or >= 0, got {max_tokens}")
         if max_tokens > MAX_N_PREDICT:
-            raise RequestError(f"n_predict/max_tokens must be at most {MAX_N_PREDICT}, got {max_tokens}")
+            raise RequestError(f"max_tokens (n_predict) must be at most {MAX_N_PREDICT}, got {max_tokens}")
         room = self.config.ctx_per_request - n_prompt
         if self.config.context_shift:
-            # The context shifts instead of filling up (EN-4): the slot does not bound the
-            # generation; "unlimited" is bounded by EOS and the server's --n-predict cap only.
+            # The context shifts instead of filling up: the slot does not bound the generation;
+            # "unlimited" is bounded by EOS and the server's --n-predict cap only.
             room = MAX_N_PREDICT
         n_predict = room if max_tokens < 0 else min(max_tokens, room)
         if self.config.n_predict_max > 0:
@@ -148,24 +226,32 @@ class Admission:
         return n_predict
 
 
-def sampling_params(sampling: dict[str, Any], defaults: SamplingParams | None = None) -> SamplingParams:
-    """``SamplingParams`` from keyword arguments over ``defaults`` (the server's,
-    ``RuntimeConfig.sampling``); lists and dicts are accepted where tuples are held."""
-    sampling = dict(sampling)
+def resolve_sampling(req: GenerationRequest, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling fields over the server's ``defaults``; a field left as None keeps
+    the default. llama-server's readings: a negative seed is a random one, a ``dry_base`` below
+    1 keeps the default, ``json_schema`` becomes a grammar unless a grammar is given."""
+    given: dict[str, Any] = {name: v for name in SAMPLING_FIELDS if (v := getattr(req, name)) is not None}
     try:
-        if "samplers" in sampling:
-            sampling["samplers"] = sampler_names(sampling["samplers"])
-        for name in ("dry_sequence_breakers", "logit_bias"):
-            if name in sampling:
-                sampling[name] = _as_tuple(sampling[name])
-        return msgspec.structs.replace(defaults or SamplingParams(), **sampling)
-    except (ParamError, TypeError) as exc:
+        if "samplers" in given:
+            given["samplers"] = sampler_names(given["samplers"])
+    except ParamError as exc:
         raise RequestError(str(exc)) from None
+    if "dry_sequence_breakers" in given:
+        given["dry_sequence_breakers"] = tuple(given["dry_sequence_breakers"])
+    if "dry_base" in given and given["dry_base"] < 1.0:
+        del given["dry_base"]
+    if "seed" in given and given["seed"] < 0:
+        given["seed"] = DEFAULT_SEED
+    if "logit_bias" in given:
+        given["logit_bias"] = bias_pairs(given["logit_bias"])
+    if not given.get("grammar") and req.json_schema is not None:
+        given["grammar"] = schema_grammar(req.json_schema)
+    return msgspec.structs.replace(defaults, **given)
 
 
-def _as_tuple(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple((int(k), float(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return tuple(_as_tuple(v) if isinstance(v, list) else v for v in value)
-    return value
+def schema_grammar(schema: Mapping[str, Any]) -> str:
+    """The GBNF grammar of a JSON schema (RequestError naming ``json_schema`` if unsupported)."""
+    try:
+        return str(json_schema_to_gbnf(json.dumps(schema)))
+    except Exception as exc:
+        raise RequestError(f"json_schema: unsupported JSON schema: {exc}") from None

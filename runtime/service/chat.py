@@ -1,11 +1,11 @@
-"""Chat templates: the GGUF's Jinja template rendered in a jinja2 sandbox (API-4).
+"""Chat templates: the GGUF's Jinja template rendered in a jinja2 sandbox.
 
 The template comes from the model (``tokenizer.chat_template``); a model without one gets
 ChatML. The sandbox is immutable (no attribute writes) and has only the helpers HF templates
 expect: ``raise_exception``, ``strftime_now``, a ``tojson`` that writes JSON as
 ``transformers`` does (no HTML escaping: tool schemas reach the model as written) and the
 ``break``/``continue`` loop controls. Extra variables (``tools``, ``enable_thinking``,
-``chat_template_kwargs``) are passed by ``runtime.service.chatturn`` (API-8, API-9).
+``chat_template_kwargs``) are passed by ``runtime.service.chatturn``.
 """
 
 from __future__ import annotations
@@ -34,16 +34,22 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     """``transformers``' tojson filter (jinja2's own escapes <, > and & for HTML)."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
         self.source = source or CHATML

@@ -1,4 +1,4 @@
-"""Split a chat answer into reasoning, content and tool calls as it streams (API-8, API-9).
+"""Split a chat answer into reasoning, content and tool calls as it streams.
 
 One ``MessageParser`` per choice is fed the generated text piece by piece (``feed``) and once
 more at the end (``finish``); each call returns what became certain: new reasoning text, new
@@ -99,8 +99,14 @@ class _State(enum.Enum):
 class MessageParser:
     """Parse one choice's answer; see the module docstring. Not thread-safe; one per choice."""
 
-    def __init__(self, syntax: CallSyntax | None = None, *, reasoning_format: str = "none",
-                 thinking_open: bool = False, new_id: Callable[[], str] = new_call_id) -> None:
+    def __init__(
+        self,
+        syntax: CallSyntax | None = None,
+        *,
+        reasoning_format: str = "none",
+        thinking_open: bool = False,
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
         self.syntax = syntax
         self.split = reasoning_format != "none"
         self.legacy = reasoning_format == "deepseek-legacy"
@@ -153,7 +159,7 @@ class MessageParser:
     def _maybe_think(self, final: bool) -> None:
         stripped = self._buf.lstrip()
         if stripped.startswith(THINK_OPEN):
-            self._buf = stripped[len(THINK_OPEN):]
+            self._buf = stripped[len(THINK_OPEN) :]
             self._state = _State.THINK
             self._emit_legacy_open = self.legacy
         elif final or not THINK_OPEN.startswith(stripped):
@@ -164,7 +170,7 @@ class MessageParser:
         end = self._buf.find(THINK_CLOSE)
         if end >= 0:
             self._reason(delta, self._buf[:end], closed=True)
-            self._buf = self._buf[end + len(THINK_CLOSE):]
+            self._buf = self._buf[end + len(THINK_CLOSE) :]
             self._state = _State.BODY
             self._strip_body = not self.legacy  # legacy keeps the raw text in the content
             return
@@ -172,7 +178,7 @@ class MessageParser:
         ready = self._buf[: len(self._buf) - keep]
         if ready:
             self._reason(delta, ready)
-            self._buf = self._buf[len(ready):]
+            self._buf = self._buf[len(ready) :]
 
     def _body(self, delta: MessageDelta, final: bool) -> None:
         if self._strip_body:
@@ -198,7 +204,7 @@ class MessageParser:
         ready = self._buf[: len(self._buf) - keep]
         if ready:
             self._content(delta, ready)
-            self._buf = self._buf[len(ready):]
+            self._buf = self._buf[len(ready) :]
 
     def _call(self, delta: MessageDelta, final: bool) -> None:
         syntax = self.syntax
@@ -287,7 +293,7 @@ def _json_end(text: str, start: int) -> int | None:
 
 def _parse_block(block: str, syntax: CallSyntax, skip: int, new_id: Callable[[], str]) -> list[ToolCall] | None:
     """The calls one complete block holds, or None when it is not a well-formed call."""
-    raw = block[skip: len(block) - len(syntax.closer)]
+    raw = block[skip : len(block) - len(syntax.closer)]
     try:
         value = json.loads(raw, strict=False)  # control characters in strings: lenient, re-encoded below
     except ValueError:

@@ -3,7 +3,7 @@
 ``prepare_chat`` is the one path from OpenAI-shaped messages and options to a ``ChatTurn``,
 used by ``RuntimeCore.chat`` and by every chat-shaped HTTP endpoint (chat completions,
 Responses, Anthropic Messages, /apply-template, the token counters), so they render and parse
-alike (API-8, API-9, API-13). It is called once per request, on the event loop: it renders a
+alike. It is called once per request, on the event loop: it renders a
 Jinja template and builds a grammar string, both cheap next to a decode step.
 
 The turn carries the sampling additions (a call grammar, lazy or not, and its trigger words)
@@ -23,12 +23,28 @@ from llamactor.protocol.errors import RequestError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatparse import (
-    REASONING_FORMATS, THINK_CLOSE, THINK_OPEN, MessageParser, ParsedMessage, ToolCall,
+    REASONING_FORMATS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    MessageParser,
+    ParsedMessage,
+    ToolCall,
 )
-from llamactor.runtime.service.handles import Completion
+from llamactor.runtime.service.results import Completion
 from llamactor.runtime.service.toolcalls import (
-    SYNTAX, CallSyntax, ToolChoice, ToolFormat, ToolSpec, call_grammar, detect_format, generic_tool_prompt,
-    parse_tool_choice, parse_tools, render_call, render_tool_result, trigger_words,
+    SYNTAX,
+    CallSyntax,
+    ToolChoice,
+    ToolFormat,
+    ToolSpec,
+    call_grammar,
+    detect_format,
+    generic_tool_prompt,
+    parse_tool_choice,
+    parse_tools,
+    render_call,
+    render_tool_result,
+    trigger_words,
 )
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -61,10 +77,12 @@ class ChatTurn:
         if not self.grammar:
             return params
         if params.grammar:
-            raise RequestError("grammar / response_format / json_schema cannot be combined with tools "
-                               "unless tool_choice is 'none'")
-        return msgspec.structs.replace(params, grammar=self.grammar, grammar_lazy=self.grammar_lazy,
-                                       grammar_triggers=self.grammar_triggers)
+            raise RequestError(
+                "grammar / response_format / json_schema cannot be combined with tools unless tool_choice is 'none'"
+            )
+        return msgspec.structs.replace(
+            params, grammar=self.grammar, grammar_lazy=self.grammar_lazy, grammar_triggers=self.grammar_triggers
+        )
 
 
 @dataclass(frozen=True)
@@ -119,8 +137,7 @@ def prepare_chat(
 ) -> ChatTurn:
     """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field."""
     if reasoning_format not in REASONING_FORMATS:
-        raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
-                           f"got {reasoning_format!r}")
+        raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     specs = parse_tools(tools)
     choice = parse_tool_choice(tool_choice, specs)
     parallel = bool(parallel_tool_calls)
@@ -167,8 +184,9 @@ def template_vars(reasoning_effort: str | None, kwargs: Mapping[str, Any] | None
             raise RequestError("chat_template_kwargs.enable_thinking must be a boolean")
     if reasoning_effort is not None:
         if reasoning_effort not in REASONING_EFFORTS:
-            raise RequestError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
-                               f"got {reasoning_effort!r}")
+            raise RequestError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {reasoning_effort!r}"
+            )
         if reasoning_effort == "none":
             out["enable_thinking"] = False
             out.pop("reasoning_effort", None)
@@ -296,6 +314,15 @@ def _with_system(rows: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "ChatChoice", "ChatResult", "ChatTurn", "ParsedMessage", "ToolCall", "ToolFormat", "finish_reason",
-    "parse_completion", "prepare_chat", "template_messages", "template_vars",
+    "ChatChoice",
+    "ChatResult",
+    "ChatTurn",
+    "ParsedMessage",
+    "ToolCall",
+    "ToolFormat",
+    "finish_reason",
+    "parse_completion",
+    "prepare_chat",
+    "template_messages",
+    "template_vars",
 ]

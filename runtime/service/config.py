@@ -1,6 +1,6 @@
 """RuntimeConfig: every knob of a runtime, with units in the names, validated once at startup.
 
-Context sizing of pipeline groups (PG-3), with C = n_ctx, P = parallel, N = pipeline_groups:
+Context sizing of pipeline groups, with C = n_ctx, P = parallel, N = pipeline_groups:
 - split KV (default): each of the N contexts gets C/N cells and P/N sequences, so every slot
   has C/P cells, exactly as with one context;
 - unified KV (``kv_unified``): each context gets all C cells shared by its P/N slots, so one
@@ -9,12 +9,17 @@ Context sizing of pipeline groups (PG-3), with C = n_ctx, P = parallel, N = pipe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from llamactor.actors.policy import Policy
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.lora import finite_scale
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
@@ -66,16 +71,19 @@ class RuntimeConfig:
     threads_batch: int = 0  # 0 = same as threads
     n_gpu_layers: int = 0
     use_mmap: bool = True
-    pipeline_groups: int = 1  # N: contexts over the one model (PG-1)
+    pipeline_groups: int = 1  # N: contexts over the one model
     kv_unified: bool = False
-    scheduler: str = "adaptive"  # policy name or module:Class (SPEC section 4); README says why
+    # the scheduling policy: a built-in name, "module:Class", "path/file.py:Class", a Policy
+    # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
+    scheduler: str | type[Policy] | Policy = "adaptive"
+    scheduler_options: dict[str, Any] = field(default_factory=dict)  # passed to the policy's constructor
     prefill_budget: int = 0  # stall-free/adaptive: prompt tokens per step while streams generate (0 = default)
     target_itl_ms: float = 0.0  # stall-free/adaptive: inter-token target the prompt budget keeps (0 = default)
     target_ttft_ms: float = 0.0  # adaptive: first-token target it orders prompts by (0 = default, 2000)
-    shutdown_timeout: float = 30.0  # SIGTERM: seconds the requests in flight get to finish (issue 14)
-    # the engine in a child process (issue 14): it may die; the API process restarts it and
-    # resumes every request in flight (README "Engine process")
-    isolate: bool = True  # the engine in a child process (issue 14); False: in this process (hooks, tests)
+    shutdown_timeout: float = 30.0  # SIGTERM: seconds the requests in flight get to finish
+    # the engine in a child process: it may die; the API process restarts it and
+    # resumes every request in flight (docs/engine-process.md)
+    isolate: bool = True  # the engine in a child process; False: in this process (hooks, tests)
     watchdog_s: float = 0.0  # --watchdog-s: a decode step running this long is a dead engine (0: off)
     engine_max_restarts: int = 5  # engine restarts allowed within restart_window_s, then requests fail
     resume_max: int = 3  # times one request may be resumed before it fails
@@ -85,44 +93,44 @@ class RuntimeConfig:
     rpc_wait_s: float = 30.0
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
     trace_steps: bool = False  # record an engine step trace per group (tests)
-    record_trace: str | None = None  # --record-trace FILE (BE-5): JSON lines of arrivals and steps, for replay
+    record_trace: str | None = None  # --record-trace FILE: JSON lines of arrivals and steps, for replay
     queue_size: int = DEFAULT_QUEUE_SIZE  # tasks waiting for a slot before 503
-    max_restarts: int = 3  # group restarts allowed within restart_window_s (AC-2)
+    max_restarts: int = 3  # group restarts allowed within restart_window_s
     restart_window_s: float = 60.0
     slot_save_path: str | None = None
     n_predict_max: int = -1  # server-side cap on n_predict; -1 = the slot context
-    profile: bool = False  # PG-7 per-group profiler
+    profile: bool = False  # --profile: per-group time profiler
     profile_interval_s: float = 5.0
     api_key: str | None = None
     api_keys: tuple[str, ...] = ()  # further accepted keys (--api-key a,b and --api-key-file)
-    webui: bool = True  # serve the built-in page at GET / (API-17); --no-webui turns it off
-    # CORS and POST /props as llama-server (API-14, API-16): its defaults, its --cors-* flags
+    webui: bool = True  # serve the built-in page at GET /; --no-webui turns it off
+    # CORS and POST /props as llama-server: its defaults, its --cors-* flags
     cors_origins: str = "*"  # comma-separated, or "localhost" (reflect only localhost origins)
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True  # with origins "*": the request's Origin is echoed back
     endpoint_props: bool = False  # --props: POST /props is allowed
     alias: str | None = None  # model id shown by /v1/models
-    sse_ping_interval: int = 30  # API-14: seconds of stream silence before an SSE ping (<= 0: none), llama-server's
-    # layer split over ggml-rpc (SPEC section 5)
+    sse_ping_interval: int = 30  # seconds of stream silence before an SSE ping (<= 0: none), llama-server's
+    # layer split over ggml-rpc (docs/pipeline-groups.md)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of each worker, registered as RPC0, RPC1, …
     devices: tuple[str, ...] = ()  # device order for the split; put the local CPU last (logits stay local)
     tensor_split: tuple[float, ...] = ()  # share of layers per device, in device order
     split_mode: str = "layer"  # none | layer | row
     # on (default) | off | auto. llama.cpp's "auto" decides per device: on the CPU it means on,
     # but a split over RPC can come out off, so a split model would decode differently from the
-    # same model run locally. An explicit default keeps greedy output identical (RPC-3).
+    # same model run locally. An explicit default keeps greedy output identical.
     flash_attn: str = "on"
-    cache_type_k: str = "f16"  # -ctk (EN-3): KV cache type of K, one of CACHE_TYPES
+    cache_type_k: str = "f16"  # -ctk: KV cache type of K, one of CACHE_TYPES
     cache_type_v: str = "f16"  # -ctv: of V; a quantized V needs flash attention (llama.cpp refuses it otherwise)
-    context_shift: bool = False  # --context-shift (EN-4): off by default, as in llama-server
+    context_shift: bool = False  # --context-shift: off by default, as in llama-server
     n_keep: int = 0  # --keep: default of the request field n_keep (context shift keeps these prompt tokens)
-    cache_ram_mib: int = 8192  # --cache-ram (EN-5): host-memory prompt cache in MiB; 0 off, -1 no limit
+    cache_ram_mib: int = 8192  # --cache-ram: host-memory prompt cache in MiB; 0 off, -1 no limit
     cache_idle_slots: bool = True  # --cache-idle-slots: save a slot's KV there before any of it is lost
-    # LoRA adapters (EN-1): (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
+    # LoRA adapters: (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
     lora: tuple[tuple[str, float], ...] = ()
     lora_init_without_apply: bool = False  # --lora-init-without-apply: global scales start at 0
-    # speculative decoding (EN-2, PG-11), llama-server's flags; README "Speculative decoding"
+    # speculative decoding (a draft context per group), llama-server's flags; docs/features.md
     spec_type: str = SPEC_NONE  # --spec-type none | ngram-simple | draft-simple (-md alone means draft-simple)
     spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n: tokens looked up in the slot's history
     spec_ngram_size_m: int = 48  # --spec-ngram-simple-size-m: the longest n-gram draft, in tokens
@@ -132,19 +140,19 @@ class RuntimeConfig:
     spec_draft_p_min: float = 0.0  # --spec-draft-p-min: the draft model stops below this top probability
     spec_draft_n_gpu_layers: int | None = None  # -ngld: the draft's layers on the GPU (None: as -ngl)
     spec_draft_devices: tuple[str, ...] = ()  # -devd: devices of the draft model (empty: as -dev)
-    # embeddings and rerank (API-10, API-11): an extra context over the same weights, off by
-    # default (README "Embeddings": it costs n_vocab x n_ubatch floats of logits plus its KV)
+    # embeddings and rerank: an extra context over the same weights, off by
+    # default (docs/features.md: it costs n_vocab x n_ubatch floats of logits plus its KV)
     embedding: bool = False  # --embedding: serve /v1/embeddings, /embedding(s) (and /rerank with rank pooling)
     pooling: str = ""  # --pooling none|mean|cls|last|rank; "" = the GGUF's own (none for chat models)
     embd_normalize: int = 2  # --embd-normalize: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm
     embedding_parallel: int = 16  # --embedding-parallel: inputs packed into one embedding decode
-    # server-wide defaults of request fields (API-15): what a request that does not send the
+    # server-wide defaults of request fields: what a request that does not send the
     # field gets, on every API and in Runtime.complete. Set by llama-server's sampling flags.
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_prompt: bool = True  # --no-cache-prompt
     ignore_eos: bool = False  # --ignore-eos
     stop: tuple[str, ...] = ()  # -r/--reverse-prompt: stop strings for requests that send none
-    # chat templates and reasoning (API-9, API-14)
+    # chat templates and reasoning
     jinja: bool = True  # --jinja/--no-jinja: templates are always Jinja here; recorded for /props
     chat_template: str | None = None  # --chat-template: Jinja source (or "chatml") instead of the GGUF's
     chat_template_file: str | None = None  # --chat-template-file
@@ -170,14 +178,20 @@ class RuntimeConfig:
         if self.n_batch < 1 or self.n_ubatch < 1:
             raise ConfigError(f"--batch-size and --ubatch-size must be >= 1, got {self.n_batch}, {self.n_ubatch}")
         if self.n_batch < p // n:
-            raise ConfigError(f"--batch-size ({self.n_batch}) must be at least the slots of one group ({p // n}): "
-                              f"every slot may need a row in one step")
+            raise ConfigError(
+                f"--batch-size ({self.n_batch}) must be at least the slots of one group ({p // n}): "
+                f"every slot may need a row in one step"
+            )
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.queue_size < 0:
             raise ConfigError(f"queue size must be >= 0, got {self.queue_size}")
-        targets: dict[str, float] = {"--prefill-budget": self.prefill_budget, "--target-itl-ms": self.target_itl_ms,
-                                     "--target-ttft-ms": self.target_ttft_ms, "--shutdown-timeout": self.shutdown_timeout}
+        targets: dict[str, float] = {
+            "--prefill-budget": self.prefill_budget,
+            "--target-itl-ms": self.target_itl_ms,
+            "--target-ttft-ms": self.target_ttft_ms,
+            "--shutdown-timeout": self.shutdown_timeout,
+        }
         for flag, target in targets.items():
             if target < 0:
                 raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")
@@ -195,23 +209,31 @@ class RuntimeConfig:
             if value not in CACHE_TYPES:
                 raise ConfigError(f"{flag} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
         if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
-            raise ConfigError(f"--cache-type-v {self.cache_type_v} (a quantized V cache) needs flash attention; "
-                              f"llama.cpp refuses it with --flash-attn off")
+            raise ConfigError(
+                f"--cache-type-v {self.cache_type_v} (a quantized V cache) needs flash attention; "
+                f"llama.cpp refuses it with --flash-attn off"
+            )
         if self.split_mode not in SPLIT_MODES:
             raise ConfigError(f"--split-mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
         if self.tensor_split:
             if any(x < 0 for x in self.tensor_split) or sum(self.tensor_split) <= 0:
-                raise ConfigError(f"--tensor-split needs non-negative shares with a positive sum, got "
-                                  f"{','.join(map(str, self.tensor_split))}")
+                raise ConfigError(
+                    f"--tensor-split needs non-negative shares with a positive sum, got "
+                    f"{','.join(map(str, self.tensor_split))}"
+                )
             if self.devices and len(self.tensor_split) != len(self.devices):
-                raise ConfigError(f"--tensor-split has {len(self.tensor_split)} shares for "
-                                  f"{len(self.devices)} devices ({','.join(self.devices)})")
+                raise ConfigError(
+                    f"--tensor-split has {len(self.tensor_split)} shares for "
+                    f"{len(self.devices)} devices ({','.join(self.devices)})"
+                )
 
         resolve_policy(self.scheduler)  # raises ConfigError naming an unknown scheduler
         if self.pooling not in ("", "none", "mean", "cls", "last", "rank"):
             raise ConfigError(f"--pooling must be one of none, mean, cls, last, rank, got {self.pooling!r}")
         if not 1 <= self.embedding_parallel <= MAX_SEQUENCES:
-            raise ConfigError(f"--embedding-parallel must be between 1 and {MAX_SEQUENCES}, got {self.embedding_parallel}")
+            raise ConfigError(
+                f"--embedding-parallel must be between 1 and {MAX_SEQUENCES}, got {self.embedding_parallel}"
+            )
         if self.embd_normalize < -1:
             raise ConfigError(f"--embd-normalize must be >= -1, got {self.embd_normalize}")
         try:
@@ -243,16 +265,20 @@ class RuntimeConfig:
         )
 
     def _check_speculative(self) -> str:
-        """EN-2's flags; returns the speculation type (-md alone means draft-simple)."""
+        """The speculative-decoding flags; returns the speculation type (-md alone means draft-simple)."""
         if self.spec_type not in SPEC_TYPES:
             raise ConfigError(f"--spec-type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}")
-        for flag, value in (("--spec-ngram-simple-size-n", self.spec_ngram_size_n),
-                            ("--spec-ngram-simple-size-m", self.spec_ngram_size_m)):
+        for flag, value in (
+            ("--spec-ngram-simple-size-n", self.spec_ngram_size_n),
+            ("--spec-ngram-simple-size-m", self.spec_ngram_size_m),
+        ):
             if not 1 <= value <= 1024:  # llama-server's bounds
                 raise ConfigError(f"{flag} must be between 1 and 1024, got {value}")
         if self.spec_draft_n_max < 0 or self.spec_draft_n_min < 0:
-            raise ConfigError(f"--spec-draft-n-max and --spec-draft-n-min must be >= 0, got "
-                              f"{self.spec_draft_n_max}, {self.spec_draft_n_min}")
+            raise ConfigError(
+                f"--spec-draft-n-max and --spec-draft-n-min must be >= 0, got "
+                f"{self.spec_draft_n_max}, {self.spec_draft_n_min}"
+            )
         if not 0.0 <= self.spec_draft_p_min <= 1.0:
             raise ConfigError(f"--spec-draft-p-min must be between 0 and 1, got {self.spec_draft_p_min}")
         spec_type = self.spec_type
@@ -267,7 +293,7 @@ class RuntimeConfig:
             raise ConfigError("--spec-type draft-simple needs a draft model (--model-draft FILE)")
         return spec_type
 
-    # ---- derived sizes (PG-2, PG-3) ---------------------------------------------------
+    # ---- derived sizes ----------------------------------------------------------------
 
     @property
     def slots_per_group(self) -> int:
@@ -287,6 +313,70 @@ class RuntimeConfig:
         return self.ctx_per_context * self.pipeline_groups
 
     def group_slots(self, group: int) -> range:
-        """Contiguous partition: group g owns slots [g·P/N, (g+1)·P/N) (PG-2)."""
+        """Contiguous partition: group g owns slots [g·P/N, (g+1)·P/N)."""
         k = self.slots_per_group
         return range(group * k, (group + 1) * k)
+
+
+# ---- the config as it crosses to an engine process ------------------------------------------
+
+
+def _wire_type() -> type:
+    """A Struct with ``RuntimeConfig``'s fields, where the types msgspec cannot decode are the
+    forms they cross in: a path as a string, a policy class as "module:Class", a policy
+    instance as ``{"class": "module:Class", "state": {...}}`` (its attributes)."""
+    hints = typing.get_type_hints(RuntimeConfig)
+    hints.update(model=str | None, scheduler=str | dict[str, Any])
+    fields = []
+    for f in dataclasses.fields(RuntimeConfig):
+        default: Any = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = msgspec.field(default_factory=f.default_factory)
+        fields.append((f.name, hints[f.name], default))
+    return msgspec.defstruct("WireConfig", fields, kw_only=True)
+
+
+_WireConfig = _wire_type()
+
+
+def _policy_path(cls: type) -> str:
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise ConfigError(
+            f"scheduler {path} cannot reach an engine in a child process: define it at module level "
+            f"in an importable module (or open the runtime with isolate=False)"
+        )
+    return path
+
+
+def _encode_hook(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, type):
+        return _policy_path(value)
+    if isinstance(value, Policy):
+        return {"class": _policy_path(type(value)), "state": msgspec.to_builtins(vars(value), enc_hook=_encode_hook)}
+    raise TypeError(f"{type(value).__name__} cannot cross to an engine process")
+
+
+def config_to_wire(config: RuntimeConfig) -> bytes:
+    """``config`` as msgpack bytes for an engine process (ConfigError if a part cannot cross)."""
+    try:
+        return msgspec.msgpack.encode(config, enc_hook=_encode_hook)
+    except TypeError as exc:
+        raise ConfigError(f"the config cannot reach an engine in a child process: {exc}") from None
+
+
+def config_from_wire(data: bytes) -> RuntimeConfig:
+    """The config ``config_to_wire`` wrote, with a policy instance made again."""
+    wire: Any = msgspec.msgpack.decode(data, type=_WireConfig)
+    values = msgspec.structs.asdict(wire)
+    scheduler = values["scheduler"]
+    if isinstance(scheduler, dict):
+        from llamactor.actors.policies import resolve_policy
+
+        cls = resolve_policy(scheduler["class"])
+        policy = cls.__new__(cls)
+        vars(policy).update(scheduler["state"])
+        values["scheduler"] = policy
+    return RuntimeConfig(**values)

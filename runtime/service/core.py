@@ -1,123 +1,163 @@
-"""``RuntimeCore``: the embedding API (SPEC section 7) over the actors — its lifecycle.
+"""``RuntimeCore``: the embedding API over one engine, wherever the engine runs.
 
     async with Runtime.open(RuntimeConfig(model=path, parallel=8)) as rt:
         out = await rt.complete("Hello", max_tokens=16)
-        async for event in rt.stream(prompt="Hello"):
+        async for event in rt.stream("Hello", max_tokens=16):
             ...
         app = rt.asgi_app()
 
-A runtime owns its model, actors, metrics and registry: no global state, so two runtimes can
-live in one event loop. Requests are validated and tokenized by ``Admission``, then handed to
-the supervisor; their tokens come straight back from the serving group on a bounded stream
-(``RequestHandle``). ``llamactor.runtime.Runtime`` is this class plus ``asgi_app()``.
+A runtime owns its model (the whole model, or only its vocabulary when the engine runs in a
+child process), admission, chat template and engine (``EngineClient``: in this process, or in
+a child process that may die without losing a request); no global state, so two runtimes can
+live in one event loop. Every request is one ``GenerationRequest``: ``complete``, ``stream``,
+``submit`` and ``chat`` take its fields as typed keyword arguments, ``submit_request`` takes
+it whole (the HTTP app does). ``llamactor.runtime.Runtime`` is this class plus ``asgi_app()``.
 """
 
 from __future__ import annotations
 
 import enum
-import os
+import functools
+import inspect
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import anyio
-import llama_cpp
 import structlog
 
-from llamactor.actors.coordinator import PhaseCoordinator
-from llamactor.actors.group import GroupActor
-from llamactor.actors.recorder import TraceRecorder
-from llamactor.actors import policies
-from llamactor.actors.supervisor import Supervisor
-from llamactor.protocol.events import Done, Progress, Token
-from llamactor.protocol.messages import Cancel, SlotRequest, Submit
-from llamactor.protocol.sampling import SamplingParams
-from llamactor.runtime.service.chat import ChatTemplate
-from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
-from llamactor.runtime.engine.context import ContextOptions
-from llamactor.runtime.engine.draftmodel import check_compatible
-from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NGRAM, SpecOptions
-from llamactor.protocol.errors import (
-    Closed, ConfigError, LlamactorError, Unavailable,
-)
-from llamactor.runtime.kernel.actor import open_actor_scope
-from llamactor.runtime.service.metrics import Metrics
-from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
-from llamactor.runtime.engine.hooks import GroupHooks
-from llamactor.runtime.engine.promptcache import PromptCache
-from llamactor.runtime.service.admission import Admission
-from llamactor.runtime.service.lora import LoraAdapters
-from llamactor.runtime.service.handles import Completion, RequestHandle, collect
-from llamactor.runtime.service.admission import sampling_params
-from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion, prepare_chat
-from llamactor.runtime.service import live
+from llamactor.actors.policies import policy_name
+from llamactor.protocol.errors import Closed, ConfigError, LlamactorError, RequestError, Unavailable
 from llamactor.protocol.live import LiveSnapshot
-from llamactor.actors.embedder import EmbeddingActor
-from llamactor.runtime.engine.embedding import EmbeddingOptions
-from llamactor.runtime.service.embeddings import EmbeddingService, Embeddings, Input, Ranked
-from llamactor.runtime.service.infill import infill_tokens
+from llamactor.protocol.request import GenerationRequest, InfillParts
+from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.runtime.engine.hooks import GroupHooks
+from llamactor.runtime.engine.model import LoadOptions, Model
+from llamactor.runtime.service import live
+from llamactor.runtime.service.admission import Admission
+from llamactor.runtime.service.chat import ChatTemplate
+from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion
+from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.embeddings import Embeddings, EmbeddingService, Input, Ranked
+from llamactor.runtime.service.engine import EngineClient, EngineStatus
+from llamactor.runtime.service.handles import EventStream, RequestHandle, collect, nothing_generated
+from llamactor.runtime.service.inprocess import InProcessEngine
+from llamactor.runtime.service.lora import LoraAdapters
+from llamactor.runtime.service.processengine import ProcessEngine
+from llamactor.runtime.service.results import Completion
 
 log = structlog.get_logger("llamactor.runtime")
 
-_SUBMIT_ARGS = frozenset({"max_tokens", "n", "stop", "id_slot", "cache_prompt", "ignore_eos", "add_special", "lora"})
-TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
-SLOT_ACTION_TIMEOUT_S = 60.0
 DRAIN_POLL_S = 0.05  # how often a drain looks whether the last request has finished
+NOT_OPEN = "the runtime is not open: use 'async with Runtime.open(config) as rt:' (or 'async with rt:')"
+
+P = ParamSpec("P")
+S = TypeVar("S")
+R = TypeVar("R")
+A = TypeVar("A")
 
 
 class RuntimeState(enum.Enum):
-    """Lifecycle of a runtime; misuse (submit before open, after close) raises a clear error."""
+    """Lifecycle of a runtime; using it when it is not READY raises an error saying why."""
 
     CREATED = "created"  # constructed, nothing loaded
-    LOADING = "loading"  # model loading, actors starting
+    LOADING = "loading"  # model loading, engine starting
     READY = "ready"  # serving
-    STOPPING = "stopping"  # actors stopping, requests failing with Closed
-    CLOSED = "closed"  # everything released
+    STOPPING = "stopping"  # engine stopping, requests failing with Closed
+    CLOSED = "closed"  # everything released; it may be opened again
 
 
+def _request_fields(
+    ctor: Callable[P, GenerationRequest], first: Callable[[A], dict[str, Any]]
+) -> Callable[[Callable[[S, GenerationRequest], R]], Callable[Concatenate[S, A, P], R]]:
+    """Give a method taking a ``GenerationRequest`` the request's fields as typed keyword
+    arguments (its first argument fills the field ``first`` names): a type checker flags a
+    misspelled or mistyped field, and the fields are written once, in the Struct."""
+
+    def decorate(method: Callable[[S, GenerationRequest], R]) -> Callable[Concatenate[S, A, P], R]:
+        @functools.wraps(method)
+        def with_fields(self: S, arg: A, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                request = ctor(*args, **first(arg), **kwargs)
+            except TypeError as exc:  # a misspelled keyword, or more than one positional argument
+                why = str(exc)
+                if why.startswith("Extra positional"):
+                    why = f"{method.__name__}() takes one positional argument ({name}); give the other fields by name"
+                raise RequestError(why) from None
+            return method(self, request)
+
+        params = list(inspect.signature(ctor).parameters.values())
+        own = inspect.signature(method).parameters["self"].replace(kind=inspect.Parameter.POSITIONAL_ONLY)
+        [name] = first(None).keys()  # type: ignore[arg-type]
+        lead = next(p for p in params if p.name == name).replace(kind=inspect.Parameter.POSITIONAL_ONLY)
+        rest = [p for p in params if p.name != name]
+        with_fields.__signature__ = inspect.Signature([own, lead, *rest])  # type: ignore[attr-defined]
+        return with_fields
+
+    return decorate
+
+
+def _prompt(prompt: str | Sequence[int]) -> dict[str, Any]:
+    return {"prompt": prompt}
+
+
+def _messages(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"messages": messages}
+
+
+def _infill(parts: InfillParts) -> dict[str, Any]:
+    return {"infill": parts}
 
 
 class RuntimeCore:
     """Everything of the embedding API but the HTTP app (``llamactor.runtime.Runtime`` adds it)."""
 
-    def __init__(self, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> None:
+    def __init__(self, config: RuntimeConfig, *, hooks: GroupHooks | None = None, isolate: bool | None = None) -> None:
         self.config = config
-        self.hooks = hooks  # injected into every group (tests, chaos): see runtime.hooks
-        self.prompt_cache: PromptCache | None = None  # host-memory prompt cache (EN-5), shared by the groups
-        self.recorder: TraceRecorder | None = None  # --record-trace (BE-5), shared by the groups
+        self.isolate = config.isolate if isolate is None else isolate
+        if hooks is not None and self.isolate:
+            raise ConfigError(
+                "hooks cannot reach an engine in a child process: give them as "
+                "engine_hooks='module:Class' or open the runtime with isolate=False"
+            )
+        self.hooks = hooks  # injected into every group (tests, chaos): see runtime.engine.hooks
         self.state = RuntimeState.CREATED
         self.model: Model | None = None
         self.chat_template: ChatTemplate | None = None
-        self.supervisor: Supervisor | None = None
-        self.coordinator: PhaseCoordinator | None = None
-        self.metrics: Metrics | None = None
+        self.admission: Admission | None = None
+        self.engine: EngineClient | None = None
+        self.embeddings: EmbeddingService | None = None
+        self.adapters = LoraAdapters()  # LoRA adapters and their global scales
         self.started_at = 0.0
         self.draining = False  # drain(): no new requests, the ones in flight finish
-        self.admission: Admission | None = None
-        self.embeddings: EmbeddingService | None = None  # embed/rerank admission (API-10, API-11)
-        self.adapters = LoraAdapters()  # LoRA adapters and their global scales (EN-1)
         self._stack: AsyncExitStack | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: RuntimeConfig, *, hooks: GroupHooks | None = None) -> AsyncIterator[RuntimeCore]:
-        rt = cls(config, hooks=hooks)
-        async with rt:
+    async def open(
+        cls, config: RuntimeConfig, *, hooks: GroupHooks | None = None, isolate: bool | None = None
+    ) -> AsyncIterator[Self]:
+        """Open a runtime for the ``async with`` block. ``isolate`` (default: ``config.isolate``)
+        runs the engine in a child process; ``hooks`` need the engine in this process."""
+        async with cls(config, hooks=hooks, isolate=isolate) as rt:
             yield rt
 
-    async def __aenter__(self) -> RuntimeCore:
-        if self.state is not RuntimeState.CREATED:
-            raise RuntimeError(f"a Runtime can be opened once; this one is {self.state.value}")
+    async def __aenter__(self) -> Self:
+        if self.state not in (RuntimeState.CREATED, RuntimeState.CLOSED):
+            raise RuntimeError(f"this runtime is {self.state.value}: close it before opening it again")
         self.state = RuntimeState.LOADING
+        self.draining = False
         try:
             await self._start()
-        except BaseException:
+        except BaseException as exc:
             await self._close_stack()
             self.state = RuntimeState.CLOSED
+            alone = _only_error(exc)
+            if alone is not None:
+                raise alone from None  # the actors' task groups wrap what failed the start
             raise
         self.state = RuntimeState.READY
         return self
@@ -134,154 +174,91 @@ class RuntimeCore:
 
     async def _start(self) -> None:
         cfg = self.config = self.config.validated()
-        self._stack = AsyncExitStack()
+        stack = self._stack = AsyncExitStack()
         assert cfg.model is not None  # validated() refuses a config without a model
-        model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
-        self.model = model
-        self._stack.callback(model.close)
-        for path, _ in cfg.lora:  # once per model, before any context exists (EN-1)
-            await anyio.to_thread.run_sync(model.load_adapter, path)
-        self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
-        spec = await self._speculation(cfg, model)
-        self.admission = Admission(model, cfg, self.tokenize, self.adapters)
-        await self.admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
-        self.chat_template = ChatTemplate(
-            chat_template_source(cfg, model), bos_token=model.token_text(model.bos), eos_token=model.token_text(model.eos)
-        )
-        policy_cls = policies.resolve_policy(cfg.scheduler)
-        n = cfg.pipeline_groups
-        policy_options = {
-            "prefill_budget": cfg.prefill_budget,
-            "target_itl_ms": cfg.target_itl_ms,
-            "target_ttft_ms": cfg.target_ttft_ms,
-            "cohort_max_generate_ms": cfg.cohort_max_generate_ms,
-        }
-        ctx_opts = ContextOptions(
-            n_ctx=cfg.ctx_per_context,
-            n_batch=cfg.n_batch,
-            n_ubatch=cfg.n_ubatch,
-            n_seq_max=cfg.slots_per_group,
-            n_threads=cfg.threads,
-            n_threads_batch=cfg.threads_batch,
-            kv_unified=cfg.kv_unified,
-            flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
-            type_k=CACHE_TYPES[cfg.cache_type_k],
-            type_v=CACHE_TYPES[cfg.cache_type_v],
-            context_shift=cfg.context_shift,
-            spec=spec,
-        )
-        metrics = self.metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
-
-        prompt_cache = self.prompt_cache = PromptCache(cfg.cache_ram_mib, cfg.cache_idle_slots) if cfg.cache_ram_mib else None
-        recorder = self.recorder = await self._start_recorder(cfg, policy_cls.name, policy_options)
-
-        def make_group(g: int) -> GroupActor:
-            policy = policy_cls(g, **policy_options)
-            coord.replace_policy(g, policy)  # a restarted group starts with fresh phase state
-            if recorder is not None:
-                recorder.idle(g)  # a restarted group's first step follows no step of its own
-            return GroupActor(
-                g, model, ctx_opts, cfg.group_slots(g), policy,
-                supervisor=sup, coordinator=coord, metrics=metrics, profile=cfg.profile,
-                profile_interval_s=cfg.profile_interval_s, trace=cfg.trace_steps, hooks=self.hooks,
-                prompt_cache=prompt_cache, recorder=recorder,
-            )
-
-        coord = self.coordinator = PhaseCoordinator([policy_cls(g, **policy_options) for g in range(n)],
-                                                    lambda g: sup.group(g), metrics)
-        metrics.prompt_cache = prompt_cache.statistics if prompt_cache is not None else None
-        metrics.phase_of = lambda g: coord.status(g).phase
-        metrics.waiting_of = lambda g: coord.status(g).waiting
-        metrics.restarts_of = lambda g: sup.snapshot().restarts[g]
-        metrics.down_of = lambda g: g in sup.snapshot().groups_down
-        sup = self.supervisor = Supervisor(
-            n, cfg.slots_per_group, make_group,
-            queue_size=cfg.queue_size, max_restarts=cfg.max_restarts, restart_window_s=cfg.restart_window_s,
-        )
-        scope = await self._stack.enter_async_context(open_actor_scope())
-        await scope.start(coord)
-        await scope.start(sup)
-        embedder = None
-        if cfg.embedding:  # its own context over the same weights, beside the groups (API-10)
-            embedder = EmbeddingActor(model, EmbeddingOptions(
-                n_batch=cfg.n_ubatch, n_seq_max=cfg.embedding_parallel, n_threads=cfg.threads_batch,
-                pooling=cfg.pooling, flash_attn=FLASH_ATTN_CODES[cfg.flash_attn]))
-            await scope.start(embedder)
-        self.embeddings = EmbeddingService(model, embedder, normalize=cfg.embd_normalize)
+        if self.isolate:  # admission needs the vocabulary only; the weights load in the engine process
+            model = await anyio.to_thread.run_sync(Model, cfg.model, LoadOptions(vocab_only=True))
+            stack.callback(model.close)
+            admission = await self._admission(model)
+            engine: EngineClient = await stack.enter_async_context(ProcessEngine.open(cfg))
+        else:
+            engine = inprocess = await stack.enter_async_context(InProcessEngine.open(cfg, hooks=self.hooks))
+            model = inprocess.model
+            admission = await self._admission(model)
+        self.model, self.admission, self.engine = model, admission, engine
+        self.embeddings = EmbeddingService(model, engine.embedder, normalize=cfg.embd_normalize)
         self.started_at = time.time()
         log.info(
             "runtime_ready",
             model=str(cfg.model),
-            groups=n,
+            isolated=self.isolate,
+            groups=cfg.pipeline_groups,
             slots=cfg.parallel,
             kv="unified" if cfg.kv_unified else "split",
             ctx_per_request=cfg.ctx_per_request,
             total_kv_cells=cfg.total_kv_cells,
-            scheduler=cfg.scheduler,
+            scheduler=policy_name(cfg.scheduler),
         )
 
-    async def _speculation(self, cfg: RuntimeConfig, model: Model) -> SpecOptions | None:
-        """EN-2: the groups' speculation settings; a draft model is loaded once here (each group
-        makes its own draft context over it, PG-11) and refused unless its vocabulary is the
-        target's (ConfigError: exit 2 from the command line)."""
-        if cfg.spec_type == SPEC_NGRAM:
-            return SpecOptions(SPEC_NGRAM, n_max=cfg.spec_ngram_size_m, n_min=cfg.spec_draft_n_min,
-                               size_n=cfg.spec_ngram_size_n)
-        if cfg.spec_type != SPEC_DRAFT:
-            return None
-        assert self._stack is not None and cfg.spec_draft_model is not None
-        draft = await anyio.to_thread.run_sync(Model, cfg.spec_draft_model, draft_load_options(cfg))
-        self._stack.callback(draft.close)
-        await anyio.to_thread.run_sync(check_compatible, model, draft, cfg.spec_draft_model)
-        return SpecOptions(SPEC_DRAFT, n_max=cfg.spec_draft_n_max, n_min=cfg.spec_draft_n_min,
-                           p_min=cfg.spec_draft_p_min, draft_model=draft)
-
-    async def _start_recorder(self, cfg: RuntimeConfig, policy: str,
-                              options: dict[str, float]) -> TraceRecorder | None:
-        """--record-trace (BE-5): open the trace before any request; it is closed (and its last
-        records written) after the actors stopped, since exit callbacks run in reverse."""
-        if not cfg.record_trace:
-            return None
-        assert self._stack is not None and cfg.model is not None
-        recorder = TraceRecorder(cfg.record_trace, {
-            "model": Path(cfg.model).name, "groups": cfg.pipeline_groups, "n_slots": cfg.slots_per_group,
-            "n_batch": cfg.n_batch, "n_ubatch": cfg.n_ubatch, "n_ctx_slot": cfg.ctx_per_request,
-            "kv_unified": cfg.kv_unified, "threads": cfg.threads, "policy": cfg.scheduler,
-            "policy_name": policy, "policy_options": options,
-        })
-        await anyio.to_thread.run_sync(recorder.start)
-        self._stack.push_async_callback(anyio.to_thread.run_sync, recorder.close)
-        return recorder
+    async def _admission(self, model: Model) -> Admission:
+        cfg = self.config
+        self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
+        self.chat_template = ChatTemplate(
+            chat_template_source(cfg, model),
+            bos_token=model.token_text(model.bos),
+            eos_token=model.token_text(model.eos),
+        )
+        admission = Admission(model, cfg, self.chat_template, self.adapters)
+        await admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
+        return admission
 
     def _require_ready(self) -> None:
-        if self.state is RuntimeState.LOADING or self.state is RuntimeState.CREATED:
+        if self.state is RuntimeState.READY:
+            return
+        if self.state is RuntimeState.LOADING:
             raise Unavailable("Loading model")
-        if self.state is not RuntimeState.READY:
-            raise Closed("the runtime is shutting down")
+        if self.state is RuntimeState.CREATED:
+            raise Unavailable(NOT_OPEN)
+        raise Closed("the runtime is shutting down" if self.state is RuntimeState.STOPPING else NOT_OPEN)
+
+    def _require_admitting(self) -> None:
+        self._require_ready()
+        if self.draining:
+            raise Unavailable("the server is shutting down: it finishes the requests it has and takes no new ones")
+
+    def _ready_engine(self) -> EngineClient:
+        self._require_ready()
+        assert self.engine is not None
+        return self.engine
 
     def health(self) -> str:
-        """"loading", "ok", "unhealthy", "draining" or "closed" (API-1)."""
+        """ "loading", "ok", "unhealthy", "restarting", "draining" or "closed"."""
         if self.state in (RuntimeState.CREATED, RuntimeState.LOADING):
             return "loading"
-        if self.state is not RuntimeState.READY:
+        if self.state is not RuntimeState.READY or self.engine is None:
             return "closed"
         if self.draining:
             return "draining"
-        assert self.supervisor is not None
-        return "ok" if self.supervisor.snapshot().healthy else "unhealthy"
+        return self.engine.health()
 
-    def engine_status(self) -> dict[str, Any]:
-        """Where the engine runs and how it is (``/props``' ``engine``): here, in this process."""
-        return {"isolated": False, "state": "up" if self.state is RuntimeState.READY else self.state.value}
+    def engine_status(self) -> EngineStatus:
+        """Where the engine runs and how it is (``GET /props``' ``engine``)."""
+        if self.engine is None:
+            return EngineStatus(isolated=self.isolate, state=self.state.value)
+        return self.engine.status()
 
-    # ---- graceful drain (issue 14) ------------------------------------------------------
+    async def restart(self) -> None:
+        """Start the engine again after it gave up (it died, or a group failed, too often in a
+        row: the runtime answered "unhealthy" and failed requests). A no-op while it is well."""
+        await self._ready_engine().restart()
+
+    # ---- graceful drain --------------------------------------------------------------------
 
     def in_flight(self) -> int:
-        """Requests queued or holding slots (0 when nothing is left to finish)."""
-        if self.supervisor is None or self.state is not RuntimeState.READY:
+        """Requests queued or being served (0 when nothing is left to finish)."""
+        if self.engine is None or self.state is not RuntimeState.READY:
             return 0
-        snap = self.supervisor.snapshot()
-        return snap.queue_depth + sum(snap.busy)
+        return self.engine.in_flight()
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting (new requests get 503, /health says so) and wait up to ``timeout_s``
@@ -295,22 +272,12 @@ class RuntimeCore:
         log.info("drained" if not left else "drain_timeout", in_flight=left)
         return not left
 
-    def _require_admitting(self) -> None:
-        self._require_ready()
-        if self.draining:
-            raise Unavailable("the server is shutting down: it finishes the requests it has and takes no new ones")
-
-    # ---- requests ----------------------------------------------------------------------
+    # ---- text ------------------------------------------------------------------------------
 
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         self._require_ready()
-        assert self.model is not None
-        model = self.model
-        if len(text) > TOKENIZE_IN_THREAD_CHARS:
-            return await anyio.to_thread.run_sync(
-                lambda: model.tokenize(text, add_special=add_special, parse_special=parse_special)
-            )
-        return model.tokenize(text, add_special=add_special, parse_special=parse_special)
+        assert self.admission is not None
+        return await self.admission.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._require_ready()
@@ -318,142 +285,96 @@ class RuntimeCore:
         self.model.check_tokens(tokens)
         return self.model.detokenize(tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **fields: Any
+    ) -> str:
+        """The prompt a chat renders to (with its tools and options, as a chat request would)."""
+        return self.chat_turn(GenerationRequest(messages=messages, **fields), add_generation_prompt).prompt
+
+    def chat_turn(self, request: GenerationRequest, add_generation_prompt: bool = True) -> ChatTurn:
+        """A chat request rendered, with its call grammar: what admission does with its messages."""
         self._require_ready()
-        assert self.chat_template is not None
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt,
-                                         **self.config.chat_template_kwargs)  # --chat-template-kwargs
+        assert self.admission is not None
+        if request.messages is None:
+            raise RequestError("messages: a chat needs messages")
+        return self.admission.chat_turn(request, add_generation_prompt=add_generation_prompt)
 
-    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, reasoning_format: str | None = None,
-                     **options: Any) -> ChatTurn:
-        """Render a chat request and choose its call grammar (API-8, API-9); see ``chatturn``.
+    @_request_fields(GenerationRequest, _messages)
+    def prepare_chat(self, request: GenerationRequest) -> ChatTurn:
+        """A chat rendered as a chat request with these fields would be (prompt, call grammar)."""
+        return self.chat_turn(request)
 
-        ``options``: tools, tool_choice, parallel_tool_calls, reasoning_effort,
-        chat_template_kwargs, add_generation_prompt. Raises RequestError naming the field.
-        """
-        self._require_ready()
-        assert self.chat_template is not None
-        if reasoning_format is None:
-            reasoning_format = self.config.reasoning_format
-        if self.config.chat_template_kwargs:  # the server's (--chat-template-kwargs) under the request's
-            options["chat_template_kwargs"] = {**self.config.chat_template_kwargs,
-                                               **(options.get("chat_template_kwargs") or {})}
-        return prepare_chat(self.chat_template, messages, reasoning_format=reasoning_format, **options)
+    # ---- requests ----------------------------------------------------------------------------
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        parallel_tool_calls: bool | None = None,
-        reasoning_format: str | None = None,
-        reasoning_effort: str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        """One chat turn run to the end: OpenAI-shaped ``messages`` (and ``tools``) in, the parsed
-        assistant message of each choice out (``result.message.content``, ``.reasoning_content``,
-        ``.tool_calls``; ``result.finish_reason`` is "tool_calls" when it called one).
+    async def submit_request(self, request: GenerationRequest) -> RequestHandle:
+        """Validate, resolve, tokenize and queue one request; return its event stream.
 
-        ``kwargs`` are ``submit``'s (max_tokens, n, stop, params or sampling fields, ...).
-        """
-        turn = self.prepare_chat(
-            messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            reasoning_format=reasoning_format, reasoning_effort=reasoning_effort,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-        submit_args = {k: kwargs.pop(k) for k in list(kwargs) if k in _SUBMIT_ARGS}
-        params = kwargs.pop("params", None) or sampling_params(kwargs, self.config.sampling)
-        handle = await self.submit(turn.prompt, params=turn.sampling(params), **submit_args)
-        return parse_completion(turn, await collect(handle))
-
-    async def submit(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int = -1,
-        n: int = 1,
-        stop: Sequence[str] | None = None,
-        id_slot: int = -1,
-        cache_prompt: bool | None = None,
-        ignore_eos: bool | None = None,
-        add_special: bool = True,
-        params: SamplingParams | None = None,
-        n_keep: int | None = None,
-        n_discard: int = 0,
-        return_progress: bool = False,
-        lora: Sequence[Any] | None = None,
-        **sampling: Any,
-    ) -> RequestHandle:
-        """Validate, tokenize and queue one request; return its event stream.
-
-        ``lora``: LoRA adapters for this request, ``[{"id": 0, "scale": 1.0}, ...]`` (adapters
-        not listed: scale 0); None uses the global scales (EN-1, ``set_lora_adapters``).
-
-        Raises RequestError for bad input (nothing else is affected) and Overloaded when the
-        supervisor's mailbox is full. Later failures (queue full, engine error) arrive as the
-        stream's first event; ``RequestHandle.first`` turns them into exceptions.
+        Raises ``RequestError`` (400: the message names the field) for bad input, nothing else
+        affected; ``Overloaded`` or ``Unavailable`` (503) when the engine cannot take it now.
+        Later failures (queue full, engine error) come as the stream's error; ``first()``
+        raises them before any event.
         """
         self._require_admitting()
-        assert self.admission is not None and self.supervisor is not None
-        task, recv = await self.admission.admit(
-            prompt, max_tokens=max_tokens, n=n, stop=stop, id_slot=id_slot, cache_prompt=cache_prompt,
-            ignore_eos=ignore_eos, add_special=add_special, params=params, sampling=sampling,
-            n_keep=n_keep, n_discard=n_discard, return_progress=return_progress, lora=lora,
-        )
-        if task.n_predict == 0:
-            task.sink.close()  # nothing to generate: the handle ends at once
-            return RequestHandle(task, recv, self._cancel)
-        try:
-            self.supervisor.try_tell(Submit(task))
-        except LlamactorError:
-            recv.close()
+        assert self.admission is not None
+        admitted = await self.admission.admit(request)
+        task = admitted.task
+        handle = RequestHandle(task, admitted.events, self._cancel, admitted.turn)
+        if task.n_predict == 0:  # nothing to generate: one Done per choice, at once
+            for i in range(task.n):
+                task.sink.send_nowait(nothing_generated(task, i))
             task.sink.close()
+            return handle
+        try:
+            engine = self._ready_engine()  # again: the runtime may have closed during admission
+            self._require_admitting()
+            engine.submit(task)
+        except BaseException:
+            task.sink.close()
+            handle.close()
             raise
-        return RequestHandle(task, recv, self._cancel)
+        return handle
 
     def _cancel(self, task_id: int) -> None:
-        if self.supervisor is not None and self.state is RuntimeState.READY:
-            try:
-                self.supervisor.try_tell(Cancel(task_id))
-            except LlamactorError:
-                pass  # a full or closed supervisor will drop the stream on its own
+        if self.engine is not None and self.state is RuntimeState.READY:
+            self.engine.cancel(task_id)
 
-    async def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> AsyncIterator[Token | Done | Progress]:
-        """Yield token events (and one ``Done`` per choice) of one request; with
-        ``return_progress=True`` also ``Progress`` events while the prompt is processed."""
-        handle = await self.submit(prompt, **kwargs)
-        async with handle:
-            async for event in handle:
-                yield event
+    @_request_fields(GenerationRequest, _prompt)
+    def submit(self, request: GenerationRequest) -> Awaitable[RequestHandle]:
+        """``submit_request`` with the request's fields as keyword arguments."""
+        return self.submit_request(request)
 
-    async def complete(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
+    @_request_fields(GenerationRequest, _prompt)
+    def stream(self, request: GenerationRequest) -> EventStream:
+        """The request's events: ``Token`` events, one ``Done`` per choice, and with
+        ``return_progress=True`` ``Progress`` events while the prompt is processed.
+
+        ``events = await rt.stream(...)`` raises request errors before any event (then
+        ``async with events: async for ev in events``); ``async for ev in rt.stream(...)``
+        raises them at the first iteration. Leaving the loop early cancels the request."""
+        return EventStream(lambda: self.submit_request(request))
+
+    @_request_fields(GenerationRequest, _prompt)
+    async def complete(self, request: GenerationRequest) -> Completion:
         """Run one request to the end and return every choice."""
-        handle = await self.submit(prompt, **kwargs)
-        return await collect(handle)
+        return await collect(await self.submit_request(request))
 
-    def infill_prompt(self, input_prefix: str | Sequence[Any], input_suffix: str | Sequence[Any],
-                      input_extra: Sequence[Any] = (), prompt: str = "") -> list[int]:
-        """The fill-in-the-middle prompt tokens (API-12), as llama-server's /infill builds them.
+    @_request_fields(GenerationRequest, _messages)
+    async def chat(self, request: GenerationRequest) -> ChatResult:
+        """One chat turn run to the end: OpenAI-shaped messages (and ``tools``) in, the parsed
+        assistant message of each choice out (``result.message.content``,
+        ``.reasoning_content``, ``.tool_calls``; ``result.finish_reason`` is "tool_calls" when
+        it called one)."""
+        handle = await self.submit_request(request)
+        assert handle.turn is not None
+        return parse_completion(handle.turn, await collect(handle))
 
-        Raises NotSupported (501) for a model without FIM tokens, RequestError naming the field.
-        """
-        self._require_ready()
-        assert self.model is not None
-        cfg = self.config
-        return infill_tokens(self.model, input_prefix, input_suffix, input_extra, prompt,
-                             n_batch=cfg.n_batch, n_predict=cfg.n_predict_max, n_ctx=cfg.ctx_per_request)
+    @_request_fields(GenerationRequest, _infill)
+    async def infill(self, request: GenerationRequest) -> Completion:
+        """Fill in the middle between ``parts.input_prefix`` and ``parts.input_suffix`` (the
+        model's FIM tokens; ``prompt`` is the middle's start) and run it to the end."""
+        return await collect(await self.submit_request(request))
 
-    async def infill(self, input_prefix: str | Sequence[Any], input_suffix: str | Sequence[Any], *,
-                     input_extra: Sequence[Any] = (), prompt: str = "", **kwargs: Any) -> Completion:
-        """Fill in the middle between ``input_prefix`` and ``input_suffix`` (API-12) and run it to
-        the end; ``input_extra`` is a list of {"filename", "text"} chunks of other files, and
-        ``kwargs`` are ``submit``'s (max_tokens, stop, sampling fields, ...)."""
-        tokens = self.infill_prompt(input_prefix, input_suffix, input_extra, prompt)
-        return await collect(await self.submit(tokens, **kwargs))
-
-    # ---- LoRA adapters (EN-1) ------------------------------------------------------------
+    # ---- LoRA adapters ---------------------------------------------------------------------
 
     def lora_adapters(self) -> list[dict[str, Any]]:
         """The loaded adapters with their global scales (``GET /lora-adapters``)."""
@@ -466,23 +387,32 @@ class RuntimeCore:
         self._require_ready()
         self.adapters.set_scales(entries)
 
-    # ---- slots, metrics, app -------------------------------------------------------------
+    # ---- slots, metrics, the live view ----------------------------------------------------
 
-    def slots(self) -> list[dict[str, Any]]:
-        self._require_ready()
-        assert self.supervisor is not None
-        return self.supervisor.slot_rows()
+    async def slots(self) -> list[SlotState]:
+        """Every slot of every group, as it is now."""
+        return await self._ready_engine().slots()
 
-    async def fetch_slots(self) -> list[dict[str, Any]]:
-        """``slots()``, also when the engine runs in a child process (the HTTP app uses this)."""
-        return self.slots()
+    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
+        """Erase, save (to ``path``) or restore (from ``path``) one idle slot."""
+        return await self._ready_engine().slot_action(slot, action, path)
 
-    async def slot_action(self, slot: int, action: str, path: str = "") -> dict[str, Any]:
-        self._require_ready()
-        assert self.supervisor is not None
-        return await self.supervisor.ask(lambda r: SlotRequest(action, slot, path, r), SLOT_ACTION_TIMEOUT_S)
+    async def metrics_text(self) -> bytes:
+        """The Prometheus exposition text of the engine (and of its process, when isolated)."""
+        return await self._ready_engine().metrics_text()
 
-    # ---- embeddings and rerank (API-10, API-11) -------------------------------------------
+    def live_snapshot(self) -> LiveSnapshot:
+        """Groups, slots, phases, queue and counters as one frozen snapshot (the live view).
+
+        Never raises: a runtime that is loading, stopping or restarting its engine reports its
+        state and no groups. Cheap; ``/live`` calls it once per tick for all its clients.
+        """
+        snap = self.engine.live_snapshot() if self.engine is not None and self.state is RuntimeState.READY else None
+        if snap is None:
+            return live.idle_snapshot(self.config, self.health() if self.engine is not None else self.state.value)
+        return snap
+
+    # ---- embeddings and rerank -------------------------------------------------------------
 
     async def embed(self, inputs: Input | Sequence[Input], *, normalize: int | None = None) -> Embeddings:
         """Embed one input or a list of them (strings or token-id lists); vectors in input order.
@@ -500,24 +430,12 @@ class RuntimeCore:
         assert self.embeddings is not None
         return await self.embeddings.rerank(query, documents, top_n=top_n)
 
-    def metrics_text(self) -> bytes:
-        assert self.metrics is not None
-        return self.metrics.render()
 
-    async def fetch_metrics(self) -> bytes:
-        """``metrics_text()``, also when the engine runs in a child process (the HTTP app uses this)."""
-        return self.metrics_text()
-
-    def live_snapshot(self) -> LiveSnapshot:
-        """Groups, slots, phases, queue and counters as one frozen snapshot (API-17).
-
-        Never raises: a runtime that is loading or stopping reports its state and no groups.
-        Cheap (reads frozen reports only); ``/live`` calls it once per tick for all its clients.
-        """
-        sup, coord, metrics = self.supervisor, self.coordinator, self.metrics
-        if self.state is not RuntimeState.READY or sup is None or coord is None or metrics is None:
-            return live.idle_snapshot(self.config, self.state.value)
-        return live.build_snapshot(self.config, self.state.value, self.started_at, sup, coord, metrics)
+def _only_error(exc: BaseException) -> LlamactorError | None:
+    """The one llamactor error inside (nested) exception groups, if that is all there is."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, LlamactorError) and exc is not None else None
 
 
 def chat_template_source(cfg: RuntimeConfig, model: Model) -> str | None:
@@ -532,63 +450,3 @@ def chat_template_source(cfg: RuntimeConfig, model: Model) -> str | None:
         except OSError as exc:
             raise ConfigError(f"cannot read --chat-template-file {cfg.chat_template_file}: {exc.strerror}") from None
     return model.chat_template()
-
-
-def load_options(cfg: RuntimeConfig) -> LoadOptions:
-    """Weights placement from the config: local, or split over ggml-rpc workers (SPEC 5)."""
-    devices = None
-    if cfg.rpc_servers or cfg.devices:
-        from llamactor.runtime.engine import rpc
-
-        added = rpc.add_servers(list(cfg.rpc_servers))
-        names = list(cfg.devices) or [*added, "CPU"]  # default: workers first, the local CPU last
-        devices = rpc.device_array(names)
-        log.info("layer_split", devices=names, tensor_split=list(cfg.tensor_split), split_mode=cfg.split_mode)
-    concurrent = concurrent_rpc_contexts(cfg)
-    if concurrent:
-        user = graph_reuse_user_setting()
-        if user:
-            log.warning("graph_reuse", enabled=True, why=f"{GRAPH_REUSE_ENV}={os.environ[GRAPH_REUSE_ENV]!r} "
-                        "is set: contexts decoding at once on a ggml-rpc device may repeat a token")
-        else:
-            log.info("graph_reuse", enabled=False, why="contexts decoding at once on a ggml-rpc device")
-    return LoadOptions(
-        n_gpu_layers=cfg.n_gpu_layers,
-        use_mmap=cfg.use_mmap,
-        split_mode=SPLIT_MODE_CODES[cfg.split_mode],
-        tensor_split=cfg.tensor_split,
-        devices=devices,
-        graph_reuse=not concurrent,
-    )
-
-
-def concurrent_rpc_contexts(cfg: RuntimeConfig) -> bool:
-    """Whether contexts over the model may decode at once on a ggml-rpc device (pipeline groups,
-    or the embedding context beside a group): then they need graph reuse off (open_context)."""
-    return bool(cfg.rpc_servers) and (cfg.pipeline_groups > 1 or cfg.embedding)
-
-
-def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
-    """The draft model's placement: -ngld (default: as -ngl) on -devd's devices (default: local)."""
-    devices = None
-    if cfg.spec_draft_devices:
-        from llamactor.runtime.engine import rpc
-
-        devices = rpc.device_array(list(cfg.spec_draft_devices))
-    n_gpu_layers = cfg.n_gpu_layers if cfg.spec_draft_n_gpu_layers is None else cfg.spec_draft_n_gpu_layers
-    # the groups' draft contexts decode at once too (open_context)
-    graph_reuse = not (devices is not None and cfg.rpc_servers and cfg.pipeline_groups > 1)
-    return LoadOptions(n_gpu_layers=n_gpu_layers, use_mmap=cfg.use_mmap, devices=devices, graph_reuse=graph_reuse)
-
-
-FLASH_ATTN_CODES = {
-    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-}
-
-SPLIT_MODE_CODES = {
-    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
-    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
-    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
-}

@@ -1,4 +1,4 @@
-"""Embeddings and rerank in the embedding API: ``Runtime.embed`` and ``Runtime.rerank`` (API-10, API-11).
+"""Embeddings and rerank in the embedding API: ``Runtime.embed`` and ``Runtime.rerank``.
 
 Inputs are narrowed, tokenized and checked here, before anything reaches the ``EmbeddingActor``:
 an input is a string or a list of token ids, a request holds one input or a list of them (at
@@ -20,13 +20,11 @@ from typing import Any
 import anyio
 import numpy as np
 
-from llamactor.actors.embedder import EmbeddingActor
-from llamactor.protocol.embedding import Embedded, EmbedJob
-from llamactor.protocol.errors import EngineError, NotSupported, RequestError
-from llamactor.protocol.events import Failed
+from llamactor.protocol.embedding import EmbedderInfo
+from llamactor.protocol.errors import NotSupported, RequestError
 from llamactor.runtime.engine.embedding import rerank_tokens
 from llamactor.runtime.engine.model import Model
-from llamactor.runtime.service.handles import error_of
+from llamactor.runtime.service.engine import Embedder
 
 MAX_EMBEDDING_INPUTS = 2048  # inputs per request (OpenAI's limit for /v1/embeddings)
 TOKENIZE_IN_THREAD_CHARS = 4096  # inputs longer than this in all are tokenized off the event loop
@@ -65,37 +63,44 @@ class Ranked:
 class EmbeddingService:
     """Admission and answers for embedding and rerank requests of one runtime."""
 
-    def __init__(self, model: Model, actor: EmbeddingActor | None, *, normalize: int = 2) -> None:
+    def __init__(self, model: Model, embedder: Embedder | None, *, normalize: int = 2) -> None:
         self.model = model
-        self.actor = actor  # None: the runtime was started without embeddings
+        self.embedder = embedder  # None: the runtime was started without embeddings
         self.normalize = normalize
-        self._ids = 0
 
-    def require(self, *, oai: bool = False) -> EmbeddingActor:
-        if self.actor is None:
+    @property
+    def info(self) -> EmbedderInfo | None:
+        return self.embedder.info if self.embedder is not None else None
+
+    def require(self, *, oai: bool = False) -> Embedder:
+        if self.embedder is None:
             raise NotSupported(NO_EMBEDDINGS)
-        if oai and self.actor.pooling == "none":
+        if oai and self.embedder.info.pooling == "none":
             raise RequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-        return self.actor
+        return self.embedder
 
-    def require_rerank(self) -> EmbeddingActor:
-        if self.actor is None:
+    def require_rerank(self) -> Embedder:
+        if self.embedder is None:
             raise NotSupported(NO_RERANK)
-        if self.actor.pooling != "rank":
-            raise NotSupported(f"{NO_RERANK} (this server's pooling is {self.actor.pooling!r}; reranking needs "
-                               f"--pooling rank and a reranker model)")
-        return self.actor
+        pooling = self.embedder.info.pooling
+        if pooling != "rank":
+            raise NotSupported(
+                f"{NO_RERANK} (this server's pooling is {pooling!r}; reranking needs "
+                f"--pooling rank and a reranker model)"
+            )
+        return self.embedder
 
-    async def embed(self, inputs: Input | Sequence[Input], *, normalize: int | None = None,
-                    field: str = "input", oai: bool = False) -> Embeddings:
-        actor = self.require(oai=oai)
+    async def embed(
+        self, inputs: Input | Sequence[Input], *, normalize: int | None = None, field: str = "input", oai: bool = False
+    ) -> Embeddings:
+        embedder = self.require(oai=oai)
         norm = self.normalize if normalize is None else normalize
         if not isinstance(norm, int) or isinstance(norm, bool) or norm < -1:
             raise RequestError(f"embd_normalize must be an integer >= -1, got {norm!r}")
         items = narrow_inputs(inputs, field)
         tokens = await self._tokenize(items, field)
-        self._check(tokens, field, actor.max_input_tokens)
-        done = await self._run(actor, tokens, norm)
+        self._check(tokens, field, embedder.info.max_input_tokens)
+        done = await embedder.embed(tokens, norm)
         return Embeddings(done.vectors, done.n_tokens, done.pooling)
 
     async def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[Ranked]:
@@ -106,13 +111,13 @@ class EmbeddingService:
 
     async def rerank_all(self, query: str, documents: Sequence[str]) -> list[Ranked]:
         """Every document scored against ``query``, best first (ties keep the request's order)."""
-        actor = self.require_rerank()
+        embedder = self.require_rerank()
         if not isinstance(query, str):
-            raise RequestError("\"query\" must be a string")
+            raise RequestError('"query" must be a string')
         if isinstance(documents, str) or not documents:
-            raise RequestError("\"documents\" must be a non-empty string array")
+            raise RequestError('"documents" must be a non-empty string array')
         if len(documents) > MAX_EMBEDDING_INPUTS:
-            raise RequestError(f"\"documents\" has {len(documents)} items; at most {MAX_EMBEDDING_INPUTS} per request")
+            raise RequestError(f'"documents" has {len(documents)} items; at most {MAX_EMBEDDING_INPUTS} per request')
         for i, doc in enumerate(documents):
             if not isinstance(doc, str):
                 raise RequestError(f"documents[{i}] must be a string")
@@ -123,8 +128,8 @@ class EmbeddingService:
 
         chars = len(query) * len(documents) + sum(map(len, documents))
         tokens = await anyio.to_thread.run_sync(pairs) if chars > TOKENIZE_IN_THREAD_CHARS else pairs()
-        self._check(tokens, "documents", actor.max_input_tokens)
-        done = await self._run(actor, tokens, -1)
+        self._check(tokens, "documents", embedder.info.max_input_tokens)
+        done = await embedder.embed(tokens, -1)
         ranked = [Ranked(i, float(v[0]), n) for i, (v, n) in enumerate(zip(done.vectors, done.n_tokens))]
         ranked.sort(key=lambda r: -r.score)
         return ranked
@@ -158,31 +163,8 @@ class EmbeddingService:
             if len(t) > max_tokens:
                 raise RequestError(
                     f"{field}[{i}] has {len(t)} tokens; one input may have at most {max_tokens} "
-                    f"(the embedding batch: raise --ubatch-size)")
-
-    async def run_tokens(self, actor: EmbeddingActor, tokens: list[list[int]], normalize: int) -> Embedded:
-        """Embed already admitted token-id inputs (the engine process's side of an isolated runtime)."""
-        return await self._run(actor, tokens, normalize)
-
-    async def _run(self, actor: EmbeddingActor, tokens: list[list[int]], normalize: int) -> Embedded:
-        """Queue one job and wait for its answer; leaving early (cancellation) drops the job."""
-        self._ids += 1
-        send, recv = anyio.create_memory_object_stream[Any](1)
-        job = EmbedJob(self._ids, tuple(np.asarray(t, dtype=np.int32) for t in tokens), normalize, send)
-        with recv:
-            try:
-                actor.try_tell(job)
-            except BaseException:
-                send.close()
-                raise
-            try:
-                event = await recv.receive()
-            except anyio.EndOfStream:
-                raise EngineError("the embedder dropped the request") from None
-        if isinstance(event, Failed):
-            raise error_of(event)
-        assert isinstance(event, Embedded)
-        return event
+                    f"(the embedding batch: raise --ubatch-size)"
+                )
 
 
 def check_top_n(top_n: int | None) -> None:
@@ -199,16 +181,17 @@ def narrow_inputs(raw: Any, field: str = "input") -> list[str | list[int]]:
         items: list[Any] = [raw]
     elif isinstance(raw, Sequence) and not isinstance(raw, (bytes, bytearray)):
         if not raw:
-            raise RequestError(f"\"{field}\" must not be empty")
+            raise RequestError(f'"{field}" must not be empty')
         if all(_is_token(t) for t in raw):
             items = [list(raw)]
         else:
             items = list(raw)
     else:
-        raise RequestError(f"\"{field}\" must be a string, a list of strings, a list of token ids or a list of "
-                           f"token-id lists")
+        raise RequestError(
+            f'"{field}" must be a string, a list of strings, a list of token ids or a list of token-id lists'
+        )
     if len(items) > MAX_EMBEDDING_INPUTS:
-        raise RequestError(f"\"{field}\" has {len(items)} items; at most {MAX_EMBEDDING_INPUTS} per request")
+        raise RequestError(f'"{field}" has {len(items)} items; at most {MAX_EMBEDDING_INPUTS} per request')
     out: list[str | list[int]] = []
     for i, item in enumerate(items):
         if isinstance(item, str):

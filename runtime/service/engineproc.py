@@ -1,13 +1,12 @@
-"""The engine process (issue 14): the model, the groups, the coordinator and the supervisor,
-serving one API process over a Unix socket (``protocol.enginelink``).
+"""The engine process: an ``InProcessEngine`` serving one API process over a Unix socket.
 
-    python -m llamactor.runtime.service.engineproc SOCKET CONFIG_PICKLE
+    python -m llamactor.runtime.service.engineproc SOCKET CONFIG_FILE
 
-It runs an ordinary in-process ``RuntimeCore``. A request arrives as a ``WireTask`` and gets a
-``RemoteSink`` for a stream: the group that serves it "sends" its events into one outbox,
-which a writer task flushes as one ``Events`` frame after each step (the groups send a whole
-step's events without yielding, so one frame carries them all). Anything else the API process
-needs (slots, metrics, the live view, slot files, LoRA scales) is a ``Call`` by method name.
+The config file holds the API process's ``RuntimeConfig`` as msgpack (``config_to_wire``). A
+request arrives as a ``WireTask`` and gets a ``RemoteSink`` for a stream: the group that serves
+it "sends" its events into one outbox, which a writer task flushes as one ``Events`` frame
+after each step (the groups send a whole step's events without yielding, so one frame carries
+them all). Each call of the link (``protocol.enginelink``) has its own handler and answer.
 
 A watchdog ends the process (exit code ``WATCHDOG_EXIT``) when a decode step has run longer
 than ``--watchdog-s``: a hung ggml-rpc worker or driver never returns, and a thread cannot be
@@ -16,41 +15,38 @@ interrupted. The API process sees the exit, restarts the engine and resumes the 
 
 from __future__ import annotations
 
-import inspect
 import os
-import pickle
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 import structlog
-from anyio.abc import SocketStream
+from anyio.abc import SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.actors.policies import load_object
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
 from llamactor.protocol.events import Event, Failed
-from llamactor.protocol.messages import Submit as SupSubmit
-from llamactor.protocol.messages import Task
-from llamactor.runtime.service.config import RuntimeConfig
-from llamactor.runtime.service.core import RuntimeCore
+from llamactor.protocol.messages import Task, TaskSpec
+from llamactor.runtime.service.config import config_from_wire
+from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_logging
 
 log = structlog.get_logger("llamactor.engine")
 
 WATCHDOG_EXIT = 75  # the exit code of an engine the watchdog ended
 BEAT_S = 1.0
-CALLS = frozenset({"slots", "slot_action", "metrics_text", "live_snapshot", "set_lora_adapters", "in_flight", "health"})
 
 
 class RemoteSink:
     """A request's stream in the engine process: events go to the API process's outbox."""
 
-    __slots__ = ("task_id", "side", "closed")
+    __slots__ = ("closed", "side", "task_id")
 
     def __init__(self, task_id: int, side: EngineSide) -> None:
         self.task_id = task_id
@@ -71,8 +67,8 @@ class RemoteSink:
 
 
 class EngineSide:
-    def __init__(self, rt: RuntimeCore, stream: SocketStream) -> None:
-        self.rt = rt
+    def __init__(self, engine: InProcessEngine, stream: SocketStream) -> None:
+        self.engine = engine
         self.stream = stream
         self.outbox: list[tuple[int, Event]] = []
         self.ended: list[int] = []
@@ -83,18 +79,17 @@ class EngineSide:
         self._flush.set()
 
     async def run(self) -> None:
-        actor = self.rt.embeddings.actor if self.rt.embeddings is not None else None
-        info = link.EmbedderInfo(actor.pooling, actor.n_embd, actor.max_input_tokens) if actor is not None else None
-        await self.stream.send(link.frame(link.Ready(os.getpid(), info)))
+        embedder = self.engine.embedder
+        await self.stream.send(link.frame(link.Ready(os.getpid(), embedder.info if embedder else None)))
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._write)
             tg.start_soon(self._beat)
-            if self.rt.config.watchdog_s > 0:
-                tg.start_soon(self._watchdog, self.rt.config.watchdog_s)
+            if self.engine.config.watchdog_s > 0:
+                tg.start_soon(self._watchdog, self.engine.config.watchdog_s)
             await self._read(tg)
             tg.cancel_scope.cancel()
 
-    async def _read(self, tg: Any) -> None:
+    async def _read(self, tg: TaskGroup) -> None:
         reader = BufferedByteReceiveStream(self.stream)
         while True:
             try:
@@ -102,57 +97,50 @@ class EngineSide:
                 body = await reader.receive_exactly(link.HEADER.unpack(header)[0])
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
                 return  # the API process went away: stop
-            msg = link.decode_to_engine(body)
-            if isinstance(msg, link.Submit):
-                self._submit(msg.task)
-            elif isinstance(msg, link.Cancel):
-                self._cancel(msg)
-            elif isinstance(msg, link.Embed):
-                tg.start_soon(self._embed, msg)
-            else:
-                tg.start_soon(self._call, msg)
+            match link.decode_to_engine(body):
+                case link.Submit(task=wire):
+                    self._submit(wire)
+                case link.Cancel(task_id=task_id):
+                    self.engine.cancel(task_id)
+                case call:
+                    tg.start_soon(self._answer, call)
 
-    def _submit(self, w: link.WireTask) -> None:
-        sink: Any = RemoteSink(w.id, self)  # duck-types the stream's send_nowait/close
-        task = Task(id=w.id, prompt=w.tokens(), sink=sink, arrived=time.perf_counter(), **w.fields())
-        assert self.rt.supervisor is not None
+    def _submit(self, wire: link.WireTask) -> None:
+        sink: Any = RemoteSink(wire.id, self)  # duck-types the stream's send_nowait/close
+        spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
+        task = Task(prompt=wire.tokens(), sink=sink, arrived=time.perf_counter(), **spec)
         try:
-            self.rt.supervisor.try_tell(SupSubmit(task))
+            self.engine.submit(task)
         except LlamactorError as exc:
-            sink.send_nowait(Failed(str(exc), "unavailable_error"))
+            sink.send_nowait(Failed.of(exc))
             sink.close()
 
-    def _cancel(self, msg: link.Cancel) -> None:
-        if self.rt.supervisor is not None:
-            try:
-                self.rt.supervisor.try_tell(msg)
-            except LlamactorError:
-                pass
-
-    async def _call(self, msg: link.Call) -> None:
+    async def _answer(self, call: link.Call) -> None:
         try:
-            if msg.method not in CALLS:
-                raise LlamactorError(f"no such engine call: {msg.method}")
-            value = getattr(self.rt, msg.method)(*msg.args)
-            if inspect.isawaitable(value):
-                value = await value
-            reply = link.Reply(msg.call_id, value)
-        except Exception as exc:  # noqa: BLE001 - the caller gets it back
-            reply = link.Reply(msg.call_id, None, str(exc), type(exc).__name__)
-        await self._send(link.frame(reply))
+            answer = await self._run(call)
+        except Exception as exc:
+            answer = link.CallFailed(call.call_id, Failed.of(exc))
+        await self._send(link.frame(answer))
 
-    async def _embed(self, msg: link.Embed) -> None:
-        service = self.rt.embeddings
-        try:
-            assert service is not None and service.actor is not None
-            inputs = [np.frombuffer(b, dtype=np.int32).tolist() for b in msg.inputs]
-            done = await service.run_tokens(service.actor, inputs, msg.normalize)
-            vectors = tuple((np.ascontiguousarray(v, dtype=np.float32).tobytes(), tuple(np.shape(v)))
-                            for v in done.vectors)
-            reply = link.EmbedDone(msg.job_id, vectors, done.n_tokens, done.pooling)
-        except Exception as exc:  # noqa: BLE001 - the API process raises it for its request
-            reply = link.EmbedDone(msg.job_id, error=str(exc), kind=type(exc).__name__)
-        await self._send(link.frame(reply))
+    async def _run(self, call: link.Call) -> link.Answer:
+        engine = self.engine
+        match call:
+            case link.GetSlots(call_id=cid):
+                return link.Slots(cid, tuple(await engine.slots()))
+            case link.SlotAction(call_id=cid, slot=slot, action=action, path=path):
+                return link.SlotDone(cid, await engine.slot_action(slot, action, path))
+            case link.GetMetrics(call_id=cid):
+                return link.MetricsText(cid, await engine.metrics_text())
+            case link.GetLive(call_id=cid):
+                return link.Live(cid, engine.live_snapshot())
+            case link.Embed(call_id=cid, inputs=inputs, normalize=normalize):
+                assert engine.embedder is not None
+                tokens = [np.frombuffer(b, dtype=np.int32).tolist() for b in inputs]
+                done = await engine.embedder.embed(tokens, normalize)
+                vectors = tuple(
+                    (np.ascontiguousarray(v, dtype=np.float32).tobytes(), tuple(np.shape(v))) for v in done.vectors
+                )
+                return link.EmbedDone(cid, vectors, done.n_tokens, done.pooling)
 
     async def _write(self) -> None:
         while True:
@@ -164,7 +152,7 @@ class EngineSide:
 
     async def _send(self, data: bytes) -> None:
         try:
-            async with self._send_lock:  # writer, beats, replies: one frame at a time
+            async with self._send_lock:  # writer, beats, answers: one frame at a time
                 await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the reader sees the end and stops the process
@@ -172,22 +160,22 @@ class EngineSide:
     async def _beat(self) -> None:
         while True:
             await anyio.sleep(BEAT_S)
-            metrics = self.rt.metrics
-            steps = sum(c.n_decode for c in metrics.groups) if metrics is not None else 0
-            await self._send(link.frame(link.Beat(steps)))
+            await self._send(link.frame(link.Beat(self.engine.steps())))
 
     async def _watchdog(self, limit_s: float) -> None:
         """End the process when a group's decode step has been running for ``limit_s``."""
-        sup = self.rt.supervisor
-        assert sup is not None
         while True:
             await anyio.sleep(min(0.25, limit_s / 4))
             now = time.perf_counter()
-            for group in sup.groups:
-                started = group.step_started if group is not None else 0.0
+            for g, started in enumerate(self.engine.step_started()):
                 if started and now - started > limit_s:
-                    log.error("watchdog", group=group.group if group else -1, step_s=round(now - started, 2),
-                              limit_s=limit_s, action="the engine process exits; the API process restarts it")
+                    log.error(
+                        "watchdog",
+                        group=g,
+                        step_s=round(now - started, 2),
+                        limit_s=limit_s,
+                        action="the engine process exits; the API process restarts it",
+                    )
                     sys.stderr.flush()
                     os._exit(WATCHDOG_EXIT)
 
@@ -198,11 +186,12 @@ def load_hooks(spec: str) -> Any:
     return load_object(spec, "engine hooks")()
 
 
-async def serve(socket_path: str, config: RuntimeConfig) -> None:
+async def serve(socket_path: str, config_path: str) -> None:
+    config = config_from_wire(Path(config_path).read_bytes())  # written by the API process that started us
     stream = await anyio.connect_unix(socket_path)
     hooks = load_hooks(config.engine_hooks) if config.engine_hooks else None
-    async with RuntimeCore.open(config, hooks=hooks) as rt:
-        await EngineSide(rt, stream).run()
+    async with InProcessEngine.open(config, hooks=hooks) as engine:
+        await EngineSide(engine, stream).run()
 
 
 def die_with_parent() -> None:
@@ -213,8 +202,8 @@ def die_with_parent() -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
             return
     except (OSError, AttributeError):
         return
@@ -229,11 +218,9 @@ def main(argv: list[str]) -> int:
     # service manager's SIGTERM meant for the server must not cut the requests it drains.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with open(config_path, "rb") as f:
-        config: RuntimeConfig = pickle.load(f)  # written by the API process that started us
     configure_logging()
     try:
-        anyio.run(serve, socket_path, config)
+        anyio.run(serve, socket_path, config_path)
     except LlamactorError as exc:  # a config the engine cannot run (e.g. a missing draft model)
         print(f"llamactor engine: {exc}", file=sys.stderr)
         return 2

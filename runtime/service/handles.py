@@ -1,91 +1,72 @@
-"""Request handles: the receive end of one request's event stream, and its collected result.
+"""Request handles: the receive end of one request's event stream.
 
 A handle yields ``Token`` and ``Done`` events and raises the request's error; closing it (or
-leaving its ``async with``) cancels the request, which frees its slot at once (API-6).
+leaving its ``async with``, or leaving an ``async for`` over it early) cancels the request,
+which frees its slot at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any, Self
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
-from llamactor.protocol.errors import EngineError, LlamactorError, Overloaded, RequestError, Unavailable
-from llamactor.protocol.events import Done, Failed, Progress, Token
+from llamactor.protocol.errors import error_from
+from llamactor.protocol.events import Done, Event, Failed, Progress, Token
 from llamactor.protocol.messages import Task
+from llamactor.runtime.service.chatturn import ChatTurn
+from llamactor.runtime.service.results import Completion, collect_events
+
+StreamEvent = Token | Done | Progress
 
 
-@dataclass(frozen=True)
-class Choice:
-    index: int
-    text: str
-    finish_reason: str
-    tokens: tuple[int, ...]
-    logprobs: tuple[Token, ...] = ()
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A finished request: one ``Choice`` per n, plus usage and timings."""
-
-    choices: tuple[Choice, ...]
-    n_prompt: int
-    n_cached: int
-    n_predicted: int
-    prompt_ms: float
-    predicted_ms: float
-    slot: int
-    stopping_word: str = ""
-    truncated: bool = False  # a context shift dropped tokens (EN-4)
-    n_draft: int = 0  # draft tokens verified, all choices (EN-2)
-    n_draft_accepted: int = 0  # of those, accepted
-
-    @property
-    def text(self) -> str:
-        return self.choices[0].text
-
-    @property
-    def finish_reason(self) -> str:
-        return self.choices[0].finish_reason
-
-
-@dataclass
 class RequestHandle:
-    """The receive end of one request: iterate for events; closing it cancels the request."""
+    """The receive end of one request: iterate it for its events; closing it cancels the request.
 
-    task: Task
-    events: Any  # anyio MemoryObjectReceiveStream[Event]
-    cancel: Callable[[int], None]  # asks the runtime to stop the task (by id)
-    _closed: bool = field(default=False, repr=False)
+    Events are ``Token`` and ``Progress`` events and one ``Done`` per choice; a failure of the
+    whole request is raised as its error. Leaving an ``async for`` over it early (``break``,
+    an exception) cancels the request at once, as does ``close()`` or leaving its ``async
+    with``: its slots are freed and nothing more is generated for it.
+    """
 
-    def __aiter__(self) -> AsyncIterator[Token | Done | Progress]:
-        return self._iterate()
+    def __init__(
+        self,
+        task: Task,
+        events: MemoryObjectReceiveStream[Event],
+        cancel: Callable[[int], None],
+        turn: ChatTurn | None = None,
+    ) -> None:
+        self.task = task
+        self.events = events
+        self.turn = turn  # a chat request's rendered turn (how its answer is parsed)
+        self._cancel = cancel
+        self._closed = False
 
-    async def _iterate(self) -> AsyncIterator[Token | Done | Progress]:
-        try:
-            async for event in self.events:
-                if isinstance(event, Failed):
-                    raise error_of(event)
-                yield event
-        finally:
-            self.close()
+    @property
+    def id(self) -> int:
+        return self.task.id
 
-    async def first(self) -> Token | Done | Progress | None:
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return _Events(self)
+
+    async def first(self) -> StreamEvent | None:
         """Wait for the first event (raises the request's error): lets HTTP pick a status.
-
-        None when the request ends without any event (nothing to generate: max_tokens 0).
-        """
+        None when the stream ended without any event (the request was cancelled)."""
         try:
             event = await self.events.receive()
-        except anyio.EndOfStream:
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
             self.close()
             return None
         if isinstance(event, Failed):
             self.close()
-            raise error_of(event)
+            raise error_from(event.error, event.message)
         return event
+
+    async def result(self) -> Completion:
+        """Wait for the end and return every choice (``collect``)."""
+        return await collect(self)
 
     def close(self) -> None:
         """Cancel (if still running) and drop the stream; safe to call more than once."""
@@ -93,63 +74,110 @@ class RequestHandle:
             return
         self._closed = True
         self.events.close()
-        self.cancel(self.task.id)
+        self._cancel(self.task.id)
 
-    async def __aenter__(self) -> RequestHandle:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
 
 
-def nothing_generated(task: Task) -> Done:
-    """The final event of a request that generates nothing (n_predict 0): its prompt was
+class _Events:
+    """One ``async for`` over a handle. The loop holds the only reference to it, so when the
+    loop is left early (``break``, an exception) it is released at once and the request is
+    cancelled (an async generator would be closed only when the garbage collector gets to it)."""
+
+    __slots__ = ("done", "handle")
+
+    def __init__(self, handle: RequestHandle) -> None:
+        self.handle = handle
+        self.done = False
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        handle = self.handle
+        try:
+            event = await handle.events.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self.done = True
+            handle.close()
+            raise StopAsyncIteration from None
+        except BaseException:
+            self.done = True
+            handle.close()
+            raise
+        if isinstance(event, Failed):
+            self.done = True
+            handle.close()
+            raise error_from(event.error, event.message)
+        return event
+
+    def __del__(self) -> None:
+        if not self.done:
+            self.handle.close()
+
+
+class EventStream:
+    """What ``Runtime.stream`` returns: await it for the request's ``RequestHandle`` (request
+    errors known before the first event are raised there, so a web route can still answer
+    400), or iterate it directly (they are raised at the first iteration then)."""
+
+    def __init__(self, start: Callable[[], Awaitable[RequestHandle]]) -> None:
+        self._start = start
+
+    def __await__(self) -> Generator[Any, None, RequestHandle]:
+        return self._start().__await__()
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return _LazyEvents(self._start)
+
+
+class _LazyEvents:
+    """``async for ev in rt.stream(...)``: submits at the first iteration, then as ``_Events``."""
+
+    __slots__ = ("events", "start")
+
+    def __init__(self, start: Callable[[], Awaitable[RequestHandle]]) -> None:
+        self.start: Callable[[], Awaitable[RequestHandle]] | None = start
+        self.events: _Events | None = None
+
+    def __aiter__(self) -> _LazyEvents:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self.events is None:
+            if self.start is None:
+                raise StopAsyncIteration
+            start, self.start = self.start, None
+            self.events = _Events(await start())
+        return await self.events.__anext__()
+
+
+def nothing_generated(task: Task, index: int = 0) -> Done:
+    """The final event of a choice that generates nothing (max_tokens 0): its prompt was
     accepted, no token follows, the choice ends with "length"."""
-    return Done(index=0, finish_reason="length", text="", stopping_word="", n_prompt=len(task.prompt),
-                n_cached=0, n_predicted=0, prompt_ms=0.0, predicted_ms=0.0, slot=-1)
+    return Done(
+        index=index,
+        finish_reason="length",
+        text="",
+        stopping_word="",
+        n_prompt=len(task.prompt),
+        n_cached=0,
+        n_predicted=0,
+        prompt_ms=0.0,
+        predicted_ms=0.0,
+        slot=-1,
+    )
 
 
 async def collect(handle: RequestHandle) -> Completion:
     """Drain a request's events into a ``Completion``."""
     async with handle:
-        tokens: dict[int, list[int]] = {}
-        logprobs: dict[int, list[Token]] = {}
-        done: dict[int, Done] = {}
-        async for event in handle:
-            if isinstance(event, Token):
-                tokens.setdefault(event.index, []).append(event.token)
-                if event.logprob is not None:
-                    logprobs.setdefault(event.index, []).append(event)
-            elif isinstance(event, Done):
-                done[event.index] = event
-    if not done:
-        n_prompt = len(handle.task.prompt)
-        return Completion((Choice(0, "", "length", ()),), n_prompt, 0, 0, 0.0, 0.0, -1)
-    choices = tuple(
-        Choice(i, d.text, d.finish_reason, tuple(tokens.get(i, ())), tuple(logprobs.get(i, ())))
-        for i, d in sorted(done.items())
-    )
-    first = done[min(done)]
-    return Completion(
-        choices,
-        n_prompt=first.n_prompt,
-        n_cached=first.n_cached,
-        n_predicted=sum(d.n_predicted for d in done.values()),
-        prompt_ms=first.prompt_ms,
-        predicted_ms=max(d.predicted_ms for d in done.values()),
-        slot=first.slot,
-        stopping_word=first.stopping_word,
-        truncated=any(d.truncated for d in done.values()),
-        n_draft=sum(d.n_draft for d in done.values()),
-        n_draft_accepted=sum(d.n_draft_accepted for d in done.values()),
-    )
-
-
-def error_of(event: Failed) -> LlamactorError:
-    if event.kind == "overloaded":
-        return Overloaded(event.message)
-    if event.kind == "invalid_request_error":
-        return RequestError(event.message)
-    if event.kind == "unavailable_error":
-        return Unavailable(event.message)
-    return EngineError(event.message)
+        return await collect_events(handle, len(handle.task.prompt))

@@ -1,4 +1,4 @@
-"""Fill-in-the-middle prompts (API-12), as llama-server's ``format_prompt_infill`` builds them.
+"""Fill-in-the-middle prompts, as llama-server's ``format_prompt_infill`` builds them.
 
 The repo-level FIM pattern (https://arxiv.org/pdf/2409.12186), with the GGUF's own tokens::
 
@@ -26,8 +26,11 @@ FILE_LINE = "filename\n"  # and its fixed name of the current file
 def check_fim(model: Model) -> None:
     """llama-server's 501 ``not_supported_error`` for a model without FIM pre/suf/mid tokens."""
     fim = model.fim_tokens()
-    missing = "".join(f"{what} token is missing. " for what, tok in
-                      (("prefix", fim.pre), ("suffix", fim.suf), ("middle", fim.mid)) if tok < 0)
+    missing = "".join(
+        f"{what} token is missing. "
+        for what, tok in (("prefix", fim.pre), ("suffix", fim.suf), ("middle", fim.mid))
+        if tok < 0
+    )
     if missing:
         raise NotSupported(f"Infill is not supported by this model: {missing}")
 
@@ -61,7 +64,7 @@ def extra_chunks(raw: Sequence[Any]) -> list[tuple[str, str]]:
         if not isinstance(text, str):
             raise RequestError('input_extra: extra_context chunk must contain a "text" field with a string value')
         if not isinstance(filename, str):
-            raise RequestError("input_extra: extra_context chunk's \"filename\" field must be a string")
+            raise RequestError('input_extra: extra_context chunk\'s "filename" field must be a string')
         chunks.append((filename, text))
     return chunks
 
@@ -102,9 +105,9 @@ def infill_tokens(
     n_prefix_take = min(len(prefix), 3 * (n_batch // 4))
     n_suffix_take = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt_tokens))))
     n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
-    prefix = [fim.pre, *prefix[len(prefix) - n_prefix_take:], *prompt_tokens]
+    prefix = [fim.pre, *prefix[len(prefix) - n_prefix_take :], *prompt_tokens]
     suffix = [fim.suf, *suffix[:n_suffix_take]]
     head, tail = (suffix, prefix) if spm_infill else (prefix, suffix)
     if model.add_bos:
         head = [model.bos, *head]
-    return [*extra[len(extra) - n_extra_take:], *head, *tail, fim.mid]
+    return [*extra[len(extra) - n_extra_take :], *head, *tail, fim.mid]

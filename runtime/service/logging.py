@@ -1,4 +1,4 @@
-"""structlog setup (AC-7): JSON lines when stderr is not a terminal, readable text when it is."""
+"""structlog setup: JSON lines when stderr is not a terminal, readable text when it is."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LoRA adapters of a runtime (EN-1): their global scales and a request's effective set.
+"""LoRA adapters of a runtime: their global scales and a request's effective set.
 
 The semantics are llama-server's (``construct_lora_list``, ``parse_lora_request``):
 
@@ -40,8 +40,10 @@ class LoraAdapters:
 
     def rows(self) -> list[dict[str, Any]]:
         """``GET /lora-adapters``: one row per adapter, as llama-server lists them."""
-        return [{"id": i, "path": a.path, "scale": a.scale, "task_name": "", "prompt_prefix": ""}
-                for i, a in enumerate(self.adapters)]
+        return [
+            {"id": i, "path": a.path, "scale": a.scale, "task_name": "", "prompt_prefix": ""}
+            for i, a in enumerate(self.adapters)
+        ]
 
     def set_scales(self, entries: Sequence[Any], field: str = "body") -> None:
         """``POST /lora-adapters``: set every global scale (adapters not listed: 0)."""
@@ -72,8 +74,11 @@ class LoraAdapters:
                 adapter_id, raw = entry.id, entry.scale
             else:
                 raise RequestError(f"{field}[{n}] must be an object with 'id' and 'scale' fields, got {entry!r}")
-            if isinstance(adapter_id, bool) or not isinstance(adapter_id, numbers.Integral) \
-                    or not 0 <= int(adapter_id) < len(scales):
+            if (
+                isinstance(adapter_id, bool)
+                or not isinstance(adapter_id, numbers.Integral)
+                or not 0 <= int(adapter_id) < len(scales)
+            ):
                 loaded = f"ids 0..{len(scales) - 1}" if scales else "no adapter is loaded (start with --lora)"
                 raise RequestError(f"{field}[{n}].id: LoRA adapter {adapter_id!r} does not exist; {loaded}")
             scale = finite_scale(raw)

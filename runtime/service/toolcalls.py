@@ -1,4 +1,4 @@
-"""Tool calls (API-8): the tools a chat request offers, and how a model writes a call.
+"""Tool calls: the tools a chat request offers, and how a model writes a call.
 
 A request's ``tools`` (OpenAI's shape) are checked here once: each is a function with a name
 and a JSON Schema for its arguments, refused with a RequestError naming the field when the
@@ -50,8 +50,10 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
     def to_openai(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": dict(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
 
 
 @dataclass(frozen=True)
@@ -111,15 +113,16 @@ def parse_tool_choice(raw: Any, tools: Sequence[ToolSpec], field: str = "tool_ch
         return ToolChoice("auto" if tools else "none")
     if isinstance(raw, str):
         if raw not in TOOL_CHOICES:
-            raise RequestError(f"{field} must be 'none', 'auto', 'required' or "
-                               f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {raw!r}")
+            raise RequestError(
+                f"{field} must be 'none', 'auto', 'required' or "
+                f'{{"type": "function", "function": {{"name": ...}}}}, got {raw!r}'
+            )
         choice = ToolChoice(raw)
     elif isinstance(raw, Mapping):
         fn = raw.get("function")
         name = fn.get("name") if isinstance(fn, Mapping) else raw.get("name")  # Responses API: flat name
         if raw.get("type", "function") != "function" or not isinstance(name, str):
-            raise RequestError(f"{field} must name a function: {{\"type\": \"function\", \"function\": "
-                               f"{{\"name\": ...}}}}")
+            raise RequestError(f'{field} must name a function: {{"type": "function", "function": {{"name": ...}}}}')
         if not any(t.name == name for t in tools):
             offered = ", ".join(t.name for t in tools) or "none"
             raise RequestError(f"{field}.function.name: unknown function {name!r} (tools offered: {offered})")
@@ -133,12 +136,31 @@ def parse_tool_choice(raw: Any, tools: Sequence[ToolSpec], field: str = "tool_ch
 
 # ---- JSON Schema check -------------------------------------------------------------------
 
-_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "additionalItems",
-              "if", "then", "else", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMA = (
+    "items",
+    "additionalProperties",
+    "not",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-           "minContains", "maxContains")
+_COUNTS = (
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
 _NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
@@ -271,7 +293,7 @@ def call_grammar(syntax: CallSyntax, tools: Sequence[ToolSpec], choice: ToolChoi
         try:
             schema = converter.resolve_refs(json.loads(json.dumps(tool.parameters)), f"tool{i}")
             args = converter.visit(schema, f"tool{i}-args")
-        except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on schemas it cannot do
+        except Exception as exc:
             raise RequestError(f"tools[{i}].function.parameters: unsupported JSON schema: {exc}") from None
         head = _literal(json.dumps(tool.name) + f', "{syntax.args_key}": ')
         alternatives.append(converter._add_rule(f"tool{i}-call", f"{head} {args}"))

@@ -1,4 +1,4 @@
-// llamactor's built-in page (API-17): a chat playground and a live view of groups, slots and
+// llamactor's built-in page (served at GET /): a chat playground and a live view of groups, slots and
 // cohorts. Plain JavaScript, no build step, no third-party code.
 //
 // Every request carries the API key (when one was entered) as a Bearer header, /live included:

@@ -1,0 +1,41 @@
+"""What the groups report about their slots, as frozen data (``GET /slots``, the live view).
+
+A group builds one ``SlotState`` per slot when asked (``Supervisor.slot_states``); a slot
+command (erase, save, restore) answers with a ``SlotActionResult``. The HTTP layer shapes
+them as llama-server does (``runtime.http.slots``); the live view reads them as they are.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SlotState(msgspec.Struct, frozen=True, kw_only=True):
+    id: int  # global slot id
+    group: int
+    busy: bool  # serving a request
+    phase: str  # "idle" | "prefill" | "ready" | "generate" | "down" (its group is down)
+    n_ctx: int = 0  # the slot's context, in tokens
+    speculative: bool = False  # the server drafts tokens (a draft model or n-grams)
+    cohort: int = 0  # the policy's cohort id of its request (0: none)
+    n_cached: int = 0  # tokens its KV cache holds
+    task: int = -1  # the request it serves, -1 when idle
+    n_prompt: int = 0  # prompt tokens of the request
+    n_prompt_cached: int = 0  # of those, reused from the cache
+    n_decoded: int = 0  # tokens generated so far
+    n_remain: int = 0  # tokens still allowed
+    age_s: float = 0.0  # seconds since the request arrived
+    priority: int = 0  # the request's priority
+    # speculative decoding of the current (or last) request; None without speculation
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    draft_n_steps: int | None = None
+
+
+class SlotActionResult(msgspec.Struct, frozen=True, kw_only=True):
+    """An erase, save or restore done by the slot's group."""
+
+    slot: int
+    action: str  # "erase" | "save" | "restore"
+    n_tokens: int  # tokens erased, saved or restored
+    ms: float = 0.0  # time the save or restore took

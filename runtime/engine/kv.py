@@ -1,0 +1,188 @@
+"""The KV cells of one context's sequences: every ``llama_memory_*`` call of a group.
+
+One sequence per slot (its ``local`` id). What a sequence holds is mirrored in ``slot.cache``
+(the token ids whose KV it has, in order) and ``slot.lora`` (the adapters they were computed
+under); every operation here keeps the two in step, so that the supervisor's slot choice, the
+prompt cache and prefix sharing can reason about the KV without asking llama.cpp.
+
+The operations are llama-server's: keep the longest common prefix of a new prompt (cache
+reuse), copy a prefix from another sequence (prefix sharing, n > 1 choices), save/restore a
+sequence to a file, drop rejected draft tokens, and shift the context (drop old tokens after
+the first ``n_keep`` so a long generation goes on).
+
+Called by the owning group only: between steps on its event loop (reuse, share, erase, save,
+restore) or during its step in its worker thread (copy to n > 1 choices, drafts, shift).
+Never for another group's context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from llamactor.protocol.errors import EngineError
+from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
+from llamactor.runtime.engine.slot import Slot
+
+# Context shift keeps at least this many cells free below the slot's context (llama-server's).
+SHIFT_MARGIN_CELLS = 4
+
+
+class SequenceKV:
+    """The memory of one ``llama_context`` seen as one KV sequence per slot."""
+
+    def __init__(self, ctx: Any, model: Model, *, n_ctx_seq: int, kv_unified: bool, context_shift: bool) -> None:
+        self.ctx = ctx
+        self.memory = llama_cpp.llama_get_memory(ctx)
+        self.model = model
+        self.n_ctx_seq = n_ctx_seq
+        self.kv_unified = kv_unified
+        self.context_shift = context_shift
+
+    # ---- reuse and sharing (between steps) ------------------------------------------------
+
+    def reuse_prefix(
+        self,
+        slot: Slot,
+        prompt: np.ndarray,
+        cache_prompt: bool,
+        prompt_cache: PromptCache | None = None,
+        lora: LoraSet = NO_LORA,
+    ) -> int:
+        """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
+
+        With a host-memory prompt cache: if the new prompt loses part of what the slot holds
+        (``PromptCache.worth_saving``: another conversation takes the slot), the slot's state is
+        saved first; then a cached state that serves the prompt better is restored into the slot.
+        KV computed under another LoRA set than the request's ``lora`` is never reused
+        (llama-server clears a slot's cache when its adapters change).
+        At least the last prompt token is always decoded again, so its logits exist.
+        """
+        same = slot.lora == lora
+        if cache_prompt and prompt_cache is not None:
+            held = np.asarray(slot.cache, dtype=np.int32)
+            if len(held) and (not same or prompt_cache.worth_saving(len(held), common_prefix(held, prompt))):
+                prompt_cache.save(self.ctx, slot.local, held, slot.lora)
+            restored = prompt_cache.restore(self.ctx, slot.local, prompt, held if same else held[:0], lora)
+            if restored is not None:
+                slot.cache[:] = restored.tolist()
+                same = True
+        slot.lora = lora
+        keep = 0
+        if cache_prompt and slot.cache and same:
+            # at most len(prompt) - 1: the last prompt token is decoded again for its logits
+            keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
+        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1) or not self.window_kept(slot, keep):
+            # Some memories (recurrent) cannot cut a sequence in the middle; a sliding window
+            # may have lost what the kept prefix needs.
+            llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+            keep = 0
+        del slot.cache[keep:]
+        return keep
+
+    def window_kept(self, slot: Slot, keep: int) -> bool:
+        """With a sliding-window (SWA) cache, llama.cpp reuses the cells of positions that fell
+        out of a sequence's window, oldest first; a kept prefix of ``keep`` tokens is usable
+        only if the window before ``keep`` is still there (llama-server's ``pos_min`` test).
+        Always true without SWA."""
+        n_swa = self.model.n_swa
+        if n_swa <= 0 or keep == 0:
+            return True
+        pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, slot.local)
+        return 0 <= pos_min <= max(0, keep - n_swa)
+
+    def share_prefix(self, dst: Slot, src: Slot, n: int) -> int:
+        """Make ``dst`` hold the KV of the first ``n`` tokens ``src`` holds; return how many it
+        holds after (``n``, or 0 when a sliding window lost what they need).
+
+        Unified KV (one stream): the cells get ``dst``'s sequence id too; nothing is copied and
+        no cell is used twice. Split KV: llama.cpp copies ``src``'s whole stream at the next
+        decode (it copies streams only whole), then the tail past ``n`` is dropped."""
+        mem = self.memory
+        llama_cpp.llama_memory_seq_rm(mem, dst.local, -1, -1)
+        dst.cache.clear()
+        if self.kv_unified:
+            llama_cpp.llama_memory_seq_cp(mem, src.local, dst.local, 0, n)
+        else:
+            llama_cpp.llama_memory_seq_cp(mem, src.local, dst.local, -1, -1)
+            llama_cpp.llama_memory_seq_rm(mem, dst.local, n, -1)
+        if not self.window_kept(dst, n):
+            llama_cpp.llama_memory_seq_rm(mem, dst.local, -1, -1)
+            return 0
+        dst.cache.extend(src.cache[:n])
+        dst.lora = src.lora
+        return n
+
+    # ---- during a step (worker thread) ----------------------------------------------------
+
+    def copy_all(self, src: Slot, dst: Slot) -> None:
+        """``dst`` holds exactly what ``src`` holds (an n > 1 choice gets its prompt, prefilled once)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, dst.local, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self.memory, src.local, dst.local, -1, -1)
+        dst.cache[:] = src.cache
+        dst.lora = src.lora
+
+    def drop_from(self, slot: Slot, pos: int) -> None:
+        """Remove the cells at positions ``pos`` and after (rejected draft tokens); ``slot.cache``
+        already stops before them."""
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, pos, -1)
+
+    def shift(self, s: Slot) -> bool:
+        """Context shift (llama-server's): drop ``n_discard`` tokens after the first ``n_keep``
+        and move the rest down, so the generation goes on. False when it is off, for n > 1 (the
+        choices share the prompt's cells) or when the memory cannot shift (then the choice ends
+        with "length", as without shift)."""
+        task = s.task
+        if not self.context_shift or task is None or task.n > 1:
+            return False
+        if not llama_cpp.llama_memory_can_shift(self.memory):
+            return False
+        n_keep = len(s.prompt) if task.n_keep < 0 else task.n_keep
+        if self.model.add_bos:
+            n_keep += 1
+        n_keep = min(self.n_ctx_seq - SHIFT_MARGIN_CELLS, n_keep)
+        n_left = s.n_past - n_keep
+        n_discard = task.n_discard or n_left // 2
+        n_discard = min(max(n_discard, 0), max(0, n_left - 1))
+        if n_discard <= 0:
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self.memory, s.local, n_keep, n_keep + n_discard):
+            return False
+        llama_cpp.llama_memory_seq_add(self.memory, s.local, n_keep + n_discard, s.n_past, -n_discard)
+        del s.cache[n_keep : n_keep + n_discard]
+        s.n_past -= n_discard
+        s.truncated = True
+        return True
+
+    # ---- erase, save, restore (slot commands, between steps) ------------------------------
+
+    def erase(self, slot: Slot) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+        slot.cache.clear()
+
+    def save_file(self, slot: Slot, path: str) -> int:
+        """Write the slot's KV and its tokens to ``path``; return the tokens saved."""
+        toks = (llama_cpp.llama_token * len(slot.cache))(*slot.cache)
+        n = llama_cpp.llama_state_seq_save_file(self.ctx, path.encode(), slot.local, toks, len(slot.cache))
+        if n == 0:
+            raise EngineError(f"could not save slot {slot.id} to {path}")
+        return len(slot.cache)
+
+    def restore_file(self, slot: Slot, path: str) -> int:
+        """Replace the slot's KV with the one saved in ``path``; return the tokens it holds now."""
+        cap = self.n_ctx_seq
+        toks = (llama_cpp.llama_token * cap)()
+        n_out = ctypes.c_size_t(0)
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+        n = llama_cpp.llama_state_seq_load_file(self.ctx, path.encode(), slot.local, toks, cap, ctypes.byref(n_out))
+        if n == 0:
+            slot.cache.clear()
+            raise EngineError(f"could not restore slot {slot.id} from {path}")
+        slot.cache[:] = toks[: n_out.value]
+        slot.lora = NO_LORA  # a slot file does not say which adapters made it: taken as the base model's
+        return n_out.value
