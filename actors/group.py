@@ -277,6 +277,7 @@ class GroupActor(Actor[GroupMsg]):
                 s.follows is not None,  # a follower waits for its leader's prefix (prefix sharing)
                 s.task.request.priority if s.task is not None else 0,
                 s.task.request.tags if s.task is not None else NO_TAGS,
+                s.task.n_predict - s.n_decoded if s.task is not None else 0,
             )
             for s in self.slots
             if s.phase is not Phase.IDLE

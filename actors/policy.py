@@ -47,6 +47,10 @@ class Policy:
 
     name = "base"
     holds_ready = False  # True: finished prompts wait in "ready" until released by a grant
+    # Which free slot a new request gets when no slot holds its prefix: "lowest" (the lowest id,
+    # compact ids for split KV) or "lru" (llama-server's: least recently used, ties to the
+    # highest id). Read once, from the policy class, by the supervisor.
+    slot_choice = "lowest"
 
     def __init__(self, group: int = 0, **options: Any) -> None:
         self.group = group

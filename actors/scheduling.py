@@ -18,7 +18,9 @@ requests and shows policies their groups exactly as the server does.
    fewest busy slots, then the lowest slot id. Lowest id, not least recently used: with split
    KV, llama.cpp attends over every sequence between the lowest and highest id in a batch, so
    busy slots spread over [0, P) made 8 users cost about as much as 30 (measured: TPOT 45 ms
-   with slots 0-7, 80 ms with 8 slots spread over 8-20).
+   with slots 0-7, 80 ms with 8 slots spread over 8-20). A policy that asks for llama-server's
+   own rule (``Policy.slot_choice = LRU``: ``continuous``, ``no-cont-batching``) gets the least
+   recently used slot instead, ties to the highest id, as llama-server's ``get_available_slot``.
 The chosen slot is the parent; the other ``n - 1`` are the group's next free slots in id order.
 
 ``group_view`` builds a policy's ``GroupView`` from its group's ``SlotSnapshot`` rows: busy slots
@@ -40,6 +42,8 @@ from llamactor.runtime.engine.promptcache import common_prefix
 
 EMPTY = np.zeros(0, dtype=np.int32)
 PREFIX_SIMILARITY = 0.1  # a cached prefix counts when it covers at least this share of the prompt
+LOWEST = "lowest"  # among equal candidates, the lowest slot id (llamactor's: compact ids for split KV)
+LRU = "lru"  # the least recently used, ties to the highest id (llama-server's get_available_slot)
 
 
 @dataclass
@@ -52,6 +56,7 @@ class SlotEntry:
     busy: bool = False
     cached: np.ndarray = field(default_factory=lambda: EMPTY)  # token ids whose KV the slot holds
     lora: LoraSet = NO_LORA  # the LoRA set ``cached`` was computed under
+    released: int = -1  # when it last finished a request (a counter; -1: never), for ``LRU``
 
 
 def choose_slots(
@@ -62,6 +67,7 @@ def choose_slots(
     id_slot: int = -1,
     lora: LoraSet = NO_LORA,
     unavailable: Collection[int] = (),
+    prefer: str = LOWEST,
 ) -> tuple[int, ...] | None:
     """The slot ids a request gets (its parent first, then ``n - 1`` more of the same group),
     or None when it must wait. ``unavailable``: groups that take no request (down or not
@@ -79,7 +85,7 @@ def choose_slots(
         if not e.busy:
             free.setdefault(e.group, []).append(e)
     min_prefix = max(1, int(PREFIX_SIMILARITY * len(prompt)))
-    best: tuple[int, int, int] | None = None
+    best: tuple[int, ...] | None = None
     chosen: tuple[int, ...] | None = None
     for g, slots in free.items():
         if g in unavailable or len(slots) < n:
@@ -87,7 +93,8 @@ def choose_slots(
         n_busy = size[g] - len(slots)
         for e in slots:
             prefix = common_prefix(e.cached, prompt) if e.lora == lora else 0  # other adapters' KV: no reuse
-            key = (prefix if prefix >= min_prefix else 0, -n_busy, -e.id)
+            tie = (-e.released, e.id) if prefer == LRU else (-e.id,)
+            key = (prefix if prefix >= min_prefix else 0, -n_busy, *tie)
             if best is None or key > best:
                 best = key
                 chosen = (e.id, *[f.id for f in slots if f is not e][: n - 1])
@@ -110,6 +117,7 @@ class SlotSnapshot(NamedTuple):
     waiting: bool = False  # it waits to copy another slot's prefix (prefix sharing)
     priority: int = 0  # the request's priority
     tags: Mapping[str, str] = NO_TAGS  # the request's free-form labels
+    n_remaining: int = 0  # tokens it may still generate
 
 
 def group_view(
@@ -134,6 +142,7 @@ def group_view(
             st.first_token_at,
             st.priority,
             st.tags,
+            st.n_remaining,
         )
         for st in slots
         if st.phase != "idle" and not st.finished and not st.waiting

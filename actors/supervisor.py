@@ -26,7 +26,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from llamactor.actors.group import GroupActor
-from llamactor.actors.scheduling import EMPTY, SlotEntry, choose_slots
+from llamactor.actors.scheduling import EMPTY, LOWEST, SlotEntry, choose_slots
 from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
 from llamactor.protocol.events import Failed
 from llamactor.protocol.lora import NO_LORA, LoraSet
@@ -69,6 +69,7 @@ class Supervisor(Actor[SupervisorMsg]):
         queue_size: int,
         max_restarts: int,
         restart_window_s: float,
+        slot_choice: str = LOWEST,
     ) -> None:
         self.mailbox_size = max(64, queue_size + 64)
         super().__init__()
@@ -84,6 +85,8 @@ class Supervisor(Actor[SupervisorMsg]):
         self.restarts = [0] * n_groups
         self._schedule_soon = False
         self._tg: TaskGroup | None = None  # where the groups run (``restart_down`` starts more)
+        self.slot_choice = slot_choice  # choose_slots' rule among equal candidates
+        self._releases = 0  # counts slot releases: the order ``LRU`` goes by
 
     # ---- lifecycle: the supervisor starts, watches and stops its groups ------------------
 
@@ -168,7 +171,19 @@ class Supervisor(Actor[SupervisorMsg]):
 
     # ---- messages ----------------------------------------------------------------------
 
+    async def loop(self) -> None:
+        """Each wake-up handles every message already queued before anything else runs: requests
+        submitted together are placed together, so their groups plan them into one step (as
+        llama-server takes every queued task before its next step)."""
+        async with self._inbox_recv:
+            async for msg in self._inbox_recv:
+                self._on(msg)
+                self.drain_queued(self._on)
+
     async def handle(self, msg: SupervisorMsg) -> None:
+        self._on(msg)
+
+    def _on(self, msg: SupervisorMsg) -> None:
         match msg:
             case Submit(task=task):
                 self._submit(task)
@@ -234,9 +249,11 @@ class Supervisor(Actor[SupervisorMsg]):
     def _released(
         self, g: int, locals_: tuple[int, ...], cached: tuple[tuple[int, ...], ...], lora: tuple[LoraSet, ...] = ()
     ) -> None:
+        self._releases += 1
         for i, (local, toks) in enumerate(zip(locals_, cached)):
             e = self._entry(g, local)
             e.busy = False
+            e.released = self._releases
             e.cached = np.asarray(toks, dtype=np.int32) if toks else EMPTY
             e.lora = lora[i] if i < len(lora) else NO_LORA
         self._schedule()
@@ -305,7 +322,13 @@ class Supervisor(Actor[SupervisorMsg]):
         least busy group, then the lowest slot id; ``id_slot`` pins."""
         unavailable = self.down.union(g for g, group in enumerate(self.groups) if group is None)
         ids = choose_slots(
-            self.table, task.prompt, n=task.n, id_slot=task.id_slot, lora=task.lora, unavailable=unavailable
+            self.table,
+            task.prompt,
+            n=task.n,
+            id_slot=task.id_slot,
+            lora=task.lora,
+            unavailable=unavailable,
+            prefer=self.slot_choice,
         )
         return None if ids is None else [self.table[i] for i in ids]
 

@@ -164,6 +164,8 @@ class Simulation:
         self.trace = trace
         self.cost = cost
         self.name = getattr(policy_cls, "name", policy_cls.__name__)
+        self.slot_choice = getattr(policy_cls, "slot_choice", "lowest")
+        self._releases = 0
         # The supervisor's slot table. What a slot of group g holds is the prefix the recorded
         # requests of group g reused (token g, as long as the longest prompt; see ``_prompt_of``).
         longest = max((r.prompt for r in trace.requests), default=0)
@@ -268,7 +270,9 @@ class Simulation:
     def choose(self, rec: Request, prompt: np.ndarray | None = None) -> tuple[int, ...] | None:
         """The slot ids (parent first) the supervisor's rule gives ``rec`` over the table now,
         or None when it must wait."""
-        return choose_slots(self.table, self._prompt_of(rec) if prompt is None else prompt, n=rec.n)
+        return choose_slots(
+            self.table, self._prompt_of(rec) if prompt is None else prompt, n=rec.n, prefer=self.slot_choice
+        )
 
     @staticmethod
     def _prompt_of(rec: Request) -> np.ndarray:
@@ -309,6 +313,7 @@ class Simulation:
                 c.generated,
                 live.prompt_done,
                 c.done and c.phase == "generate",  # a finished choice waits for its siblings
+                n_remaining=max(c.target - c.generated, 0),
             )
             for local, (live, c) in g.slots.items()
         )
@@ -444,9 +449,11 @@ class Simulation:
             finished = rec.ok and all(c.done for c in live.choices)
             kind = PhaseKind.FINISHED if finished else PhaseKind.CANCELLED
             g.pending.append(PhaseEvent(g.index, kind, live.parent.local, 0, t, live.order))
+            self._releases += 1
             for c in live.choices:
                 g.slots.pop(c.local, None)
                 g.entries[c.local].busy = False
+                g.entries[c.local].released = self._releases
             first = live.first_token
             self._outcomes[live.index] = Outcome(
                 True,

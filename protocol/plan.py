@@ -30,6 +30,7 @@ class SlotView(NamedTuple):
     first_token_at: float = 0.0  # perf_counter seconds of its first token (0.0: none yet)
     priority: int = 0  # the request's priority (lower first, under the priority policy)
     tags: Mapping[str, str] = NO_TAGS  # the request's free-form labels
+    n_remaining: int = 0  # tokens it may still generate (its budget left; EOS may end it sooner)
 
 
 class GroupView(NamedTuple):

@@ -126,6 +126,19 @@ def _scheduler_option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _itl_pct(text: str) -> float:
+    """``p50``, ``p90``, ``p99`` (or a bare percentile in (0, 100)) or ``mean`` (0)."""
+    word = text.strip().lower()
+    if word == "mean":
+        return 0.0
+    value = float(word.removeprefix("p"))
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError(
+            f"must be p50, p90, p99 (a percentile between 0 and 100) or mean, got {text!r}"
+        )
+    return value
+
+
 def _layers(text: str) -> int | None:
     if text == "auto":
         return None
@@ -1129,6 +1142,31 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMACTOR_TARGET_TTFT_MS",
                 parse=float,
                 help="adaptive: the first-token target prompts are ordered and hurried by (default 2000)",
+            ),
+            opt(
+                "--slo-ttft-ms",
+                field="slo_ttft_ms",
+                value="MS",
+                env="LLAMACTOR_SLO_TTFT_MS",
+                parse=float,
+                help="slo: the objective's time to first token (default 2000)",
+            ),
+            opt(
+                "--slo-itl-ms",
+                field="slo_itl_ms",
+                value="MS",
+                env="LLAMACTOR_SLO_ITL_MS",
+                parse=float,
+                help="slo: the objective's inter-token gap (default 150)",
+            ),
+            opt(
+                "--slo-itl-pct",
+                field="slo_itl_pct",
+                value="PCT",
+                env="LLAMACTOR_SLO_ITL_PCT",
+                parse=_itl_pct,
+                help="slo: the percentile of a request's own gaps held to --slo-itl-ms: p50, p90, p99 or mean "
+                "(default p90)",
             ),
             opt(
                 "--cohort-max-generate-ms",

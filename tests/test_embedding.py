@@ -48,6 +48,7 @@ async def test_embed_example_app_streams_refuses_and_cancels(make_config, monkey
     once the app sees the connection close and leaves its loop, the request ends within one
     decode step, far short of the 64 tokens it asked for."""
     from conftest import serve_app, wait_until
+
     from llamactor.runtime.service.handles import RequestHandle
 
     app = _load_example("embed_app").create_app(make_config(n_ctx=4096))

@@ -20,7 +20,7 @@ from llamactor.protocol.events import Token
 from llamactor.protocol.messages import PhaseKind
 from llamactor.runtime import Runtime
 
-POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free", "adaptive"]
+POLICIES = ["continuous", "no-cont-batching", "serial-prefill", "cohort", "stall-free", "adaptive", "slo", "priority"]
 EXCLUSIVE = ["no-cont-batching", "serial-prefill", "cohort"]  # never mix phases in a batch
 N_BATCH = 32
 
@@ -448,3 +448,64 @@ def test_step_costs_start_at_their_first_sample():
     assert costs.ms_per_step == 44.0
     costs.learn(StepResult(n_generated=8, n_rows=8), 54.0)
     assert costs.ms_per_step == 45.0  # then the moving average, weight 0.1
+
+
+# ---- slo -----------------------------------------------------------------------------------------
+
+
+def _slo_stream(local, order, now=100.0, n=10, remaining=20, ttft_s=0.5):
+    """A generating slot whose first token came ``ttft_s`` after it arrived."""
+    first = now - 1.0
+    return SlotView(local, "generate", 0, order, -1, first - ttft_s, 8, n, first, n_remaining=remaining)
+
+
+def test_slo_feeds_equal_prompts_one_after_another_in_whole_steps():
+    """Nobody generates: every step is n_batch of prompt, the shortest (then earliest) first,
+    never shared: equal prompts get their first tokens one after another, as llama-server's."""
+    prompts = [_prompt(i, i + 1, 1000, waited_s=0.1 * (3 - i)) for i in range(3)]
+    plan = BUILTIN["slo"]().plan(_view(prompts), None)
+    assert plan.prefill == ((0, 512),)
+    short = [_prompt(0, 1, 1000, waited_s=1.0), _prompt(1, 2, 100)]
+    assert BUILTIN["slo"]().plan(_view(short), None).prefill == ((1, 100), (0, 412))
+
+
+def test_slo_keeps_a_step_short_only_for_a_stream_that_needs_it():
+    """A stream meeting its objective with no long gap left to spend (p90 of 29 gaps: 2) gets
+    short steps: the prompt tokens that fit in 150 ms ((150 - 40) / 1 = 110). With long gaps
+    to spend, or when it already missed its first-token target, the step takes the whole room."""
+    policy = BUILTIN["slo"]()
+    stream = _slo_stream(0, 1, remaining=20)
+    prompt = _prompt(1, 2, 5000)  # cannot make 2 s anyway: no first token to weigh against the stream
+    plan = policy.plan(_view([stream, prompt]), None)
+    assert plan.prefill == ((1, 511),) and policy.long_gaps[1] == 1  # a long step: one spent
+    policy.plan(_view([stream, prompt]), None)
+    assert policy.long_gaps[1] == 2
+    plan = policy.plan(_view([stream, prompt]), None)
+    assert plan.prefill == ((1, 110),)  # none left: short steps from now on
+    late = _slo_stream(0, 1, remaining=20, ttft_s=3.0)  # missed its first-token target: not protected
+    assert BUILTIN["slo"]().plan(_view([late, prompt]), None).prefill == ((1, 511),)
+
+
+def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
+    """Short steps (250 prompt tokens at 100 ms + 0.2 ms a token) would make a prompt that can
+    still reach its first token in time miss it: as many first tokens lost as streams saved,
+    the step is long. With nothing to lose, it stays short for the stream."""
+    fragile = _slo_stream(0, 1, n=10, remaining=1)  # 10 gaps at p90: 1 long gap allowed ...
+    three = [_prompt(i, i + 1, 500, waited_s=1.3) for i in (1, 2, 3)]  # the third makes 2 s only in long steps
+    policy = BUILTIN["slo"]()
+    policy.long_gaps[1] = 1  # ... and it is spent
+    plan = policy.plan(_view([fragile, *three], ms_tok=0.2, ms_step=100.0), None)
+    assert sum(k for _, k in plan.prefill) == 511
+    policy = BUILTIN["slo"]()
+    policy.long_gaps[1] = 1
+    plan = policy.plan(_view([fragile, *three[:2]], ms_tok=0.2, ms_step=100.0), None)
+    assert plan.prefill == ((1, 250),)
+
+
+def test_slo_at_the_mean_spends_a_streams_slack():
+    """``slo_itl_pct=0``: a long gap is fine while the stream's mean stays within target."""
+    stream = _slo_stream(0, 1, n=10, remaining=30)  # 9 gaps in 1 s: 111 ms each, under 150
+    prompt = _prompt(1, 2, 5000)
+    assert BUILTIN["slo"](0, slo_itl_pct=0).plan(_view([stream, prompt]), None).prefill == ((1, 511),)
+    tight = _slo_stream(0, 1, n=10, remaining=1)  # one gap left: a 551 ms step breaks the mean
+    assert BUILTIN["slo"](0, slo_itl_pct=0).plan(_view([tight, prompt]), None).prefill == ((1, 110),)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import anyio
 import numpy as np
+import pytest
 
 from llamactor.actors.costs import StepCosts
 from llamactor.actors.group import GroupActor
@@ -159,7 +160,7 @@ def test_the_group_actor_builds_its_view_with_group_view():
     slots = [Slot(10 + i, i) for i in range(4)]
     parent, child, follower = slots[1], slots[2], slots[3]
     for s, order in ((parent, 1), (child, 1), (follower, 2)):
-        s.task = SimpleNamespace(arrived=1.5, request=GenerationRequest(priority=2))  # type: ignore[assignment]
+        s.task = SimpleNamespace(arrived=1.5, request=GenerationRequest(priority=2), n_predict=10)  # type: ignore[assignment]
         s.order = order
         s.prompt = np.arange(12, dtype=np.int32)
     parent.phase, parent.n_past, parent.n_decoded, parent.t_prompt_done = Phase.GENERATE, 12, 3, 2.0
@@ -167,27 +168,37 @@ def test_the_group_actor_builds_its_view_with_group_view():
     follower.phase, follower.follows = Phase.PREFILL, parent
     fake = SimpleNamespace(slots=slots, group=3, engine=None, costs=StepCosts())
     view = GroupActor._view(fake)  # type: ignore[arg-type]
-    assert view.group == 3 and view.slots == (SlotView(1, "generate", 0, 1, -1, 1.5, 12, 3, 2.0, 2),)
+    assert view.group == 3 and view.slots == (SlotView(1, "generate", 0, 1, -1, 1.5, 12, 3, 2.0, 2, n_remaining=7),)
     follower.follows = None
     view = GroupActor._view(fake)  # type: ignore[arg-type]
     assert [v.local for v in view.slots] == [1, 3] and view.slots[1].prompt_left == 12
 
 
-def _simulation(groups: int, per_group: int, requests: list[Request]) -> Simulation:
-    header = Header(version=1, groups=groups, n_slots=per_group, n_batch=64, policy="continuous")
+def _simulation(groups: int, per_group: int, requests: list[Request], policy: str = "adaptive") -> Simulation:
+    header = Header(version=1, groups=groups, n_slots=per_group, n_batch=64, policy=policy)
     cost = CostModel(Linear(1.0), Linear(0.0))
-    return Simulation(Trace("mem", header, tuple(requests), ()), BUILTIN["continuous"], cost)
+    return Simulation(Trace("mem", header, tuple(requests), ()), BUILTIN[policy], cost)
 
 
-def _supervisor(groups: int, per_group: int) -> Supervisor:
-    sup = Supervisor(groups, per_group, lambda g: None, queue_size=8, max_restarts=1, restart_window_s=1.0)  # type: ignore[arg-type,return-value]
+def _supervisor(groups: int, per_group: int, slot_choice: str = "lowest") -> Supervisor:
+    sup = Supervisor(
+        groups,
+        per_group,
+        lambda g: None,  # type: ignore[arg-type,return-value]
+        queue_size=8,
+        max_restarts=1,
+        restart_window_s=1.0,
+        slot_choice=slot_choice,
+    )
     sup.groups = [object()] * groups  # type: ignore[list-item]  # every group up
     return sup
 
 
-def test_the_simulator_and_the_supervisor_choose_the_same_slots():
-    """For the same table (busy slots, cached prefixes) and request, the replay simulator's
-    slot choice is the supervisor's, in random tables of 1-3 groups of 1-4 slots."""
+@pytest.mark.parametrize("policy", ["adaptive", "continuous"])
+def test_the_simulator_and_the_supervisor_choose_the_same_slots(policy):
+    """For the same table (busy slots, cached prefixes, release order) and request, the replay
+    simulator's slot choice is the supervisor's, in random tables of 1-3 groups of 1-4 slots,
+    with the lowest-id rule and with llama-server's least-recently-used rule."""
     rng = random.Random(7)
     for _ in range(400):
         groups, per_group = rng.randint(1, 3), rng.randint(1, 4)
@@ -200,11 +211,12 @@ def test_the_simulator_and_the_supervisor_choose_the_same_slots():
             cached=rng.choice([0, rng.randrange(prompt)]),
             n=rng.randint(1, per_group),
         )
-        sim = _simulation(groups, per_group, [rec])
-        sup = _supervisor(groups, per_group)
+        sim = _simulation(groups, per_group, [rec], policy)
+        sup = _supervisor(groups, per_group, sim.slot_choice)
         try:
             for e, mine in zip(sim.table, sup.table):
                 e.busy = mine.busy = rng.random() < 0.4
+                e.released = mine.released = rng.choice([-1, rng.randrange(5)])
                 mine.cached = e.cached
             task = SimpleNamespace(prompt=sim._prompt_of(rec), n=rec.n, id_slot=-1, lora=NO_LORA)
             chosen = sup._choose(task)  # type: ignore[arg-type]
@@ -224,3 +236,23 @@ def test_the_simulator_sends_a_request_back_to_its_cached_prefix_only_as_the_sup
     sim.table[2].busy = True  # group 1 is the busier one
     assert sim.choose(big) == (3,)
     assert sim.choose(small) == (0,)
+
+
+def test_llama_servers_rule_takes_the_least_recently_used_slot_ties_to_the_highest_id():
+    """``prefer=LRU`` (continuous): an idle server's burst lands on the highest slots first (all
+    tie at "never used"), then the slot released longest ago; a cached prefix still wins."""
+    from llamactor.actors.scheduling import LRU
+
+    table = [SlotEntry(i, 0, i) for i in range(4)]
+    order = []
+    for _ in range(4):
+        [chosen] = choose_slots(table, np.arange(5, dtype=np.int32), prefer=LRU)
+        table[chosen].busy = True
+        order.append(chosen)
+    assert order == [3, 2, 1, 0]
+    for when, slot in enumerate((2, 0, 3)):  # released in this order
+        table[slot].busy, table[slot].released = False, when
+    assert choose_slots(table, np.arange(5, dtype=np.int32), prefer=LRU) == (2,)
+    table[3].cached = np.arange(5, dtype=np.int32)
+    assert choose_slots(table, np.arange(9, dtype=np.int32), prefer=LRU) == (3,)  # its prefix
+    assert choose_slots(table, np.arange(5, 9, dtype=np.int32)) == (0,)  # lowest id otherwise

@@ -17,6 +17,7 @@ from llamactor.actors.policies.adaptive import AdaptivePolicy
 from llamactor.actors.policies.cohort import CohortPolicy, SerialPrefillPolicy
 from llamactor.actors.policies.continuous import ContinuousPolicy, NoContBatchingPolicy
 from llamactor.actors.policies.priority import PriorityPolicy
+from llamactor.actors.policies.slo import SloPolicy
 from llamactor.actors.policies.stallfree import StallFreePolicy
 from llamactor.actors.policy import Policy
 from llamactor.protocol.errors import ConfigError
@@ -31,6 +32,7 @@ BUILTIN: dict[str, type[Policy]] = {
         StallFreePolicy,
         AdaptivePolicy,
         PriorityPolicy,
+        SloPolicy,
     )
 }
 

@@ -77,6 +77,12 @@ class RuntimeConfig:
     # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
     scheduler: str | type[Policy] | Policy = "adaptive"
     scheduler_options: dict[str, Any] = field(default_factory=dict)  # passed to the policy's constructor
+    # the service-level objective the slo policy steers by (and the benchmark's goodput judges):
+    # a first token within slo_ttft_ms, inter-token gaps within slo_itl_ms at the request's own
+    # slo_itl_pct percentile (0: its mean gap)
+    slo_ttft_ms: float = 2000.0
+    slo_itl_ms: float = 150.0
+    slo_itl_pct: float = 90.0
     prefill_budget: int = 0  # stall-free/adaptive: prompt tokens per step while streams generate (0 = default)
     target_itl_ms: float = 0.0  # stall-free/adaptive: inter-token target the prompt budget keeps (0 = default)
     target_ttft_ms: float = 0.0  # adaptive: first-token target it orders prompts by (0 = default, 2000)
@@ -191,6 +197,8 @@ class RuntimeConfig:
             "--target-itl-ms": self.target_itl_ms,
             "--target-ttft-ms": self.target_ttft_ms,
             "--shutdown-timeout": self.shutdown_timeout,
+            "--slo-ttft-ms": self.slo_ttft_ms,
+            "--slo-itl-ms": self.slo_itl_ms,
         }
         for flag, target in targets.items():
             if target < 0:
@@ -228,6 +236,8 @@ class RuntimeConfig:
                 )
 
         resolve_policy(self.scheduler)  # raises ConfigError naming an unknown scheduler
+        if not 0 <= self.slo_itl_pct < 100:
+            raise ConfigError(f"--slo-itl-pct must be a percentile in (0, 100) or 0 (the mean), got {self.slo_itl_pct}")
         if self.pooling not in ("", "none", "mean", "cls", "last", "rank"):
             raise ConfigError(f"--pooling must be one of none, mean, cls, last, rank, got {self.pooling!r}")
         if not 1 <= self.embedding_parallel <= MAX_SEQUENCES:

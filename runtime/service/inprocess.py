@@ -181,6 +181,7 @@ class InProcessEngine:
                 queue_size=cfg.queue_size,
                 max_restarts=cfg.max_restarts,
                 restart_window_s=cfg.restart_window_s,
+                slot_choice=policies.resolve_policy(cfg.scheduler).slot_choice,
             )
             scope = await stack.enter_async_context(open_actor_scope())
             await scope.start(coord)
@@ -264,6 +265,9 @@ def policy_options(cfg: RuntimeConfig) -> dict[str, Any]:
         "target_itl_ms": cfg.target_itl_ms,
         "target_ttft_ms": cfg.target_ttft_ms,
         "cohort_max_generate_ms": cfg.cohort_max_generate_ms,
+        "slo_ttft_ms": cfg.slo_ttft_ms,
+        "slo_itl_ms": cfg.slo_itl_ms,
+        "slo_itl_pct": cfg.slo_itl_pct,
         **cfg.scheduler_options,
     }
 
