@@ -1,17 +1,28 @@
-"""The two wire dialects the harness speaks: request bodies and stream-event decoding (pure).
+"""The wire dialects the harness speaks: request bodies and stream-event decoding (pure).
 
 ``NativeApi`` is llama-server's ``POST /completion``: each SSE event carries the ids of the
 tokens it delivers (``tokens``), and the last one has ``stop: true`` with the server's own
 ``tokens_predicted``. ``OpenAIApi`` is ``POST /v1/completions``: events carry text only, the
 token count comes from ``usage`` (asked for with ``stream_options.include_usage``; llama-server
-puts it in its last chunk anyway), and the stream ends with ``data: [DONE]``.
+puts it in its last chunk anyway), and the stream ends with ``data: [DONE]``. ``ChatApi`` is
+``POST /v1/chat/completions``: the prompt goes as messages, so as text, made from the token
+pieces of the probed prompt ids (``Vocabulary``); events carry ``delta.content``, the token
+count comes from ``usage`` (else one token per content chunk counted), ``data: [DONE]`` ends it.
 
 Both servers under test (llamactor and llama.cpp's llama-server) accept exact token ids as the
-prompt, ``ignore_eos`` and ``cache_prompt`` on both endpoints, so the same body measures both.
+prompt, ``ignore_eos`` and ``cache_prompt`` on both completion endpoints, so the same body
+measures both; the chat endpoint takes ``ignore_eos`` and ``cache_prompt`` too.
+
+A prompt is a ``list[int]``; a ``Dialogue`` is one that also knows its messages (a shared
+system prefix, earlier turns and their answers), for the dialects that send text. An answer
+is kept for a later turn when asked (``keep``): as token ids by the native dialect
+(``RequestRecord.token_ids``), as text by the others (``TextRecord.text``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -50,11 +61,69 @@ class SseDecoder:
         return out
 
 
+@dataclass(frozen=True)
+class Message:
+    """One chat message of a prompt: token ids (rendered as text where text is sent) or text
+    as a server returned it (an earlier answer, for the text dialects)."""
+
+    role: str  # "system", "user" or "assistant"
+    ids: tuple[int, ...] = ()
+    text: str | None = None  # when set, the message is this text (``ids`` is then empty)
+
+
+class Dialogue(list[int]):
+    """A prompt as token ids that also knows its chat messages.
+
+    As a list it is every message's ids in order (what the token-id dialects send; an answer
+    known only as text adds no ids, so ``len`` counts the ids known). The chat dialect sends the
+    messages; the completions dialect sends the whole text once some message is text.
+    """
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        super().__init__(t for m in messages for t in m.ids)
+        self.messages = tuple(messages)
+
+    @property
+    def has_text(self) -> bool:
+        return any(m.text is not None for m in self.messages)
+
+
+class Vocabulary:
+    """Token id -> its text piece, for the prompt ids (from ``/tokenize`` with ``with_pieces``).
+
+    Prompt ids are drawn from these ids, so any prompt renders to text exactly as the
+    concatenation of its pieces (the server re-tokenizes that text: about as many tokens).
+    """
+
+    def __init__(self, pieces: Mapping[int, str]) -> None:
+        self.pieces = dict(pieces)
+
+    def text(self, ids: Sequence[int]) -> str:
+        try:
+            return "".join(self.pieces[t] for t in ids)
+        except KeyError as exc:
+            raise ValueError(f"token id {exc.args[0]} has no known text piece") from None
+
+    def message_text(self, m: Message) -> str:
+        return m.text if m.text is not None else self.text(m.ids)
+
+
+@dataclass
+class TextRecord(RequestRecord):
+    """A record that also keeps the answer's text, for a later turn (text dialects)."""
+
+    text: list[str] = field(default_factory=list)
+
+
 class Api(Protocol):
     """One dialect. ``apply`` is called once per SSE line with a value, in arrival order."""
 
     name: str
     path: str
+
+    def new_record(self, n_prompt: int, keep: bool) -> RequestRecord:
+        """An empty record for one request; ``keep``: it keeps the answer for a later turn."""
+        ...
 
     def body(
         self,
@@ -94,9 +163,17 @@ def _decode_or_error(rec: RequestRecord, field: bytes, value: bytes) -> Any:
     return obj
 
 
+def _keep_text(rec: RequestRecord, text: str) -> None:
+    if isinstance(rec, TextRecord):
+        rec.text.append(text)
+
+
 class NativeApi:
     name = "native"
     path = "/completion"
+
+    def new_record(self, n_prompt: int, keep: bool) -> RequestRecord:
+        return RequestRecord(sent_s=0.0, n_prompt_sent=n_prompt, token_ids=[] if keep else None)
 
     def body(
         self,
@@ -143,8 +220,17 @@ class NativeApi:
 
 
 class OpenAIApi:
+    """``/v1/completions``; a ``Dialogue`` holding an answer as text is sent as text (rendered
+    with ``vocabulary``), as a client that appends the answer to its prompt would."""
+
     name = "openai"
     path = "/v1/completions"
+
+    def __init__(self, vocabulary: Vocabulary | None = None) -> None:
+        self.vocabulary = vocabulary
+
+    def new_record(self, n_prompt: int, keep: bool) -> RequestRecord:
+        return TextRecord(sent_s=0.0, n_prompt_sent=n_prompt) if keep else RequestRecord(0.0, n_prompt)
 
     def body(
         self,
@@ -154,8 +240,13 @@ class OpenAIApi:
         cache_prompt: bool = False,
         return_tokens: bool = False,
     ) -> dict[str, Any]:
+        sent: list[int] | str = list(prompt)
+        if isinstance(prompt, Dialogue) and prompt.has_text:
+            if self.vocabulary is None:
+                raise ValueError("a prompt with text needs the vocabulary of the prompt ids")
+            sent = "".join(self.vocabulary.message_text(m) for m in prompt.messages)
         return {
-            "prompt": prompt,
+            "prompt": sent,
             "max_tokens": n_predict,
             "stream": True,
             "ignore_eos": True,
@@ -176,15 +267,107 @@ class OpenAIApi:
             rec.n_generated_server = usage.get("completion_tokens")
             rec.n_prompt_server = usage.get("prompt_tokens")
         for choice in obj.get("choices") or ():
-            if choice.get("finish_reason") is None and choice.get("text"):
-                rec.event_times.append(now_s)
-                rec.event_tokens.append(1)
+            text = choice.get("text")
+            if text:
+                _keep_text(rec, text)
+                if choice.get("finish_reason") is None:
+                    rec.event_times.append(now_s)
+                    rec.event_tokens.append(1)
 
     def finish(self, rec: RequestRecord) -> None:
         if rec.error is None and rec.done_s is None:
             rec.error = "stream ended without data: [DONE]"
 
 
-APIS: dict[str, Api] = {"native": NativeApi(), "openai": OpenAIApi()}
+class ChatApi(OpenAIApi):
+    """``/v1/chat/completions``: the prompt as messages, each rendered as text.
 
-__all__ = ["APIS", "Api", "NativeApi", "OpenAIApi", "SseDecoder"]
+    A plain prompt is one user message; a ``Dialogue`` sends its own messages (a shared prefix
+    as the system message, earlier turns as user and assistant messages). One token is counted
+    per chunk with content (or reasoning) until ``usage`` gives the server's count.
+    """
+
+    name = "chat"
+    path = "/v1/chat/completions"
+
+    def __init__(self, vocabulary: Vocabulary) -> None:
+        super().__init__(vocabulary)
+        self._vocab = vocabulary  # never None here
+
+    def messages(self, prompt: list[int]) -> list[dict[str, str]]:
+        if isinstance(prompt, Dialogue):
+            return [{"role": m.role, "content": self._vocab.message_text(m)} for m in prompt.messages]
+        return [{"role": "user", "content": self._vocab.text(prompt)}]
+
+    def body(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        temperature: float,
+        cache_prompt: bool = False,
+        return_tokens: bool = False,
+    ) -> dict[str, Any]:
+        return {
+            "messages": self.messages(prompt),
+            "max_tokens": n_predict,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": temperature,
+            "cache_prompt": cache_prompt,
+            "stream_options": {"include_usage": True},
+        }
+
+    def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
+        if field == DATA_FIELD and value == DONE_PAYLOAD:
+            rec.done_s = now_s
+            return
+        obj = _decode_or_error(rec, field, value)
+        if obj is None:
+            return
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            rec.n_generated_server = usage.get("completion_tokens")
+            rec.n_prompt_server = usage.get("prompt_tokens")
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            content, reasoning = delta.get("content"), delta.get("reasoning_content")
+            if content:
+                _keep_text(rec, content)
+            if content or reasoning:
+                rec.event_times.append(now_s)
+                rec.event_tokens.append(1)
+
+
+APIS: dict[str, Api] = {"native": NativeApi(), "openai": OpenAIApi()}
+API_NAMES = ("native", "openai", "chat")  # chat needs a Vocabulary: make_api, not APIS
+
+
+def make_api(name: str, vocabulary: Vocabulary | None = None) -> Api:
+    """The dialect ``name``; the text dialects render prompts with ``vocabulary``."""
+    if name == "native":
+        return NativeApi()
+    if name == "openai":
+        return OpenAIApi(vocabulary)
+    if name == "chat":
+        if vocabulary is None:
+            raise ValueError("the chat dialect needs the text pieces of the prompt ids (/tokenize with_pieces)")
+        return ChatApi(vocabulary)
+    raise ValueError(f"unknown API {name!r}: expected one of {', '.join(API_NAMES)}")
+
+
+__all__ = [
+    "APIS",
+    "API_NAMES",
+    "Api",
+    "ChatApi",
+    "Dialogue",
+    "Message",
+    "NativeApi",
+    "OpenAIApi",
+    "SseDecoder",
+    "TextRecord",
+    "Vocabulary",
+    "make_api",
+]

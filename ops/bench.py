@@ -5,13 +5,17 @@ workloads, chat and more traffic shapes).
                     [--api native|openai] [--warmup W] [--sweep users=8,16,32]
                     [--vs URL2 [--pairs 2]] [--slo-ttft-ms 2000] [--slo-itl-ms 150]
                     [--workload closed|mixed|cohort|burst|shared-prefix|chat|poisson]
+    llamactor bench --workload random --serve NAME=COMMAND [--serve ...] [--seeds N | --seed S1,S2]
+                    [--pairs 3] [--noise-band [--band-out FILE] | --band-file FILE] [--json]
 
 The harness talks to any llama-server-compatible URL, so llama.cpp's own llama-server is
 measured by the same code path as llamactor. Modules: ``client`` (HTTP), ``apis`` (wire
 dialects), ``phase`` (warm-up, barrier, measured phase), ``loadgen`` (closed loop),
 ``workloads`` (mixed, cohort), ``traffic`` (burst, shared-prefix, poisson), ``chatload``
 (chat), ``latency`` (TTFT, inter-token, goodput via ``slo``), ``compare`` (sweeps, A/B
-pairs), ``report`` (table, JSON).
+pairs), ``report`` (table, JSON). ``--workload random`` is its own command line
+(``randombench``): drawn workloads (``randomload``, ``randomrun``) on servers the bench
+starts (``launch``), seed after seed (``suite``), judged against a noise band (``verdict``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_mat
 from llamactor.ops.loadgen import ClosedLoop
 from llamactor.ops.plot import PlotUnavailable, require_matplotlib, save_plot
 from llamactor.ops.progress import Progress
+from llamactor.ops.randombench import DEFAULT_RANDOM_PAIRS, add_random_flags, run_random_bench
 from llamactor.ops.report import describe, notes, render_ratios, render_runs, to_json
 from llamactor.ops.runner import DEFAULT_TIMEOUT_S, Common, Workload
 from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
@@ -43,7 +48,7 @@ from llamactor.ops.traffic import (
 )
 from llamactor.ops.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
 
-WORKLOADS = ("closed", "mixed", "cohort", "burst", "shared-prefix", "chat", "poisson")
+WORKLOADS = ("closed", "mixed", "cohort", "burst", "shared-prefix", "chat", "poisson", "random")
 EXIT_OK, EXIT_FAILED_REQUESTS, EXIT_USAGE = 0, 1, 2
 
 
@@ -55,6 +60,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _seed_list(text: str) -> tuple[int, ...]:
+    try:
+        seeds = _ints(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or integers separated by commas, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seed given")
+    return seeds
+
+
 def add_bench_parser(sub: Any) -> None:
     """Add the ``bench`` subcommand to ``llamactor``'s subparsers (called once at start-up)."""
     p = sub.add_parser(
@@ -63,15 +78,23 @@ def add_bench_parser(sub: Any) -> None:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--url", required=True, help="server A, e.g. http://127.0.0.1:8080")
+    p.add_argument(
+        "--url", default=None, help="server A, e.g. http://127.0.0.1:8080 (required, but for --workload random --serve)"
+    )
     p.add_argument("--vs", metavar="URL2", default=None, help="server B: run A and B alternately, print B/A")
-    p.add_argument("--pairs", type=int, default=1, help="A-B repetitions per sweep point (default 1)")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help=f"A-B repetitions per sweep point (default 1; random: rounds over every server, {DEFAULT_RANDOM_PAIRS})",
+    )
     p.add_argument("--workload", choices=WORKLOADS, default="closed")
     p.add_argument(
         "--api",
-        choices=("native", "openai"),
-        default="native",
-        help="native: POST /completion; openai: POST /v1/completions",
+        choices=("native", "openai", "chat"),
+        default=None,
+        help="native: POST /completion (default); openai: POST /v1/completions; chat: POST "
+        "/v1/chat/completions (random only; there it overrides the drawn API)",
     )
     p.add_argument(
         "--users",
@@ -100,7 +123,12 @@ def add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds, one short request per user (0: none)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    p.add_argument(
+        "--seed",
+        type=_seed_list,
+        default=None,
+        help="prompt seed (default 0); random: the workload's seed, or seeds S1,S2,... (default: one picked at random)",
+    )
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a request fails")
     p.add_argument("--sweep", default=None, metavar="NAME=V1,V2", help="e.g. users=8,16,32")
     p.add_argument("--streams", type=int, default=4, help="mixed: generating streams")
@@ -161,6 +189,7 @@ def add_bench_parser(sub: Any) -> None:
         default=None,
         help="also draw the runs into a PNG (sweeps, mixed workload; needs matplotlib: pip install 'llamactor[plot]')",
     )
+    add_random_flags(p)
 
 
 def _given(a: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -194,11 +223,15 @@ def _swept_rate(sweep: str | None) -> float | None:
 
 def workload_from_args(a: argparse.Namespace) -> Workload[Any]:
     """The workload ``a`` asks for; a ValueError naming the flag for bad settings."""
+    if a.api == "chat":
+        raise ValueError("--api chat is for --workload random only")
+    if a.seed is not None and len(a.seed) > 1:
+        raise ValueError("--seed takes one seed; several (S1,S2,...) only with --workload random")
     common = Common(
-        api=a.api,
+        api=a.api or "native",
         warmup=a.warmup,
         temperature=a.temperature,
-        seed=a.seed,
+        seed=a.seed[0] if a.seed else 0,
         timeout_s=a.timeout,
         slo_ttft_ms=a.slo_ttft_ms,
         slo_itl_ms=a.slo_itl_ms,
@@ -261,19 +294,26 @@ def _validate(workload: Workload[Any]) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run what ``args`` asks for and print the report; the exit status is 1 if any request failed."""
+    if args.workload == "random":
+        return run_random_bench(args)
     try:
+        if args.url is None:
+            raise ValueError("--url is required (--serve starts servers for --workload random only)")
+        if args.serve:
+            raise ValueError("--serve is for --workload random only; give a running server with --url")
         workload = workload_from_args(args)
         _validate(workload)
         points = parse_sweep(args.sweep, workload) if args.sweep else [(None, workload)]
-        if args.pairs < 1:
-            raise ValueError(f"--pairs must be at least 1, got {args.pairs}")
+        pairs = 1 if args.pairs is None else args.pairs
+        if pairs < 1:
+            raise ValueError(f"--pairs must be at least 1, got {pairs}")
         if args.plot:
             require_matplotlib()  # before any request: a missing extra costs no benchmark
     except (ValueError, PlotUnavailable) as exc:
         print(f"llamactor bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     targets = [Target("A", args.url)] + ([Target("B", args.vs)] if args.vs else [])
-    runs: list[Run] = anyio.run(run_matrix, targets, points, args.pairs, Progress)  # type: ignore[arg-type]
+    runs: list[Run] = anyio.run(run_matrix, targets, points, pairs, Progress)  # type: ignore[arg-type]
     ratios = pair_ratios(runs) if args.vs else []
     if args.json:
         json.dump(to_json(runs, ratios), sys.stdout, indent=2)

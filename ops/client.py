@@ -15,7 +15,7 @@ from types import TracebackType
 import httpx
 import msgspec
 
-from llamactor.ops.apis import APIS, Api, SseDecoder
+from llamactor.ops.apis import APIS, Api, SseDecoder, Vocabulary
 from llamactor.ops.http1 import Http1Pool, ProtocolError
 from llamactor.ops.stats import RequestRecord
 
@@ -95,11 +95,12 @@ class BenchClient:
         """Send one streaming completion and record it; never raises for a failed request.
 
         Called once per request by a simulated user; concurrent calls share the pool.
-        ``cache_prompt`` lets the server reuse a cached prefix; ``keep_ids`` records the
-        generated token ids in ``token_ids`` (native API only).
+        ``cache_prompt`` lets the server reuse a cached prefix; ``keep_ids`` keeps the answer
+        for a later turn: its token ids in ``token_ids`` (native API), its text in
+        ``TextRecord.text`` (the text dialects).
         """
         body = _encode(self.api.body(prompt, n_predict, temperature, cache_prompt, keep_ids))
-        rec = RequestRecord(sent_s=0.0, n_prompt_sent=len(prompt), token_ids=[] if keep_ids else None)
+        rec = self.api.new_record(len(prompt), keep_ids)
         decoder = SseDecoder()
         error_body = bytearray()
         api = self.api
@@ -156,5 +157,35 @@ class BenchClient:
         ids = sorted({t for t in tokens or () if isinstance(t, int)})
         return ids if len(ids) >= MIN_PROMPT_IDS else list(FALLBACK_PROMPT_IDS)
 
+    async def vocabulary(self) -> Vocabulary | None:
+        """The passage's tokens with their text pieces (``/tokenize`` with ``with_pieces``), or
+        ``None`` when the server gives fewer than ``MIN_PROMPT_IDS`` usable ones. A piece that
+        is not whole UTF-8 text (llama-server sends such a piece as a list of bytes) or is blank
+        is left out, so every prompt drawn from the ids renders to clean text."""
+        try:
+            resp = await self._http.post(
+                self.url + "/tokenize",
+                json={"content": PROMPT_ID_PASSAGE, "add_special": False, "with_pieces": True},
+                timeout=PROBE_TIMEOUT_S,
+            )
+            tokens = resp.json().get("tokens") if resp.status_code == httpx.codes.OK else None
+        except (httpx.HTTPError, ValueError):
+            tokens = None
+        pieces: dict[int, str] = {}
+        for tok in tokens or ():
+            if not isinstance(tok, dict):
+                continue
+            tid, piece = tok.get("id"), tok.get("piece")
+            if isinstance(tid, int) and isinstance(piece, str) and piece.strip() and "\ufffd" not in piece:
+                pieces[tid] = piece
+        return Vocabulary(pieces) if len(pieces) >= MIN_PROMPT_IDS else None
 
-__all__ = ["FALLBACK_PROMPT_IDS", "PROMPT_TOKENS_METRIC", "TOKENS_PREDICTED_METRIC", "BenchClient", "parse_metric"]
+
+__all__ = [
+    "FALLBACK_PROMPT_IDS",
+    "PROMPT_ID_PASSAGE",
+    "PROMPT_TOKENS_METRIC",
+    "TOKENS_PREDICTED_METRIC",
+    "BenchClient",
+    "parse_metric",
+]

@@ -1,8 +1,11 @@
 """Record llama-server's token ids for fixed requests on the tiny test model (for the token-parity test).
 
-Usage: ``.venv/bin/python ops/record_golden.py [/path/to/llama-server]``. Writes
-tests/golden/llama_server_tokens.json, which tests/test_parity.py replays against llamactor.
-The server runs on loopback with one slot and one thread and is stopped afterwards.
+Usage: ``.venv/bin/python ops/record_golden.py [/path/to/llama-server]``. Adds (or replaces)
+this machine's CPU class in tests/golden/llama_server_tokens.json, which tests/test_parity.py
+replays against llamactor: seeded samples on the tiny model differ between AVX-512 and AVX2
+builds, so answers are kept per class. Build llama-server on the machine it records for (native
+flags, like the llama-cpp-python build). The server runs on loopback with one slot and one
+thread and is stopped afterwards.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from tinymodel import write_tiny_model
+    from tinymodel import cpu_class, write_tiny_model
 
     server = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SERVER
     version = subprocess.run([server, "--version"], capture_output=True, text=True).stderr.strip().splitlines()[0]
@@ -138,13 +141,17 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(10)
-    OUT.write_text(
-        json.dumps(
-            {"llama_cpp": version, "server": "llama-server", "model": "tests/tinymodel.py", "cases": cases}, indent=1
-        )
-        + "\n"
-    )
-    print(f"wrote {OUT} ({len(cases)} cases, {version})")
+    here = cpu_class()
+    old = {c["name"]: c for c in json.loads(OUT.read_text())["cases"]} if OUT.exists() else {}
+    merged = []
+    for case in cases:
+        prior = old.get(case["name"])
+        tokens = dict(prior["tokens"]) if prior and prior["request"] == case["request"] else {}
+        tokens[here] = case["tokens"]
+        merged.append({**case, "tokens": dict(sorted(tokens.items()))})
+    document = {"llama_cpp": version, "server": "llama-server", "model": "tests/tinymodel.py", "cases": merged}
+    OUT.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {OUT} ({len(cases)} cases on {here}, {version})")
 
 
 if __name__ == "__main__":

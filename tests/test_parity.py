@@ -1,8 +1,11 @@
 """The same request gives the same token ids as llama-server.
 
 tests/golden/llama_server_tokens.json holds llama-server's answers (ops/record_golden.py
-regenerates it with the built llama-server, one slot, one thread) for greedy and seeded
+records them with the built llama-server, one slot, one thread) for greedy and seeded
 sampling through every sampler family; llamactor (one slot, one thread) must match them.
+The answers are kept per CPU class (AVX-512 and AVX2 kernels round differently and the tiny
+model's nearly flat logits turn that into different samples); a case recorded only on another
+class is checked where all recorded classes agree, since then the answer does not depend on it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import open_server
+from tinymodel import cpu_class
 
 from llamactor.runtime import RuntimeConfig
 
@@ -50,5 +54,13 @@ def parity_results(tiny_model: Path) -> dict[str, list[int]]:
     ids=[c["name"] for c in CASES],
 )
 def test_same_tokens_as_llama_server(case: dict[str, Any], parity_results: dict[str, list[int]]) -> None:
-    """Token ids equal llama-server's for the recorded request."""
-    assert parity_results[case["name"]] == case["tokens"], GOLDEN["llama_cpp"]
+    """Token ids equal llama-server's for the recorded request on this CPU class."""
+    recorded: dict[str, list[int]] = case["tokens"]
+    here = cpu_class()
+    if here in recorded:
+        expected = recorded[here]
+    elif all(tokens == next(iter(recorded.values())) for tokens in recorded.values()):
+        expected = next(iter(recorded.values()))
+    else:
+        pytest.skip(f"no llama-server answer recorded on a {here} build; run ops/record_golden.py here")
+    assert parity_results[case["name"]] == expected, (GOLDEN["llama_cpp"], here)

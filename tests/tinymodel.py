@@ -322,3 +322,18 @@ def _self_check() -> None:
 
 if __name__ == "__main__":
     _self_check()
+
+
+def cpu_class() -> str:
+    """The class of CPU kernels this llama.cpp build runs: "avx512", "avx2" or "other".
+
+    The tiny model's logits are nearly flat, so the last-bit rounding that differs between
+    ggml's AVX-512 and AVX2 kernels changes seeded samples; recorded token ids are kept per class.
+    """
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    features = set(re.findall(r"(\w+) = 1", info))
+    if any(f.startswith("AVX512") for f in features):
+        return "avx512"
+    return "avx2" if "AVX2" in features else "other"
