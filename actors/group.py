@@ -462,12 +462,13 @@ class GroupActor(Actor[GroupMsg]):
         for s in res.ready:
             if s.task is not None and s.task.id in self._tasks:
                 self._tell_coordinator(PhaseKind.PREFILL_DONE, s)
+        for s in res.first:  # time to first token, observed when it comes (not when the request ends)
+            if s.task is not None:
+                self.metrics.ttft(self.group, s.t_last - s.task.arrived)
         done_tasks: set[int] = set()
         for s in res.finished:
             if s.task is None or s.task.id not in self._tasks:
                 continue
-            if s.index == 0 and s.parent is None:
-                self.metrics.ttft(self.group, s.t_prompt_done - s.task.arrived)
             done_tasks.add(s.task.id)
         for task_id in done_tasks:
             members = self._tasks.get(task_id)

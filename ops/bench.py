@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -70,6 +71,12 @@ def _seed_list(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def _env_api_key() -> str | None:
+    """``LLAMA_API_KEY`` as llama-server reads it (keys separated by commas): its first key."""
+    keys = [k.strip() for k in os.environ.get("LLAMA_API_KEY", "").split(",") if k.strip()]
+    return keys[0] if keys else None
+
+
 def add_bench_parser(sub: Any) -> None:
     """Add the ``bench`` subcommand to ``llamactor``'s subparsers (called once at start-up)."""
     p = sub.add_parser(
@@ -82,6 +89,12 @@ def add_bench_parser(sub: Any) -> None:
         "--url", default=None, help="server A, e.g. http://127.0.0.1:8080 (required, but for --workload random --serve)"
     )
     p.add_argument("--vs", metavar="URL2", default=None, help="server B: run A and B alternately, print B/A")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=_env_api_key(),
+        help="sent as 'Authorization: Bearer KEY' to every server (default: $LLAMA_API_KEY, its first key)",
+    )
     p.add_argument(
         "--pairs",
         type=int,
@@ -235,6 +248,7 @@ def workload_from_args(a: argparse.Namespace) -> Workload[Any]:
         timeout_s=a.timeout,
         slo_ttft_ms=a.slo_ttft_ms,
         slo_itl_ms=a.slo_itl_ms,
+        api_key=a.api_key,
     )
     sizes = _given(a, "npp", "ntg")
     if a.workload == "mixed":

@@ -66,12 +66,16 @@ class BenchClient:
     during the warm-up, not in the measured phase. Needs the asyncio event loop.
     """
 
-    def __init__(self, url: str, api: str | Api, *, timeout_s: float) -> None:
+    def __init__(self, url: str, api: str | Api, *, timeout_s: float, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.api = APIS[api] if isinstance(api, str) else api
         self.timeout_s = timeout_s
-        self._pool = Http1Pool(self.url)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        # llama-server's --api-key: every request and probe (/tokenize, /metrics) carries it
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._pool = Http1Pool(self.url, headers)
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S), headers=headers
+        )
 
     async def __aenter__(self) -> BenchClient:
         await self._http.__aenter__()

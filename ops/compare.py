@@ -73,7 +73,7 @@ async def run_matrix(
 
     ``progress(label, n_requests)`` makes the progress bar of one run.
     """
-    ids = await probe_prompt_ids(targets[0].url)
+    ids = await probe_prompt_ids(targets[0].url, points[0][1].common.api_key)
     runs = []
     for p_index, (point, workload) in enumerate(points):
         for pair in range(pairs):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 BodySink = Callable[[int, bytes, float], None]  # (status, bytes, receive time) per body piece
@@ -193,13 +193,14 @@ class Http1Pool:
     warm-up leaves one open connection per user and the measured phase opens none.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: Mapping[str, str] | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only http:// URLs are supported, got {url!r}")
         self.host = parts.hostname
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
+        self.extra_head = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())  # every request
         self._idle: list[_Connection] = []
         self._all: list[_Connection] = []
 
@@ -224,7 +225,7 @@ class Http1Pool:
         """
         head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{self.extra_head}"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         conn, reused = await self._acquire()

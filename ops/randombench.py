@@ -177,6 +177,7 @@ def config_from_args(a: argparse.Namespace) -> tuple[SuiteConfig, Band | None, b
         timeout_s=a.timeout,
         slo_ttft_ms=a.slo_ttft_ms,
         slo_itl_ms=a.slo_itl_ms,
+        api_key=a.api_key,
     )
     cfg = SuiteConfig(
         targets=targets,

@@ -96,6 +96,22 @@ class Family:
         return fam
 
     def check(self) -> None:
+        for name in (
+            "npp",
+            "ntg",
+            "prefix_npp",
+            "prefixes",
+            "users",
+            "requests_per_user",
+            "prefix_share",
+            "turn_share",
+            "rate_fraction",
+            "on_multiple",
+            "duration_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, tuple) and len(value) == 2):
+                raise ValueError(f"family {name} must be a pair [LO, HI], got {value!r}")
         for name in ("npp", "ntg", "prefix_npp", "prefixes", "users", "requests_per_user"):
             lo, hi = getattr(self, name)
             if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):

@@ -3,12 +3,15 @@
     llamactor serve ... --record-trace run.jsonl      # serve real traffic, then stop the server
     llamactor replay run.jsonl --scheduler continuous --scheduler stall-free \\
                      [--scheduler my_policy:MyPolicy] [--slo-ttft-ms 2000 --slo-itl-ms 150] [--json]
+    llamactor replay --workload random --seed 3,17 --costs run.jsonl --scheduler slo ...
 
 Replays the recorded arrivals (submit times, prompt lengths, cached prefixes, tokens generated)
 against each policy on a fake engine whose step cost is fitted from the recorded step timings
 (``ops.costfit``), and prints per policy the benchmark's figures (``ops.slo``): TTFT mean/p50/p99,
 inter-token p50/p99 (ms), makespan (s) and goodput. The first row is what the server recorded.
 Without ``--scheduler`` the recorded policy is replayed, which checks the model itself.
+``--workload random`` replays the random workloads of ``llamactor bench --workload random``
+instead of a recorded run, with the step cost of the ``--costs`` trace (``ops.replayrandom``).
 Exit status: 0; 1 when a policy made an invalid plan or left requests unfinished; 2 for bad
 input (a missing or foreign file, an unknown scheduler).
 """
@@ -53,7 +56,23 @@ def add_replay_parser(sub: Any) -> None:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("trace", metavar="FILE", help="a trace written by llamactor serve --record-trace FILE")
+    p.add_argument("trace", metavar="FILE", nargs="?", help="a trace written by llamactor serve --record-trace FILE")
+    g = p.add_argument_group("random workloads (--workload random)")
+    g.add_argument(
+        "--workload", choices=("trace", "random"), default="trace", help="replay FILE (default) or random workloads"
+    )
+    g.add_argument("--seed", default=None, metavar="S[,S2...]", help="the random workloads' seeds (as the bench's)")
+    g.add_argument("--family", default=None, metavar="JSON|FILE", help="the family's bounds, as for the bench")
+    g.add_argument(
+        "--costs", default=None, metavar="FILE", help="a --record-trace file from this machine: its step costs"
+    )
+    g.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="open loops: the capacity the bench measured (default: measured on the first --scheduler)",
+    )
     p.add_argument(
         "--scheduler",
         action="append",
@@ -123,7 +142,11 @@ def replay(
 
 def run_replay(args: argparse.Namespace) -> int:
     """Load, fit, replay every ``--scheduler``, print; see the module docstring for the exit status."""
+    if args.workload == "random":
+        return run_replay_random(args)
     try:
+        if args.trace is None:
+            raise TraceError("give a trace FILE to replay, or --workload random")
         trace = load_trace(args.trace)
         if not trace.requests:
             raise TraceError(f"{args.trace} holds no requests: nothing to replay")
@@ -164,6 +187,59 @@ def run_replay(args: argparse.Namespace) -> int:
             print(f"note: {line}")
         for line in failures:
             print(f"error: {line}", file=sys.stderr)
+    return EXIT_POLICY_FAILED if failures else EXIT_OK
+
+
+def run_replay_random(args: argparse.Namespace) -> int:
+    """``--workload random``: every seed against every ``--scheduler`` with the ``--costs`` trace's step cost."""
+    from llamactor.ops import replayrandom
+
+    try:
+        if args.trace is not None:
+            raise ValueError("--workload random replays drawn workloads: give --costs FILE, not a trace to replay")
+        if args.seed is None or args.costs is None:
+            raise ValueError("--workload random needs --seed S[,S2...] and --costs FILE (a --record-trace file)")
+        seeds = replayrandom.parse_seeds(args.seed)
+        family = replayrandom.parse_family(args.family)
+        costs = load_trace(args.costs)
+        cost = fit_costs(costs.steps)
+        specs = args.scheduler or [costs.header.policy]
+        classes = [(spec, resolve_policy(spec)) for spec in specs]
+        if args.slo_ttft_ms <= 0 or args.slo_itl_ms <= 0:
+            raise ValueError("--slo-ttft-ms and --slo-itl-ms must be positive")
+        if args.capacity is not None and not args.capacity > 0:
+            raise ValueError("--capacity must be positive")
+    except (TraceError, FitError, ConfigError, ValueError, OSError) as exc:
+        print(f"llamactor replay: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options: dict[str, float] = {
+        **costs.header.policy_options,
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_itl_ms": args.slo_itl_ms,
+    }
+    for name in _OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    runs: list[replayrandom.RandomReplay] = []
+    failures: list[str] = []
+    for seed in seeds:
+        try:
+            runs += replayrandom.replay_random(
+                seed, family, costs, cost, classes, options, args.slo_ttft_ms, args.slo_itl_ms, args.capacity
+            )
+        except SimulationError as exc:
+            failures.append(f"seed {seed}: {exc}")
+        except Exception as exc:
+            failures.append(f"seed {seed}: the policy raised {type(exc).__name__}: {exc}")
+    failures += [
+        f"seed {r.seed}, {r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
+        for r in runs
+        if r.result.unfinished
+    ]
+    replayrandom.print_random(args, runs, COLUMNS)
+    for line in failures:
+        print(f"error: {line}", file=sys.stderr)
     return EXIT_POLICY_FAILED if failures else EXIT_OK
 
 

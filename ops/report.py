@@ -11,6 +11,7 @@ from llamactor.ops.compare import PairRatio, Run
 from llamactor.ops.latency import LATENCY_KEYS
 
 CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
+UNAUTHORIZED = "HTTP 401"  # how a record's error starts when the server wants an API key
 HEADERS = {
     "tok_s": "tok/s",
     "ttft_p50_ms": "TTFT p50 ms",
@@ -134,10 +135,17 @@ def notes(runs: list[Run]) -> list[str]:
             out.append(f"{where}: {res.failed} request(s) failed: {'; '.join(res.errors)}")
         if res.warmup_failed:
             out.append(f"{where}: {res.warmup_failed} warm-up request(s) failed")
+        unauthorized = any(e.startswith(UNAUTHORIZED) for e in res.errors)
+        if unauthorized:
+            # /metrics wants the key too: no "add --metrics" advice for what the key explains
+            out.append(
+                f"{where}: the server refused requests for want of an API key (HTTP 401): "
+                "give its key with --api-key KEY or LLAMA_API_KEY"
+            )
         cc = res.cross_check
         if getattr(res, "prompt_tokens_server", 0) is None and cc.server_tokens is not None:
             out.append(f"{where}: no llamacpp:prompt_tokens_total on /metrics; prompt tokens processed not measured")
-        if cc.server_tokens is None:
+        if cc.server_tokens is None and not unauthorized:
             out.append(
                 f"{where}: no llamacpp:tokens_predicted_total on /metrics (llama-server: add --metrics); "
                 "token count not cross-checked"

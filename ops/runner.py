@@ -8,7 +8,7 @@ for ``--sweep`` and ``--vs``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from llamactor.ops.client import BenchClient
@@ -31,6 +31,8 @@ class Common:
     timeout_s: float = DEFAULT_TIMEOUT_S
     slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS  # goodput: a good request's TTFT is at most this
     slo_itl_ms: float = DEFAULT_SLO_ITL_MS  # ... and its time per output token after the first
+    # --api-key / LLAMA_API_KEY, sent as a Bearer token; never printed nor written to JSON
+    api_key: str | None = field(default=None, repr=False, metadata={"report": False})
 
 
 R_co = TypeVar("R_co", covariant=True)
@@ -54,9 +56,9 @@ class Workload(Protocol[R_co]):
         ...
 
 
-async def probe_prompt_ids(url: str) -> list[int]:
+async def probe_prompt_ids(url: str, api_key: str | None = None) -> list[int]:
     """The token ids prompts are drawn from (see ``BenchClient.prompt_ids``)."""
-    async with BenchClient(url, "native", timeout_s=DEFAULT_TIMEOUT_S) as client:
+    async with BenchClient(url, "native", timeout_s=DEFAULT_TIMEOUT_S, api_key=api_key) as client:
         return await client.prompt_ids()
 
 
@@ -74,7 +76,7 @@ async def run_workload(
     ``prompt_ids`` skips the /tokenize probe so two servers get exactly the same prompts.
     """
     common = workload.common
-    async with BenchClient(url, common.api, timeout_s=common.timeout_s) as client:
+    async with BenchClient(url, common.api, timeout_s=common.timeout_s, api_key=common.api_key) as client:
         ids = prompt_ids if prompt_ids is not None else await client.prompt_ids()
         warm_jobs, jobs = workload.plan(PromptSource(ids, common.seed if seed is None else seed))
         warm = await warm_up(client, warm_jobs, common.temperature)

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from msgspec.structs import replace
 
 from llamactor.actors.costs import StepCosts
 from llamactor.actors.policy import GroupView, Policy, StepPlan
@@ -157,11 +158,25 @@ class Simulation:
     """Replay ``trace`` against one policy class; ``run`` once."""
 
     def __init__(
-        self, trace: Trace, policy_cls: type[Policy], cost: CostModel, options: Mapping[str, float] | None = None
+        self,
+        trace: Trace,
+        policy_cls: type[Policy],
+        cost: CostModel,
+        options: Mapping[str, float] | None = None,
+        after: Mapping[int, int] | None = None,
     ) -> None:
         h = trace.header
         opts = dict(h.policy_options if options is None else options)
         self.trace = trace
+        # Closed loops and later turns: request i is sent once request after[i] has ended, at
+        # its recorded time or then, whichever is later (its ``submitted`` moves with it).
+        self.requests = list(trace.requests)
+        self._after = dict(after or {})
+        self._waiting: dict[int, list[int]] = {}
+        for i, j in self._after.items():
+            if not 0 <= j < len(self.requests) or j == i:
+                raise ValueError(f"request {i} waits for request {j}, which is not another request of the trace")
+            self._waiting.setdefault(j, []).append(i)
         self.cost = cost
         self.name = getattr(policy_cls, "name", policy_cls.__name__)
         self.slot_choice = getattr(policy_cls, "slot_choice", "lowest")
@@ -201,8 +216,9 @@ class Simulation:
     # ---- the event loop ------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        for i, r in enumerate(self.trace.requests):
-            self._push(r.submitted, _ARRIVAL, i)
+        for i, r in enumerate(self.requests):
+            if i not in self._after:
+                self._push(r.submitted, _ARRIVAL, i)
         while self._heap:
             t, kind, _, x = heapq.heappop(self._heap)
             if kind == _STEP_END:
@@ -218,7 +234,7 @@ class Simulation:
             for g in self.groups:
                 if not g.running and g.wake:
                     self._boundary(g, t)
-        for i, r in enumerate(self.trace.requests):  # a policy that stalled leaves these
+        for i, r in enumerate(self.requests):  # a policy that stalled leaves these (and what waits on them)
             if i not in self._outcomes:
                 live = self._live.get(i)
                 first = live.first_token if live is not None else None
@@ -232,7 +248,7 @@ class Simulation:
                     sum(c.generated for c in live.choices) if live else 0,
                 )
         return SimResult(
-            self.name, tuple(self._outcomes[i] for i in range(len(self.trace.requests))), self.steps, self.prompt_tokens
+            self.name, tuple(self._outcomes[i] for i in range(len(self.requests))), self.steps, self.prompt_tokens
         )
 
     def _push(self, t: float, kind: int, x: int) -> None:
@@ -243,7 +259,7 @@ class Simulation:
 
     def _schedule(self) -> None:
         for i in list(self._queue):
-            rec = self.trace.requests[i]
+            rec = self.requests[i]
             prompt = self._prompts.get(i)
             if prompt is None:
                 prompt = self._prompts[i] = self._prompt_of(rec)
@@ -464,14 +480,22 @@ class Simulation:
                 tuple(gap for c in live.choices for gap in c.gaps),
                 sum(c.generated for c in live.choices),
             )
+            for i in self._waiting.pop(live.index, ()):
+                self.requests[i] = replace(self.requests[i], submitted=max(self.requests[i].submitted, t))
+                self._push(self.requests[i].submitted, _ARRIVAL, i)
         g.ending = []
 
 
 def simulate(
-    trace: Trace, policy_cls: type[Policy], cost: CostModel, options: Mapping[str, float] | None = None
+    trace: Trace,
+    policy_cls: type[Policy],
+    cost: CostModel,
+    options: Mapping[str, float] | None = None,
+    after: Mapping[int, int] | None = None,
 ) -> SimResult:
-    """Replay every request of ``trace`` against ``policy_cls`` (options: the recorded ones)."""
-    return Simulation(trace, policy_cls, cost, options).run()
+    """Replay every request of ``trace`` against ``policy_cls`` (options: the recorded ones);
+    ``after`` maps a request to the one whose end it is sent at (closed loops, later turns)."""
+    return Simulation(trace, policy_cls, cost, options, after).run()
 
 
 __all__ = ["Outcome", "SimResult", "Simulation", "SimulationError", "simulate"]

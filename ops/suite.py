@@ -196,7 +196,8 @@ async def run_random(
     """Warm up, measure and summarize one run (``runner.run_workload`` with a dialect that may
     need the vocabulary)."""
     common = run.common
-    async with BenchClient(url, make_api(run.workload.api, vocabulary), timeout_s=common.timeout_s) as client:
+    api = make_api(run.workload.api, vocabulary)
+    async with BenchClient(url, api, timeout_s=common.timeout_s, api_key=common.api_key) as client:
         warm_jobs, jobs = run.plan(PromptSource(ids, prompt_seed))
         warm = await warm_up(client, warm_jobs, common.temperature)
         phase = await measure(client, jobs, common.temperature, progress or NoProgress())
@@ -234,14 +235,15 @@ async def run_seed_suite(
         say(f"  note: fixed servers: this seed needs {wl.slot_context} tokens of context per slot")
     async with _servers(cfg, wl) as up:
         ref_target, ref_url, _ = up[0]
-        async with BenchClient(ref_url, "native", timeout_s=cfg.common.timeout_s) as probe:
+        common = cfg.common
+        async with BenchClient(ref_url, "native", timeout_s=common.timeout_s, api_key=common.api_key) as probe:
             vocabulary = await probe.vocabulary()
         if vocabulary is None and needs_text(wl):
             raise RuntimeError(
                 f"{ref_target.name} gives no text pieces of tokens (/tokenize with_pieces): "
                 f"the {wl.api} dialect cannot be measured on seed {seed}"
             )
-        ids = sorted(vocabulary.pieces) if vocabulary is not None else await probe_prompt_ids(ref_url)
+        ids = sorted(vocabulary.pieces) if vocabulary is not None else await probe_prompt_ids(ref_url, common.api_key)
         calibration = None
         if wl.open_loop:
             calibration = await calibrate(ref_target, ref_url, wl, cfg, ids, cache, progress)

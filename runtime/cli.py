@@ -7,8 +7,10 @@ refused, and why) is ``runtime.cliflags``; this module turns it into a config an
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -138,8 +140,36 @@ def _gpu_layers_ignored(cfg: RuntimeConfig) -> bool:
     return all(name.startswith("CPU") for name, _ in rpc.list_devices())
 
 
-async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] | None = None) -> int:
-    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads."""
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound as Hypercorn binds one (``SO_REUSEADDR``, IPv6 for
+    a host with a colon). Bound here, before the model loads or anything logs "listening", so
+    that an address in use is a ConfigError naming it; Hypercorn is handed this socket
+    (``fd://``) rather than binding the address a second time."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise ConfigError(f"cannot listen on {_address(host, port)}: {why}") from None
+    return sock
+
+
+async def serve(
+    cfg: RuntimeConfig,
+    host: str,
+    port: int,
+    ssl: tuple[str, str] | None = None,
+    listener: socket.socket | None = None,
+) -> int:
+    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads. ``listener``
+    (``bind_listener``) is the bound socket to serve on; without one Hypercorn binds."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
@@ -192,7 +222,7 @@ async def serve(cfg: RuntimeConfig, host: str, port: int, ssl: tuple[str, str] |
             tg.cancel_scope.cancel()
 
     hc = Config()
-    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hc.bind = [f"fd://{listener.detach()}" if listener is not None else _address(host, port)]
     hc.accesslog = None
     hc.errorlog = None
     hc.graceful_timeout = 3.0
@@ -254,11 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llamactor.runtime.service.inprocess import load_options
 
             load_options(cfg)  # register workers and check device names now: errors before listening
+        listener = bind_listener(opts.host, opts.port)  # a port in use: one line, exit 2, nothing loaded
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2
     ssl = (opts.ssl_cert_file, opts.ssl_key_file) if opts.ssl_cert_file and opts.ssl_key_file else None
-    return anyio.run(serve, cfg, opts.host, opts.port, ssl)
+    return anyio.run(serve, cfg, opts.host, opts.port, ssl, listener)
 
 
 if __name__ == "__main__":

@@ -427,21 +427,24 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Chat templates, embeddings",
         Use.CONFIG,
-        "templates are always Jinja (a jinja2 sandbox): --chat-template takes Jinja source or chatml",
+        "templates are Jinja (a jinja2 sandbox): --chat-template takes Jinja source or chatml; with --no-jinja, "
+        "also the name of a llama.cpp built-in template (llama3, gemma, mistral-v7, ...), rendered by llama.cpp",
         (
             switch(
                 "--jinja",
                 neg=("--no-jinja",),
                 field="jinja",
                 env="LLAMA_ARG_JINJA",
-                help="chat templates are always Jinja here; kept for the record",
+                help="--no-jinja: --chat-template NAME is llama.cpp's built-in template NAME (other templates "
+                "stay Jinja)",
             ),
             opt(
                 "--chat-template",
                 field="chat_template",
                 value="JINJA_TEMPLATE",
                 env="LLAMA_ARG_CHAT_TEMPLATE",
-                help="Jinja source (or chatml) used instead of the GGUF's template",
+                help="Jinja source (or chatml) used instead of the GGUF's template; with --no-jinja, the name of "
+                "a llama.cpp built-in template",
             ),
             opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
             opt(

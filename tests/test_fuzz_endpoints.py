@@ -409,6 +409,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServ
 
 
 STATUSES: dict[tuple[str, int], int] = {}
+ANTHROPIC_4XX = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}
 
 
 def _check(client: httpx.Client, path: str, body: Any) -> None:
@@ -423,10 +424,15 @@ def _check(client: httpx.Client, path: str, body: Any) -> None:
             r.read()
             ok = 400 <= r.status_code < 500 or (r.status_code == 501 and path in ANY_STATUS_501)
             assert ok, (r.status_code, r.text, path, body)
-            err = r.json()["error"]
+            body_json = r.json()
+            err = body_json["error"]
             if os.environ.get("FUZZ_DEBUG"):
                 print("FUZZ", path.split("?")[0], err["message"][:90].replace("\n", " "))
-            assert err["code"] == r.status_code and isinstance(err["message"], str) and err["message"], err
+            assert isinstance(err["message"], str) and err["message"], err
+            if path.startswith("/v1/messages"):  # Anthropic's error shape
+                assert body_json["type"] == "error" and err["type"] == ANTHROPIC_4XX[r.status_code], body_json
+            else:
+                assert err["code"] == r.status_code, err
             return
         if not r.headers["content-type"].startswith("text/event-stream"):
             r.read()

@@ -502,6 +502,16 @@ def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
     assert plan.prefill == ((1, 250),)
 
 
+def test_slo_does_not_shorten_steps_that_miss_the_gap_target_anyway():
+    """Where a step with no prompt already takes longer than the gap target (a slow machine,
+    many streams), short steps save no stream: the prompts get the whole room."""
+    stream = _slo_stream(0, 1, remaining=20)
+    policy = BUILTIN["slo"]()
+    policy.long_gaps[1] = 2  # no long gap left to spend: at 40 ms a step this is a short step
+    assert policy.plan(_view([stream, _prompt(1, 2, 5000)]), None).prefill == ((1, 110),)
+    assert policy.plan(_view([stream, _prompt(1, 2, 5000)], ms_step=160.0), None).prefill == ((1, 511),)
+
+
 def test_slo_at_the_mean_spends_a_streams_slack():
     """``slo_itl_pct=0``: a long gap is fine while the stream's mean stays within target."""
     stream = _slo_stream(0, 1, n=10, remaining=30)  # 9 gaps in 1 s: 111 ms each, under 150

@@ -26,6 +26,7 @@ import pytest
 from conftest import free_port, open_server, serve_runtime, wait_until
 from faults import Faults
 
+from llamactor.protocol.events import Token
 from llamactor.protocol.live import LiveGroup, LiveHistogram, LiveSnapshot
 from llamactor.runtime import Runtime
 from llamactor.runtime.http.live import LiveFeed, LiveFrame
@@ -367,14 +368,14 @@ async def test_live_stream_takes_one_snapshot_per_tick_for_all_clients(make_conf
     get the same frames; no client connected, no snapshot taken."""
     async with Runtime.open(make_config(parallel=4, pipeline_groups=2)) as rt:
         calls = 0
-        real = rt.live_snapshot
+        real = rt.read_live
 
-        def counted() -> LiveSnapshot:
+        async def counted() -> LiveSnapshot:
             nonlocal calls
             calls += 1
-            return real()
+            return await real()
 
-        rt.live_snapshot = counted  # type: ignore[method-assign]
+        rt.read_live = counted  # type: ignore[method-assign]
         async with serve_runtime(rt) as url:
             await anyio.sleep(0.5)
             assert calls == 0  # nobody watches: nothing ticks
@@ -400,7 +401,7 @@ async def test_live_feed_survives_its_producer_leaving() -> None:
     """The client that happens to produce a tick may leave mid-tick; the others go on."""
     seq = 0
 
-    def snapshot() -> LiveSnapshot:
+    async def snapshot() -> LiveSnapshot:
         nonlocal seq
         seq += 1
         return _snapshot(at=float(seq), predicted=10 * seq)
@@ -502,3 +503,71 @@ def test_package_data_ships_the_page(tmp_path: Path) -> None:
     for name in ("index.html", "app.css", "app.js"):
         built = out / "llamactor" / "runtime" / "http" / "webui" / name
         assert built.is_file() and built.read_bytes() == (ROOT / "runtime" / "http" / "webui" / name).read_bytes()
+
+
+def test_live_rates_come_from_the_snapshots_own_times() -> None:
+    """A snapshot read late (its counters as they were a while ago) followed by a fresh one
+    gives the real rate, not the tokens of the whole delay over one tick; the same snapshot
+    twice adds nothing."""
+    from llamactor.runtime.http.live import History
+
+    h = History()
+    for i in range(5):  # 100 tok/s, a viewer watching
+        h.add(_snapshot(at=1000.0 + i, predicted=100 * i), float(i), clients=1, tick_s=1.0)
+    # The viewer leaves for 30 s; when it is back the first snapshot is the last one read
+    # (counters from t=1004), taken at feed time 35, then a fresh one at 35.25.
+    stale = h.add(_snapshot(at=1004.0, predicted=400), 35.0, clients=1, tick_s=0.25)
+    fresh = h.add(_snapshot(at=1034.25, predicted=400 + 3025), 35.25, clients=1, tick_s=0.25)
+    assert stale.rates.tok_s == pytest.approx(100)
+    assert fresh.rates.tok_s <= 100.0 + 1e-6  # was 3025 / 0.25 = 12,100 tok/s
+    again = h.add(_snapshot(at=1034.25, predicted=3425), 35.5, clients=1, tick_s=0.25)
+    assert again.rates.tok_s == fresh.rates.tok_s
+
+
+async def test_a_client_that_connects_after_a_pause_gets_a_fresh_frame() -> None:
+    """The last frame made before every viewer left is not what a new viewer sees first."""
+    clock = [0.0]
+    made: list[float] = []
+
+    async def snapshot() -> LiveSnapshot:
+        made.append(clock[0])
+        return _snapshot(at=clock[0], predicted=0)
+
+    feed = LiveFeed(snapshot, tick_s=0.25, clock=lambda: clock[0])
+    async for _ in feed.frames():
+        break  # a first viewer takes one frame (made at 0) and leaves
+    clock[0] = 30.0  # half a minute later
+    async for frame in feed.frames():
+        assert json.loads(frame.decode().removeprefix("data: "))["snapshot"]["at"] == 30.0
+        break
+    assert made == [0.0, 30.0]
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+async def test_first_live_frame_is_healthy_with_groups_and_ttft_counts_at_the_first_token(make_config, isolate):
+    """A fresh server's first frame says ready and healthy, with its groups and an uptime; the
+    time to first token is observed when the first token comes (a stream still generating is
+    counted), in the engine's own process too."""
+    cfg = make_config(parallel=2)
+    async with Runtime.open(cfg, isolate=isolate) as rt, serve_runtime(rt) as url:
+        [frame] = await read_frames(url, 1)
+        snap = frame["snapshot"]
+        assert (snap["state"], snap["healthy"]) == ("ready", True)
+        assert len(snap["groups"]) == 1 and snap["uptime_s"] > 0
+        handle = await rt.submit("hello", max_tokens=2000, ignore_eos=True, temperature=0)
+        assert isinstance(await handle.first(), Token)  # the stream goes on generating
+
+        async def counted() -> float:
+            text = (await rt.metrics_text()).decode()
+            line = next(x for x in text.splitlines() if x.startswith("llamactor:time_to_first_token_seconds_count"))
+            return float(line.split()[-1])
+
+        await wait_until_async(lambda: counted(), lambda n: n >= 1, timeout_s=10)
+        assert not handle.closed and "generate" in {slot.state for slot in (await rt.read_live()).groups[0].slots}
+        handle.close()
+
+
+async def wait_until_async(get: Any, ok: Any, timeout_s: float) -> None:
+    with anyio.fail_after(timeout_s):
+        while not ok(await get()):
+            await anyio.sleep(0.05)

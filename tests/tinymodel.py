@@ -183,7 +183,9 @@ def _add_hparams(writer: gguf.GGUFWriter, n_vocab: int) -> None:
     writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+def _add_tokenizer(
+    writer: gguf.GGUFWriter, tokens: list[str], types: list[int], merges: list[str], *, chat_template: bool = True
+) -> None:
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(TOKENIZER_PRE)
     writer.add_token_list(tokens)
@@ -194,13 +196,17 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokens: list[str], types: list[int],
     writer.add_eot_token_id(tokens.index(IM_END_TOKEN))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    if chat_template:
+        writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_tiny_model(path: str | os.PathLike, *, seed: int = 0, fim: bool = False) -> pathlib.Path:
+def write_tiny_model(
+    path: str | os.PathLike, *, seed: int = 0, fim: bool = False, chat_template: bool = True
+) -> pathlib.Path:
     """Write the tiny GGUF model to `path` and return it as a Path.
 
-    ``fim=True`` adds the FIM_TOKENS and their metadata keys (for /infill); the
+    ``fim=True`` adds the FIM_TOKENS and their metadata keys (for /infill);
+    ``chat_template=False`` leaves out ``tokenizer.chat_template`` (a GGUF without one). The
     default model's bytes do not change.
     """
     path = pathlib.Path(path)
@@ -208,7 +214,7 @@ def write_tiny_model(path: str | os.PathLike, *, seed: int = 0, fim: bool = Fals
     tokens, types, merges = _build_vocab(specials)
     writer = gguf.GGUFWriter(path, ARCHITECTURE)
     _add_hparams(writer, len(tokens))
-    _add_tokenizer(writer, tokens, types, merges)
+    _add_tokenizer(writer, tokens, types, merges, chat_template=chat_template)
     if fim:
         for kind, text in FIM_TOKENS.items():
             writer.add_uint32(f"tokenizer.ggml.fim_{kind}_token_id", tokens.index(text))

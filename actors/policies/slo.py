@@ -24,7 +24,9 @@ step must stay short.
   miss it at that pace, as many as the streams it would save: then the step is long (one
   request lost either way, and the first tokens come sooner).
   Streams that already missed their objective, and prompts that no longer can, are never
-  protected at the cost of the others: the step is then as long as llama-server's.
+  protected at the cost of the others: the step is then as long as llama-server's. Neither
+  are streams on a machine (or at a load) where a step with no prompt at all is already
+  longer than ``slo_itl_ms``: short steps would only delay first tokens.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class SloPolicy(Policy):
         per_token, per_step = view.ms_per_prompt_token, view.ms_per_step
         if per_token <= 0 or per_step <= 0:
             return min(room, COLD_BUDGET)
+        if per_step >= self.slo_itl_ms:
+            return room  # a step with no prompt at all is already a long gap: no stream to save
         short = max(MIN_PREFILL_CHUNK, int((self.slo_itl_ms - per_step) / per_token))
         if short >= room:
             return room

@@ -38,6 +38,7 @@ class StepResult:
     events: list[tuple[Task, Event]] = field(default_factory=list)  # (task, event) to send on task.sink
     finished: list[Slot] = field(default_factory=list)  # choices that ended this step
     ready: list[Slot] = field(default_factory=list)  # prompts that finished and wait (READY)
+    first: list[Slot] = field(default_factory=list)  # requests (their first choice) whose first token came now
     n_prompt: int = 0
     n_generated: int = 0
     n_rows: int = 0  # slots that took part
@@ -118,6 +119,8 @@ class Output:
             finish = "length"
         if s.n_decoded > 1 and not replayed:
             res.gaps.append(now - s.t_last)
+        elif s.n_decoded == 1 and s.index == 0 and s.parent is None:
+            res.first.append(s)
         s.t_last = now
         if not replayed:  # a replayed token's text went out before; its Done (if it ends) is sent again
             res.events.append((task, Token(s.index, text, token, logprob, top)))

@@ -1,10 +1,11 @@
 """The bundled HTTP app: Starlette routes over one ``Runtime``.
 
 Requests are decoded with msgspec into ``protocol.wire`` Structs, submitted to the runtime,
-and answered either as one JSON body or as SSE. Errors are shaped by ``runtime.httperrors``.
-The first event of a request is awaited before any response starts, so a queue-full or
-engine error still gets its proper status code even for streaming requests. A client that
-disconnects cancels its request at once, streaming or not.
+and answered either as one JSON body or as SSE. Errors are shaped by ``runtime.http.errors``
+(``errors_for``: Anthropic's shape on its endpoints, OpenAI's elsewhere). The first event of
+a request is awaited before any response starts, so a queue-full or engine error still gets
+its proper status code even for streaming requests. A client that disconnects cancels its
+request at once, streaming or not.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,13 @@ from llamactor.runtime.http import anthropic, embeddings, responses_api
 from llamactor.runtime.http.chat_api import ChatShaper, named_frame
 from llamactor.runtime.http.cors import Cors
 from llamactor.runtime.http.disconnect import until_disconnect
-from llamactor.runtime.http.errors import BodyTooLarge, error_response
+from llamactor.runtime.http.errors import (
+    BodyTooLarge,
+    anthropic_error_body,
+    anthropic_error_response,
+    error_body,
+    error_response,
+)
 from llamactor.runtime.http.live import LiveFeed
 from llamactor.runtime.http.page import ASSET_PATH, PAGE_PATHS, PUBLIC_PAGE_PATHS, Page
 from llamactor.runtime.http.requests import from_chat, from_completion, from_infill, from_native
@@ -65,12 +72,21 @@ if TYPE_CHECKING:
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", *PUBLIC_PAGE_PATHS})  # the page asks for the key itself
 SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SLOT_ACTIONS = ("save", "restore", "erase")
+ANTHROPIC_PATH = "/v1/messages"  # this path and the ones under it answer errors in Anthropic's shape
 
 _encode = msgspec.json.Encoder().encode
 
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(_encode(obj), status_code=status, media_type="application/json")
+
+
+def errors_for(path: str) -> Callable[[BaseException], Response]:
+    """How a request to ``path`` answers an error: Anthropic's shape on the Anthropic endpoints
+    (their SDKs read no other), OpenAI's everywhere else."""
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return anthropic_error_response
+    return error_response
 
 
 class _ApiKey:
@@ -91,7 +107,7 @@ class _ApiKey:
         else:
             given = headers.get(b"x-api-key", b"")
         if not sum(hmac.compare_digest(given, k) for k in self.keys):  # every key compared: no early exit
-            response = error_response(Unauthorized("invalid or missing API key"))
+            response = errors_for(scope["path"])(Unauthorized("invalid or missing API key"))
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -130,7 +146,7 @@ async def _unless_disconnected(request: Request, handle: RequestHandle, wait: An
 class Api:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.feed = LiveFeed(rt.live_snapshot)  # one ticker shared by every /live client
+        self.feed = LiveFeed(rt.read_live)  # one ticker shared by every /live client
 
     @property
     def model_id(self) -> str:
@@ -370,7 +386,10 @@ class Api:
         shaper = shaper_cls(self.model_id, handle.turn)
         shaper.prompt_tokens = len(handle.task.prompt)
         if req.stream:
-            return await self._stream(request, handle, shaper.events, done=False, tail=shaper.tail, frame=named_frame)
+            error_frame = _anthropic_error_frame if shaper_cls is anthropic.AnthropicShaper else None
+            return await self._stream(
+                request, handle, shaper.events, done=False, tail=shaper.tail, frame=named_frame, error_frame=error_frame
+            )
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def apply_template(self, request: Request) -> Response:
@@ -411,10 +430,12 @@ class Api:
         frame: Any = sse.frame,
         ping: int | None = None,
         progress: Any = None,
+        error_frame: Callable[[BaseException], bytes] | None = None,
     ) -> Response:
         """SSE of one request. ``ping`` (llama-server's ``sse_ping_interval``; None: the server's
         --sse-ping-interval): after that many seconds without an event, a comment frame ``:``
-        keeps the connection open; <= 0 sends none (and costs nothing)."""
+        keeps the connection open; <= 0 sends none (and costs nothing). ``error_frame`` makes
+        the frame of an error after the stream started (default: OpenAI's error body)."""
         first = await self._first(request, handle)
         if first is None:
             raise Closed("the request ended before its first event (the runtime is closing)")
@@ -445,9 +466,7 @@ class Api:
                 if done:
                     yield sse.DONE
             except Exception as exc:
-                from llamactor.runtime.http.errors import error_body
-
-                yield sse.frame(error_body(exc))
+                yield error_frame(exc) if error_frame is not None else sse.frame(error_body(exc))
             finally:
                 if pending is not None:
                     pending.cancel()
@@ -458,15 +477,22 @@ class Api:
         )
 
 
+def _anthropic_error_frame(exc: BaseException) -> bytes:
+    """An error once an Anthropic stream has started: its ``event: error`` frame."""
+    return named_frame(("error", anthropic_error_body(exc)))
+
+
 def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
     api = Api(rt)
 
     def route(path: str, fn: Any, methods: list[str]) -> Route:
+        errors = errors_for(path)
+
         async def endpoint(request: Request) -> Response:
             try:
                 return await fn(request)
             except Exception as exc:
-                return error_response(exc)
+                return errors(exc)
 
         return Route(path, endpoint, methods=methods)
 
@@ -514,12 +540,12 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         routes.append(route(ASSET_PATH, page.asset, ["GET"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error_response(NotFound(f"no route for {request.method} {request.url.path}"))
+        return errors_for(request.url.path)(NotFound(f"no route for {request.method} {request.url.path}"))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         err = RequestError(f"method {request.method} is not allowed on {request.url.path}")
         err.status = 405
-        return error_response(err)
+        return errors_for(request.url.path)(err)
 
     return Starlette(
         routes=routes,

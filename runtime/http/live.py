@@ -2,7 +2,7 @@
 
 One snapshot per tick for every connected client, never one per client: the first client
 that wants the next frame becomes the tick's producer (it sleeps until the tick is due, pulls
-``RuntimeCore.live_snapshot()``, encodes one frame); the others wait for that frame and send
+``RuntimeCore.read_live()``, encodes one frame); the others wait for that frame and send
 the same bytes. A client that falls behind skips to the newest frame (nothing queues up).
 With no client connected nothing ticks at all, and the groups never do any work for the view:
 the snapshot only reads what the actors already keep.
@@ -10,13 +10,17 @@ the snapshot only reads what the actors already keep.
 Rates and histories need more than one snapshot, so they are kept here, per feed: tok/s and
 prompt tok/s over the last ``RATE_WINDOW_S`` (overall and per group), a series of both over the
 last ``SERIES_SPAN_S``, and the TTFT / inter-token histograms of the last ``HIST_WINDOW_S``.
+They are computed from the counters over the snapshots' own times (``LiveSnapshot.at``, taken
+where the counters are read), never over the times the frames were made: a snapshot read late
+(an engine in its own process answers a moment later) cannot make a rate jump. A client that
+connects gets a frame made after it connected, unless the last one is less than a tick old.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
 import anyio
@@ -79,10 +83,14 @@ class History:
         self._hist: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque()
 
     def add(self, snap: LiveSnapshot, now: float, clients: int, tick_s: float) -> LiveFrame:
+        """The frame of ``snap``; ``now`` is when it was taken (the feed's clock): the rates use
+        the snapshot's own time ``snap.at``, when its counters were read."""
+        now = snap.at
         sample = _Sample(
             now, tuple(g.tokens_predicted for g in snap.groups), tuple(g.prompt_tokens for g in snap.groups)
         )
-        self._recent.append(sample)
+        if not self._recent or sample.t > self._recent[-1].t:  # the same snapshot again adds nothing
+            self._recent.append(sample)
         while len(self._recent) > 1 and now - self._recent[0].t > RATE_WINDOW_S:
             self._recent.popleft()  # after a pause with no viewer: 0 at first, not a long average
         oldest = self._recent[0]
@@ -138,7 +146,7 @@ class LiveFeed:
 
     def __init__(
         self,
-        snapshot: Callable[[], LiveSnapshot],
+        snapshot: Callable[[], Awaitable[LiveSnapshot]],
         *,
         tick_s: float = TICK_S,
         clock: Callable[[], float] = time.monotonic,
@@ -148,6 +156,7 @@ class LiveFeed:
         self._clock = clock
         self._history = History()
         self._frame = b""
+        self._frame_at = 0.0  # monotonic time the frame was made
         self._seq = 0  # frames produced so far
         self._due = 0.0  # monotonic time the next frame is due
         self._producing = False
@@ -162,7 +171,9 @@ class LiveFeed:
     async def frames(self) -> AsyncIterator[bytes]:
         """SSE frames for one client, one per tick (the newest if it fell behind), until it leaves."""
         self.clients += 1
-        seen = 0
+        # The last frame is for a new client only while it is fresh (viewers may have been gone
+        # for minutes: nothing ticks then); otherwise the client waits for the next one.
+        seen = self._seq if self._clock() - self._frame_at > self.tick_s else max(0, self._seq - 1)
         try:
             while True:
                 seen = await self._next(seen)
@@ -180,7 +191,8 @@ class LiveFeed:
             self._producing = True
             try:
                 await anyio.sleep(max(0.0, self._due - self._clock()))
-                self._produce()
+                snap = await self._snapshot()
+                self._produce(snap)
             finally:
                 # Wake every waiter even if this producer was cancelled: one of them takes over.
                 self._producing = False
@@ -189,9 +201,10 @@ class LiveFeed:
                     ticked.set()
         return self._seq
 
-    def _produce(self) -> None:
+    def _produce(self, snap: LiveSnapshot) -> None:
         now = self._clock()
-        frame = self._history.add(self._snapshot(), now, self.clients, self.tick_s)
+        frame = self._history.add(snap, now, self.clients, self.tick_s)
         self._frame = sse.frame(frame)
+        self._frame_at = now
         self._seq += 1
         self._due = now + self.tick_s

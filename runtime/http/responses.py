@@ -230,6 +230,7 @@ class OpenAIShaper:
         self.n_cached = 0
         self.n_completion = 0
         self._timings: Timings | None = None
+        self._chars: dict[int, int] = {}  # per choice: characters streamed so far (text_offset)
 
     def _envelope(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
         return {
@@ -241,7 +242,9 @@ class OpenAIShaper:
             "choices": choices,
         }
 
-    def _logprobs(self, events: tuple[Token, ...] | list[Token]) -> Any:
+    def _logprobs(self, events: tuple[Token, ...] | list[Token], start: int = 0) -> Any:
+        """The ``logprobs`` of ``events``; ``start``: the characters of the choice's text before
+        the first of them (OpenAI's ``text_offset`` counts from the start of the completion)."""
         if not self.want_logprobs:
             return None
         if self.chat:
@@ -258,11 +261,15 @@ class OpenAIShaper:
                     for ev in events
                 ]
             }
+        offsets = []
+        for ev in events:  # a token whose text is held back (a partial UTF-8 character) has none
+            offsets.append(start)
+            start += len(ev.text)
         return {
             "tokens": [ev.text for ev in events],
             "token_logprobs": [ev.logprob for ev in events],
             "top_logprobs": [{t.piece: t.logprob for t in ev.top} for ev in events],
-            "text_offset": [],
+            "text_offset": offsets,
         }
 
     def progress(self, ev: Progress) -> list[dict[str, Any]]:
@@ -299,7 +306,9 @@ class OpenAIShaper:
         if isinstance(ev, Token):
             if not ev.text and not self.want_logprobs:
                 return out
-            choice: dict[str, Any] = {"index": ev.index, "logprobs": self._logprobs([ev]), "finish_reason": None}
+            start = self._chars.get(ev.index, 0)
+            self._chars[ev.index] = start + len(ev.text)
+            choice: dict[str, Any] = {"index": ev.index, "logprobs": self._logprobs([ev], start), "finish_reason": None}
             if self.chat:
                 choice["delta"] = {"content": ev.text}
             else:

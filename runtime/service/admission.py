@@ -44,7 +44,7 @@ from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.infill import infill_tokens
 from llamactor.runtime.service.lora import LoraAdapters
 
-MAX_N_PREDICT = 1 << 24
+MAX_N_PREDICT = 1 << 24  # a larger max_tokens means as many as the context holds (llama-server takes any)
 EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 
@@ -213,8 +213,9 @@ class Admission:
         """Tokens this request may generate: asked for, capped by the slot and the server."""
         if max_tokens < -1:
             raise RequestError(f"max_tokens (n_predict) must be -1 (unlimited) or >= 0, got {max_tokens}")
-        if max_tokens > MAX_N_PREDICT:
-            raise RequestError(f"max_tokens (n_predict) must be at most {MAX_N_PREDICT}, got {max_tokens}")
+        # llama-server takes any count and stops where the context does; here no request runs past
+        # MAX_N_PREDICT (it bounds the result stream as well)
+        max_tokens = min(max_tokens, MAX_N_PREDICT)
         room = self.config.ctx_per_request - n_prompt
         if self.config.context_shift:
             # The context shifts instead of filling up: the slot does not bound the generation;

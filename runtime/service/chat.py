@@ -1,11 +1,15 @@
 """Chat templates: the GGUF's Jinja template rendered in a jinja2 sandbox.
 
-The template comes from the model (``tokenizer.chat_template``); a model without one gets
-ChatML. The sandbox is immutable (no attribute writes) and has only the helpers HF templates
-expect: ``raise_exception``, ``strftime_now``, a ``tojson`` that writes JSON as
-``transformers`` does (no HTML escaping: tool schemas reach the model as written) and the
-``break``/``continue`` loop controls. Extra variables (``tools``, ``enable_thinking``,
-``chat_template_kwargs``) are passed by ``runtime.service.chatturn``.
+The template comes from the model (``tokenizer.chat_template``), or from --chat-template /
+--chat-template-file; a model without one gets ChatML. With --no-jinja, a --chat-template that
+names one of llama.cpp's built-in templates (``llama3``, ``gemma``, ...) is that template,
+rendered by llama.cpp (``runtime.engine.builtin_templates``), as llama-server does: it sees
+role and content only (no tools, no ``chat_template_kwargs``). The sandbox is immutable (no
+attribute writes) and has only the helpers HF templates expect: ``raise_exception``,
+``strftime_now``, a ``tojson`` that writes JSON as ``transformers`` does (no HTML escaping:
+tool schemas reach the model as written) and the ``break``/``continue`` loop controls. Extra
+variables (``tools``, ``enable_thinking``, ``chat_template_kwargs``) are passed by
+``runtime.service.chatturn``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llamactor.protocol.errors import ConfigError, RequestError
+from llamactor.runtime.engine.builtin_templates import apply_builtin_template
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -46,21 +51,49 @@ def _tojson(
 
 
 class ChatTemplate:
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+    """The template every chat of a runtime is rendered with; made once at startup.
+
+    ``source`` is Jinja source (None: ChatML), or with ``builtin`` the name of a llama.cpp
+    template. ``origin`` says where it came from (the startup log line names it).
+    """
+
+    def __init__(
+        self,
+        source: str | None,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        builtin: bool = False,
+        origin: str = "",
+    ) -> None:
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.builtin = builtin
+        self.origin = origin
+        self.source = source or CHATML
+        if builtin:
+            assert source, "a built-in template is chosen by its name"
+            return
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
-        self.source = source or CHATML
         try:
             self._template = env.from_string(self.source)
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}") from exc
-        self.bos_token = bos_token
-        self.eos_token = eos_token
+
+    @property
+    def name(self) -> str:
+        """What the startup log calls it: the built-in's name, "chatml", or "jinja"."""
+        return self.source if self.builtin else "chatml" if self.source == CHATML else "jinja"
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt of ``messages``; ``extra`` are template variables (a built-in has none)."""
+        if self.builtin:
+            rows = [(str(m["role"]), str(m["content"])) for m in messages]
+            return apply_builtin_template(self.source, rows, add_assistant=add_generation_prompt)
         try:
             return self._template.render(
                 messages=list(messages),

@@ -159,8 +159,8 @@ class RuntimeConfig:
     ignore_eos: bool = False  # --ignore-eos
     stop: tuple[str, ...] = ()  # -r/--reverse-prompt: stop strings for requests that send none
     # chat templates and reasoning
-    jinja: bool = True  # --jinja/--no-jinja: templates are always Jinja here; recorded for /props
-    chat_template: str | None = None  # --chat-template: Jinja source (or "chatml") instead of the GGUF's
+    jinja: bool = True  # --no-jinja: a --chat-template naming a llama.cpp built-in template is that template
+    chat_template: str | None = None  # --chat-template: Jinja source, "chatml", or (--no-jinja) a built-in's name
     chat_template_file: str | None = None  # --chat-template-file
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
     reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy

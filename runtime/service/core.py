@@ -32,6 +32,7 @@ from llamactor.protocol.errors import Closed, ConfigError, LlamactorError, Reque
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.request import GenerationRequest, InfillParts
 from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.runtime.engine.builtin_templates import builtin_template_names
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.service import live
@@ -203,11 +204,8 @@ class RuntimeCore:
     async def _admission(self, model: Model) -> Admission:
         cfg = self.config
         self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
-        self.chat_template = ChatTemplate(
-            chat_template_source(cfg, model),
-            bos_token=model.token_text(model.bos),
-            eos_token=model.token_text(model.eos),
-        )
+        self.chat_template = load_chat_template(cfg, model)
+        log.info("chat_template", template=self.chat_template.name, source=self.chat_template.origin)
         admission = Admission(model, cfg, self.chat_template, self.adapters)
         await admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
         return admission
@@ -408,9 +406,23 @@ class RuntimeCore:
         state and no groups. Cheap; ``/live`` calls it once per tick for all its clients.
         """
         snap = self.engine.live_snapshot() if self.engine is not None and self.state is RuntimeState.READY else None
-        if snap is None:
-            return live.idle_snapshot(self.config, self.health() if self.engine is not None else self.state.value)
-        return snap
+        return self._idle_snapshot() if snap is None else snap
+
+    async def read_live(self) -> LiveSnapshot:
+        """``live_snapshot()`` read now: an engine in its own process is asked (the live view's
+        tick), so the snapshot is never older than the call. Never raises."""
+        snap = await self.engine.read_live() if self.engine is not None and self.state is RuntimeState.READY else None
+        return self._idle_snapshot() if snap is None else snap
+
+    def _idle_snapshot(self) -> LiveSnapshot:
+        ready = self.state is RuntimeState.READY and self.engine is not None
+        health = self.health()
+        return live.idle_snapshot(
+            self.config,
+            self.state.value if not ready else ("ready" if health == "ok" else health),
+            healthy=ready and health == "ok",
+            uptime_s=max(0.0, time.time() - self.started_at) if ready and self.started_at else 0.0,
+        )
 
     # ---- embeddings and rerank -------------------------------------------------------------
 
@@ -438,15 +450,44 @@ def _only_error(exc: BaseException) -> LlamactorError | None:
     return exc if isinstance(exc, LlamactorError) and exc is not None else None
 
 
-def chat_template_source(cfg: RuntimeConfig, model: Model) -> str | None:
-    """--chat-template (Jinja source, or "chatml" as llama-server names it), else
-    --chat-template-file, else the GGUF's own; None means ChatML."""
-    if cfg.chat_template is not None:
-        return None if cfg.chat_template == "chatml" else cfg.chat_template
+def load_chat_template(cfg: RuntimeConfig, model: Model) -> ChatTemplate:
+    """The chat template, as llama-server chooses it: --chat-template (Jinja source; "chatml";
+    with --no-jinja the name of a llama.cpp built-in template), else --chat-template-file,
+    else the GGUF's own, else ChatML. Its ``origin`` says which."""
+    source, builtin, origin = _chat_template_choice(cfg, model)
+    return ChatTemplate(
+        source,
+        bos_token=model.token_text(model.bos),
+        eos_token=model.token_text(model.eos),
+        builtin=builtin,
+        origin=origin,
+    )
+
+
+def _chat_template_choice(cfg: RuntimeConfig, model: Model) -> tuple[str | None, bool, str]:
+    """(Jinja source or a built-in's name, whether it is a built-in, where it came from)."""
+    given = cfg.chat_template
+    if given is not None:
+        if given in builtin_template_names():
+            if not cfg.jinja:
+                return given, True, "llama.cpp built-in (--chat-template --no-jinja)"
+            if given != "chatml":  # "chatml" is ChatML with Jinja too, as in llama-server
+                log.warning(
+                    "chat_template_is_a_name",
+                    template=given,
+                    warning=f"--chat-template {given!r} names a llama.cpp built-in template, but with Jinja on "
+                    "it is read as Jinja source (as llama-server does): add --no-jinja to use the built-in",
+                )
+        if given == "chatml":
+            return None, False, "--chat-template chatml"
+        return given, False, "--chat-template"
     if cfg.chat_template_file is not None:
         try:
             with open(cfg.chat_template_file, encoding="utf-8") as f:
-                return f.read()
+                return f.read(), False, f"--chat-template-file {cfg.chat_template_file}"
         except OSError as exc:
             raise ConfigError(f"cannot read --chat-template-file {cfg.chat_template_file}: {exc.strerror}") from None
-    return model.chat_template()
+    source = model.chat_template()
+    if source is None:
+        return None, False, "fallback: the GGUF has no chat template"
+    return source, False, "gguf (tokenizer.chat_template)"

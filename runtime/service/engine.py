@@ -76,6 +76,10 @@ class EngineClient(Protocol):
         """Groups, slots and counters now (None when the engine is not up)."""
         ...
 
+    async def read_live(self) -> LiveSnapshot | None:
+        """The same, read now, even from another process (None when the engine is not up)."""
+        ...
+
     def health(self) -> str:
         """ "ok", "unhealthy" (down past its restart limit) or "restarting"."""
         ...

@@ -231,6 +231,9 @@ class InProcessEngine:
             self.config, "ready", self.started_at, self.supervisor, self.coordinator, self.metrics
         )
 
+    async def read_live(self) -> LiveSnapshot:
+        return self.live_snapshot()
+
     def health(self) -> str:
         return "ok" if self.supervisor.snapshot().healthy else "unhealthy"
 

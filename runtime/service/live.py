@@ -29,15 +29,16 @@ def model_name(cfg: RuntimeConfig) -> str:
     return cfg.alias or (Path(str(cfg.model)).name if cfg.model else "default")
 
 
-def idle_snapshot(cfg: RuntimeConfig, state: str) -> LiveSnapshot:
-    """What a runtime that is not serving (loading, stopping, closed) shows: no groups."""
+def idle_snapshot(cfg: RuntimeConfig, state: str, *, healthy: bool = False, uptime_s: float = 0.0) -> LiveSnapshot:
+    """What a runtime shows while its engine has no snapshot for it (loading, stopping, closed,
+    restarting its engine): its state and health, no groups."""
     return LiveSnapshot(
         at=time.time(),
         state=state,
-        healthy=False,
+        healthy=healthy,
         model=model_name(cfg),
         scheduler=policy_name(cfg.scheduler),
-        uptime_s=0.0,
+        uptime_s=uptime_s,
         queue_depth=0,
         queue_size=cfg.queue_size,
     )

@@ -56,6 +56,7 @@ BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # before restart k (the first one at once
 SILENCE_S = 10.0  # no frame at all for this long (heartbeats come every second): the engine is stuck
 LIVE_REFRESH_S = 0.25  # how often the live view's snapshot is read while someone looks
 LIVE_WANTED_S = 5.0  # ... for this long after the last look
+LIVE_READ_TIMEOUT_S = 2.0  # the live view's own read: a busy engine answers within a step
 KILL_GRACE_S = 0.5  # an engine whose socket closed gets this long to exit by itself
 CLOSE_WAIT_S = 10.0  # a closing engine gets this long to stop its actors cleanly
 RPC_PROBE_S = 0.5  # how often a missing ggml-rpc worker is probed
@@ -243,9 +244,25 @@ class ProcessEngine:
         return body + self.own_metrics()
 
     def live_snapshot(self) -> LiveSnapshot | None:
-        """The engine's snapshot as last read (at most ``LIVE_REFRESH_S`` old while asked for)."""
-        self._live_wanted = time.monotonic()
+        """The engine's snapshot as last read (at most ``LIVE_REFRESH_S`` old while asked for;
+        None on the first ask after a pause: what was read then is long stale)."""
+        now = time.monotonic()
+        if now - self._live_wanted > LIVE_WANTED_S:
+            self._live = None
+        self._live_wanted = now
         return self._live if self.up else None
+
+    async def read_live(self) -> LiveSnapshot | None:
+        """The engine's snapshot, asked for now (None when it is down or does not answer in time)."""
+        if not self.up:
+            return None
+        try:
+            with anyio.fail_after(LIVE_READ_TIMEOUT_S):
+                self._live = (await self.call(link.GetLive, link.Live)).snapshot
+        except (LlamactorError, TimeoutError):
+            return None
+        self._live_wanted = time.monotonic()
+        return self._live
 
     def health(self) -> str:
         if self.state is EngineState.DOWN:
