@@ -106,7 +106,7 @@ class ServeOptions:
     """``llamactor serve``'s command line: the runtime's config and the process's own options."""
 
     config: RuntimeConfig
-    host: str = DEFAULT_HOST
+    hosts: tuple[str, ...] = (DEFAULT_HOST,)  # --host a,b: one listening socket each
     port: int = DEFAULT_PORT
     ssl_cert_file: str | None = None
     ssl_key_file: str | None = None
@@ -128,6 +128,12 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
     process = dict(parsed.process)
     if ("ssl_cert_file" in process) != ("ssl_key_file" in process):
         raise ConfigError("--ssl-cert-file and --ssl-key-file must be given together")
+    hosts = process.get("hosts", (DEFAULT_HOST,))
+    for host in hosts:
+        if host.endswith(".sock"):
+            raise ConfigError(f"--host {host}: UNIX sockets are not supported; give IP addresses to listen on")
+    if len(hosts) > 1 and process.get("port") == 0:
+        raise ConfigError("--port 0 is not supported with several --host addresses")  # as llama-server
     return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(parsed.ignored), **process)
 
 
@@ -144,16 +150,20 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The server's listening socket, bound as Hypercorn binds one (``SO_REUSEADDR``, IPv6 for
-    a host with a colon). Bound here, before the model loads or anything logs "listening", so
-    that an address in use is a ConfigError naming it; Hypercorn is handed this socket
-    (``fd://``) rather than binding the address a second time."""
+def bind_listener(host: str, port: int, *, v6only: bool = False) -> socket.socket:
+    """One listening socket of the server, bound as Hypercorn binds one (``SO_REUSEADDR``, IPv6
+    for a host with a colon) and listening at once, so that the same address given twice fails
+    here too. Bound before the model loads or anything logs "listening", so that an address in
+    use is a ConfigError naming it; Hypercorn is handed this socket (``fd://``) rather than
+    binding the address a second time. ``v6only``: an IPv6 address takes IPv6 only."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if v6only and sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
+        sock.listen()  # Hypercorn listens again with its own backlog
     except OSError as exc:
         sock.close()
         why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
@@ -161,15 +171,31 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_listeners(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """A listening socket for each --host address, as llama-server listens on each; with several,
+    an IPv6 address takes IPv6 only (as in llama-server: ``::`` must not also claim ``0.0.0.0``).
+    The first address that cannot be bound is a ConfigError naming it, the others are closed."""
+    sockets: list[socket.socket] = []
+    try:
+        for host in hosts:
+            sockets.append(bind_listener(host, port, v6only=len(hosts) > 1))
+    except ConfigError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 async def serve(
     cfg: RuntimeConfig,
-    host: str,
+    hosts: Sequence[str],
     port: int,
     ssl: tuple[str, str] | None = None,
-    listener: socket.socket | None = None,
+    listeners: Sequence[socket.socket] = (),
 ) -> int:
-    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads. ``listener``
-    (``bind_listener``) is the bound socket to serve on; without one Hypercorn binds."""
+    """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads. ``listeners``
+    (``bind_listeners``) are the bound sockets to serve on; without them Hypercorn binds each
+    of ``hosts``."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
@@ -221,14 +247,17 @@ async def serve(
             await stop.wait()
             tg.cancel_scope.cancel()
 
+    # what each socket is bound to, read before it is handed over (--port 0: the port chosen)
+    addresses = [sock.getsockname()[:2] for sock in listeners] or [(host, port) for host in hosts]
     hc = Config()
-    hc.bind = [f"fd://{listener.detach()}" if listener is not None else _address(host, port)]
+    hc.bind = [f"fd://{sock.detach()}" for sock in listeners] or [_address(host, port) for host in hosts]
     hc.accesslog = None
     hc.errorlog = None
     hc.graceful_timeout = 3.0
     if ssl is not None:
         hc.certfile, hc.keyfile = ssl
-    log.info("listening", host=host, port=port, model=str(cfg.model))
+    for host, bound in addresses:
+        log.info("listening", host=host, port=bound, model=str(cfg.model))
     app: Any = build_app(rt, lifespan=lifespan)  # an ASGI app; hypercorn's stub names its own scope types
     await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
     if any(isinstance(exc, ConfigError) for exc in failed):
@@ -284,12 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llamactor.runtime.service.inprocess import load_options
 
             load_options(cfg)  # register workers and check device names now: errors before listening
-        listener = bind_listener(opts.host, opts.port)  # a port in use: one line, exit 2, nothing loaded
+        listeners = bind_listeners(opts.hosts, opts.port)  # a port in use: one line, exit 2, nothing loaded
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2
     ssl = (opts.ssl_cert_file, opts.ssl_key_file) if opts.ssl_cert_file and opts.ssl_key_file else None
-    return anyio.run(serve, cfg, opts.host, opts.port, ssl, listener)
+    return anyio.run(serve, cfg, opts.hosts, opts.port, ssl, listeners)
 
 
 if __name__ == "__main__":

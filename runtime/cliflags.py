@@ -23,6 +23,7 @@ variables) is ``runtime.cliargs``, and ``runtime.cli`` logs, refuses and builds 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -32,13 +33,32 @@ from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
 from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
-from llamactor.runtime.service.config import ALL_LAYERS
+from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
 # ---- value parsers (a ValueError or ArgumentTypeError becomes argparse's "invalid value") ----
 
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _names(values: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``--alias``/``--tags a,b`` (repeatable): llama-server adds each comma-separated name to a
+    set, so they come out sorted, without repeats; no name at all leaves the field unset."""
+    return name_set(name for value in values for name in value.split(",")) or None
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    """``--host a,b``: llama-server reads a CSV row (a quoted address may hold a comma), strips
+    each address and drops the empty ones; none left is an error."""
+    try:
+        row = next(csv.reader([text]), [])
+    except csv.Error as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of addresses: {exc}") from None
+    hosts = tuple(h.strip() for h in row if h.strip())
+    if not hosts:
+        raise argparse.ArgumentTypeError("at least one address is required")
+    return hosts
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -244,11 +264,21 @@ GROUPS: tuple[Group, ...] = (
             opt(
                 "-a",
                 "--alias",
-                field="alias",
+                field="aliases",
                 value="STRING",
                 env="LLAMA_ARG_ALIAS",
-                convert=lambda v: _csv(v)[0],
-                help="model id shown by /v1/models (the first of a comma-separated list)",
+                many=True,
+                convert=_names,
+                help="the model's names, comma-separated: /v1/models lists them, the first in sorted order is its id",
+            ),
+            opt(
+                "--tags",
+                field="tags",
+                value="STRING",
+                env="LLAMA_ARG_TAGS",
+                many=True,
+                convert=_names,
+                help="comma-separated, listed by /v1/models (informational)",
             ),
             opt(
                 "-c",
@@ -362,6 +392,20 @@ GROUPS: tuple[Group, ...] = (
                 field="webui",
                 env="LLAMA_ARG_UI",
                 help="the live page at GET /",
+            ),
+            switch(
+                "--slots",
+                neg=("--no-slots",),
+                field="endpoint_slots",
+                env="LLAMA_ARG_ENDPOINT_SLOTS",
+                help="GET /slots (on by default; --no-slots: 501)",
+            ),
+            opt(
+                "--api-prefix",
+                field="api_prefix",
+                value="PREFIX",
+                env="LLAMA_ARG_API_PREFIX",
+                help="serve every route, the page included, under this path (/api: /api/health, /api/v1/models)",
             ),
         ),
     ),
@@ -711,7 +755,14 @@ GROUPS: tuple[Group, ...] = (
         Use.PROCESS,
         "--log-jsonl picks JSON logs; --ssl-* serve HTTPS",
         (
-            opt("--host", field="host", value="HOST", env="LLAMA_ARG_HOST"),
+            opt(
+                "--host",
+                field="hosts",
+                value="HOST",
+                env="LLAMA_ARG_HOST",
+                parse=_hosts,
+                help="IP addresses to listen on, comma-separated (UNIX sockets are not supported)",
+            ),
             opt("--port", field="port", value="PORT", env="LLAMA_ARG_PORT", parse=int),
             opt("--ssl-key-file", field="ssl_key_file", value="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
             opt("--ssl-cert-file", field="ssl_cert_file", value="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
@@ -775,10 +826,7 @@ GROUPS: tuple[Group, ...] = (
         "Always on here",
         Use.IGNORE,
         "always on in llamactor",
-        (
-            switch("--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", help="/metrics is always served"),
-            switch("--slots", neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", help="/slots is always served"),
-        ),
+        (switch("--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", help="/metrics is always served"),),
     ),
     Group(
         "Memory tuning",
@@ -823,7 +871,6 @@ GROUPS: tuple[Group, ...] = (
             opt("-to", "--timeout", env="LLAMA_ARG_TIMEOUT"),
             opt("--threads-http", env="LLAMA_ARG_THREADS_HTTP"),
             switch("--reuse-port", env="LLAMA_ARG_REUSE_PORT"),
-            opt("--tags", value="STRING", env="LLAMA_ARG_TAGS", help="informational in llama-server"),
         ),
     ),
     Group(
@@ -1068,7 +1115,6 @@ GROUPS: tuple[Group, ...] = (
             switch("-sp", "--special", help="special tokens render empty in generated text"),
             opt("--sleep-idle-seconds", value="SECONDS", parse=int, ok=_is(-1)),
             opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
-            opt("--api-prefix", value="PREFIX", env="LLAMA_ARG_API_PREFIX", ok=_is("")),
             opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
             opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
             opt("--mcp-servers-config", value="PATH", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),

@@ -159,7 +159,7 @@ async def test_slots_and_props_fields(make_config):
             props = (await client.get("/props")).json()
             slots = (await client.get("/slots")).json()
         assert props["total_slots"] == 4 and props["n_ctx"] == 1024 and props["pipeline_groups"] == 1
-        assert props["scheduler"] == "adaptive"  # the default (README: scheduling policies)
+        assert props["scheduler"] == "slo"  # the default (README: scheduling policies)
         assert [s["id"] for s in slots] == [0, 1, 2, 3]
         for s in slots:
             assert {"id", "n_ctx", "is_processing", "group", "phase"} <= set(s)

@@ -171,13 +171,14 @@ def test_variables_and_command_line_precedence():
         "LLAMA_API_KEY": "k1,k2",
         "LLAMA_ARG_TOP_K": "3",
         "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+        "LLAMA_ARG_ENDPOINT_METRICS": "1",
     }
     opts = _parse(["--top-k", "5"], env)
     cfg = opts.config
     assert cfg.sampling.temperature == 0.25 and cfg.sampling.top_k == 5  # the flag wins over LLAMA_ARG_TOP_K
     assert cfg.n_ctx == 1024 and cfg.kv_unified and cfg.scheduler == "no-cont-batching"
-    assert cfg.api_keys == ("k1", "k2")
-    assert opts.ignored == (("LLAMA_ARG_ENDPOINT_SLOTS", "always on in llamactor (/slots is always served)"),)
+    assert cfg.api_keys == ("k1", "k2") and cfg.endpoint_slots is False
+    assert opts.ignored == (("LLAMA_ARG_ENDPOINT_METRICS", "always on in llamactor (/metrics is always served)"),)
     with pytest.raises(SystemExit):
         _parse([], {"LLAMA_ARG_CTX_SIZE": "many"})
     with pytest.raises(cli.ConfigError, match="-nocb and --scheduler disagree"):
@@ -188,10 +189,11 @@ def test_llama_server_value_forms():
     """llama-server's special values: -np/-t -1 (auto), -ngl all/auto, a bare -fa (older
     llama-server), --load-mode, -a with several aliases, -dev none, --rerank; KV types and cache."""
     default = cli.RuntimeConfig()
-    cfg = _parse(shlex.split("-np -1 -t -1 -ngl all -fa -lm none -a first,second -dev none --context-shift")).config
+    cfg = _parse(shlex.split("-np -1 -t -1 -ngl all -fa -lm none -a second,first -dev none --context-shift")).config
     assert (cfg.parallel, cfg.threads) == (default.parallel, default.threads)
     assert cfg.n_gpu_layers == 999 and cfg.flash_attn == "on" and cfg.use_mmap is False
-    assert cfg.alias == "first" and cfg.devices == () and cfg.context_shift is True
+    assert cfg.aliases == ("first", "second") and cfg.model_name == "first"  # llama-server's sorted set
+    assert cfg.devices == () and cfg.context_shift is True
     assert _parse(["-ngl", "auto", "--no-mmap"]).config.n_gpu_layers == 0
     kv = _parse(["-ctk", "q8_0", "-ctv", "q4_0", "--cache-ram", "0"]).config
     assert (kv.cache_type_k, kv.cache_type_v, kv.cache_ram_mib) == ("q8_0", "q4_0", 0)
@@ -298,7 +300,7 @@ def _events(lines: list[str], event: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path, tmp_path: Path):
     """The flags tools/server/tests/utils.py passes to llama-server
-    start ``llamactor serve``; it serves, the implemented ones work (alias, slots, context,
+    start ``llamactor serve``; it serves, the implemented ones work (alias, --no-slots, context,
     batch, n-predict, keys, chat template file, sampling defaults), and each flag with no
     meaning here is logged once with its reason."""
     keys = tmp_path / "keys.txt"
@@ -320,7 +322,8 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
             models = httpx.get(url + "/v1/models", headers=headers)
             assert models.status_code == 200 and models.json()["data"][0]["id"] == "tinyllama"
         props = httpx.get(url + "/props", headers=headers).json()
-        assert props["total_slots"] == 2 and props["n_ctx"] == 256
+        assert props["total_slots"] == 2 and props["n_ctx"] == 256 and props["endpoint_slots"] is False
+        assert httpx.get(url + "/slots", headers=headers).status_code == 501  # --no-slots
         assert props["chat_template"] == template.read_text()
         params = props["default_generation_settings"]["params"]
         assert params["temperature"] == 0.8 and params["seed"] == 42 and params["repeat_penalty"] == 1.1
@@ -330,7 +333,7 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
         assert httpx.get(url + "/", headers=headers).status_code == 404  # --no-ui
     ignored = {r["flag"]: r["reason"] for r in _events(lines, "flag_ignored")}
     assert len(_events(lines, "flag_ignored")) == len(ignored)  # one line each
-    expected = {"--cont-batching", "--metrics", "--no-slots", "--no-models-autoload", "--offline", "--swa-full"}
+    expected = {"--cont-batching", "--metrics", "--no-models-autoload", "--offline", "--swa-full"}
     if all(name.startswith("CPU") for name, _ in list_devices()):
         expected.add("--n-gpu-layers")  # no GPU: the layers stay on the CPU, said once
     assert set(ignored) == expected, ignored

@@ -211,7 +211,7 @@ async def test_live_view_shows_groups_slots_and_state_changes(make_config, tmp_p
             for g in (0, 1):
                 await expect_ok(page.locator(f'.group[data-group="{g}"] .slot'), to_have_count=2)
             await expect_ok(page.locator('.slot[data-state="idle"]'), to_have_count=4)
-            await expect_ok(page.locator('[data-figure="scheduler"]'), to_contain_text="adaptive")
+            await expect_ok(page.locator('[data-figure="scheduler"]'), to_contain_text="slo")
             await expect_ok(page.locator('[data-figure="queue"]'), to_contain_text="0 / 256")
             await expect_ok(page.locator("#live-status"), to_have_text="live")
 

@@ -1,4 +1,4 @@
-"""``adaptive`` (the default): continuous batching whose prompt budget follows the traffic.
+"""``adaptive``: continuous batching whose prompt budget follows the traffic.
 
 Every step every generating slot contributes its token, as in ``continuous``; what varies is
 how many prompt tokens join them, and whose. The policy judges requests as the goodput

@@ -62,7 +62,7 @@ from llamactor.runtime.http.responses import (
     generation_settings,
 )
 from llamactor.runtime.http.slots import slot_action_json, slots_json
-from llamactor.runtime.service.config import MAX_BODY_BYTES
+from llamactor.runtime.service.config import MAX_BODY_BYTES, route_prefix
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.service.infill import check_fim
 
@@ -90,14 +90,18 @@ def errors_for(path: str) -> Callable[[BaseException], Response]:
 
 
 class _ApiKey:
-    """401 for a missing or wrong key on every path but /health (constant-time compare)."""
+    """401 for a missing or wrong key on every path but /health and the page (constant-time
+    compare). ``prefix`` is the app's --api-prefix: the public paths are under it."""
 
-    def __init__(self, app: ASGIApp, key: str | None, more: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, key: str | None, more: tuple[str, ...] = (), prefix: str = "") -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in ((key,) if key else ()) + more)  # --api-key a,b / --api-key-file
+        # the bare prefix too: it redirects to the page at prefix + "/"
+        self.public = frozenset({prefix + path for path in PUBLIC_PATHS} | ({prefix} if prefix else set()))
+        self.prefix = prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.keys or scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if not self.keys or scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -107,8 +111,8 @@ class _ApiKey:
         else:
             given = headers.get(b"x-api-key", b"")
         if not sum(hmac.compare_digest(given, k) for k in self.keys):  # every key compared: no early exit
-            response = errors_for(scope["path"])(Unauthorized("invalid or missing API key"))
-            await response(scope, receive, send)
+            errors = errors_for(scope["path"].removeprefix(self.prefix))
+            await errors(Unauthorized("invalid or missing API key"))(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -150,8 +154,7 @@ class Api:
 
     @property
     def model_id(self) -> str:
-        cfg = self.rt.config
-        return cfg.alias or (Path(str(cfg.model)).name if cfg.model else "default")
+        return self.rt.config.model_name
 
     # ---- utility endpoints -----------------------------------------------------------
 
@@ -168,8 +171,17 @@ class Api:
         return error_response(Unavailable(message))
 
     async def models(self, request: Request) -> Response:
+        """GET /v1/models, /models: the one model, its names and tags, as llama-server lists them."""
         self.rt._require_ready()
-        owned = {"id": self.model_id, "object": "model", "created": int(self.rt.started_at), "owned_by": "llamactor"}
+        cfg = self.rt.config
+        owned = {
+            "id": self.model_id,
+            "aliases": cfg.model_aliases,
+            "tags": cfg.tags,
+            "object": "model",
+            "created": int(self.rt.started_at),
+            "owned_by": "llamactor",
+        }
         return _json({"object": "list", "data": [owned]})
 
     async def props(self, request: Request) -> Response:
@@ -198,7 +210,7 @@ class Api:
         assert model is not None
         return {
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": True,
+            "endpoint_slots": cfg.endpoint_slots,
             "endpoint_props": cfg.endpoint_props,
             "endpoint_metrics": True,
             "ui": cfg.webui,
@@ -244,6 +256,10 @@ class Api:
         return _json({"content": self.rt.detokenize(req.tokens)})
 
     async def slots(self, request: Request) -> Response:
+        """GET /slots: llama-server's 501 when started with --no-slots. ``POST /slots/{id}``
+        stays, as in llama-server, where --no-slots turns off the monitoring endpoint only."""
+        if not self.rt.config.endpoint_slots:
+            raise NotSupported("This server does not support slots endpoint. Start it with `--slots`")
         return _json(slots_json(await self.rt.slots()))
 
     async def slot_action(self, request: Request) -> Response:
@@ -483,7 +499,10 @@ def _anthropic_error_frame(exc: BaseException) -> bytes:
 
 
 def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
+    """The app of ``rt``; every route is under ``config.api_prefix`` (llama-server prepends its
+    --api-prefix to each path, the page's included; the page asks for the rest by relative URLs)."""
     api = Api(rt)
+    prefix = route_prefix(rt.config.api_prefix)
 
     def route(path: str, fn: Any, methods: list[str]) -> Route:
         errors = errors_for(path)
@@ -494,7 +513,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
             except Exception as exc:
                 return errors(exc)
 
-        return Route(path, endpoint, methods=methods)
+        return Route(prefix + path, endpoint, methods=methods)
 
     routes = [
         route("/health", api.health, ["GET"]),
@@ -540,12 +559,13 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         routes.append(route(ASSET_PATH, page.asset, ["GET"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return errors_for(request.url.path)(NotFound(f"no route for {request.method} {request.url.path}"))
+        path = request.url.path
+        return errors_for(path.removeprefix(prefix))(NotFound(f"no route for {request.method} {path}"))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         err = RequestError(f"method {request.method} is not allowed on {request.url.path}")
         err.status = 405
-        return errors_for(request.url.path)(err)
+        return errors_for(request.url.path.removeprefix(prefix))(err)
 
     return Starlette(
         routes=routes,
@@ -557,7 +577,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
                 headers=rt.config.cors_headers,
                 credentials=rt.config.cors_credentials,
             ),
-            Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys),
+            Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys, prefix=prefix),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,

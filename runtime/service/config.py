@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,27 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context may hold
 ALL_LAYERS = 999  # n_gpu_layers meaning "every layer on the listed devices"
 _ANY_VOCAB = 2**31 - 1  # validated() checks sampling bounds before the model (and its vocabulary) loads
+# RFC 3986 path characters but "%": routes match the decoded path, so a prefix is given decoded
+_PATH_CHARS = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/-]+")
+
+
+def name_set(names: Iterable[str]) -> tuple[str, ...]:
+    """Names as llama-server keeps its --alias and --tags values: stripped, the empty ones
+    dropped, sorted, without repeats (a ``std::set``)."""
+    return tuple(sorted({n.strip() for n in names} - {""}))
+
+
+def route_prefix(prefix: str) -> str:
+    """``api_prefix`` as the routes take it: "" or "/a/b", with no trailing slash. llama-server
+    prepends its --api-prefix to each path as given; here "api" and "/api/" mean "/api" too.
+    ConfigError for a character a URL path does not hold as it is (a space, ``?``, ``#``, ``%``,
+    a brace)."""
+    trimmed = prefix.strip("/")
+    if not trimmed:
+        return ""
+    if not _PATH_CHARS.fullmatch(trimmed):
+        raise ConfigError(f"--api-prefix must be a URL path such as /api, got {prefix!r}")
+    return "/" + trimmed
 
 
 def default_model_path() -> Path:
@@ -75,7 +98,7 @@ class RuntimeConfig:
     kv_unified: bool = False
     # the scheduling policy: a built-in name, "module:Class", "path/file.py:Class", a Policy
     # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
-    scheduler: str | type[Policy] | Policy = "adaptive"
+    scheduler: str | type[Policy] | Policy = "slo"
     scheduler_options: dict[str, Any] = field(default_factory=dict)  # passed to the policy's constructor
     # the service-level objective the slo policy steers by (and the benchmark's goodput judges):
     # a first token within slo_ttft_ms, inter-token gaps within slo_itl_ms at the request's own
@@ -116,7 +139,13 @@ class RuntimeConfig:
     cors_headers: str = "*"
     cors_credentials: bool = True  # with origins "*": the request's Origin is echoed back
     endpoint_props: bool = False  # --props: POST /props is allowed
-    alias: str | None = None  # model id shown by /v1/models
+    endpoint_slots: bool = True  # --no-slots: GET /slots answers 501, as llama-server's
+    api_prefix: str = ""  # --api-prefix: every route (the page too) is served under this path
+    # the model's names, as llama-server's --alias set: its id in responses is ``alias``, else
+    # the first of ``aliases`` in sorted order, else the file name (``model_name``)
+    alias: str | None = None
+    aliases: tuple[str, ...] = ()  # further names, listed by /v1/models with the id
+    tags: tuple[str, ...] = ()  # --tags: listed by /v1/models, used for nothing
     sse_ping_interval: int = 30  # seconds of stream silence before an SSE ping (<= 0: none), llama-server's
     # layer split over ggml-rpc (docs/pipeline-groups.md)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of each worker, registered as RPC0, RPC1, …
@@ -268,6 +297,9 @@ class RuntimeConfig:
         return replace(
             self,
             model=model,
+            api_prefix=route_prefix(self.api_prefix),
+            aliases=name_set(self.aliases),
+            tags=name_set(self.tags),
             spec_type=spec_type,
             n_gpu_layers=n_gpu_layers,
             n_ubatch=min(self.n_ubatch, self.n_batch),
@@ -302,6 +334,25 @@ class RuntimeConfig:
         elif spec_type == SPEC_DRAFT:
             raise ConfigError("--spec-type draft-simple needs a draft model (--model-draft FILE)")
         return spec_type
+
+    # ---- the model's names ------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        """The model's id in every response: ``alias``; else the first of ``aliases`` in sorted
+        order, as llama-server names its model after the first of its --alias set; else the
+        model file's name."""
+        if self.alias:
+            return self.alias
+        names = name_set(self.aliases)
+        if names:
+            return names[0]
+        return Path(str(self.model)).name if self.model else "default"
+
+    @property
+    def model_aliases(self) -> tuple[str, ...]:
+        """Every name given to the model (``alias`` and ``aliases``), sorted, without repeats."""
+        return name_set((*self.aliases, *((self.alias,) if self.alias else ())))
 
     # ---- derived sizes ----------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 from llamactor.actors.coordinator import PhaseCoordinator
 from llamactor.actors.policies import policy_name
@@ -25,10 +24,6 @@ TTFT_METRIC = "llamactor:time_to_first_token_seconds"
 GAP_METRIC = "llamactor:inter_token_seconds"
 
 
-def model_name(cfg: RuntimeConfig) -> str:
-    return cfg.alias or (Path(str(cfg.model)).name if cfg.model else "default")
-
-
 def idle_snapshot(cfg: RuntimeConfig, state: str, *, healthy: bool = False, uptime_s: float = 0.0) -> LiveSnapshot:
     """What a runtime shows while its engine has no snapshot for it (loading, stopping, closed,
     restarting its engine): its state and health, no groups."""
@@ -36,7 +31,7 @@ def idle_snapshot(cfg: RuntimeConfig, state: str, *, healthy: bool = False, upti
         at=time.time(),
         state=state,
         healthy=healthy,
-        model=model_name(cfg),
+        model=cfg.model_name,
         scheduler=policy_name(cfg.scheduler),
         uptime_s=uptime_s,
         queue_depth=0,
@@ -76,7 +71,7 @@ def build_snapshot(
         at=now,
         state=state,
         healthy=table.healthy,
-        model=model_name(cfg),
+        model=cfg.model_name,
         scheduler=policy_name(cfg.scheduler),
         uptime_s=max(0.0, now - started_at),
         queue_depth=table.queue_depth,
