@@ -232,6 +232,15 @@ class OpenAIApi:
     def new_record(self, n_prompt: int, keep: bool) -> RequestRecord:
         return TextRecord(sent_s=0.0, n_prompt_sent=n_prompt) if keep else RequestRecord(0.0, n_prompt)
 
+    def prompt_fields(self, prompt: list[int]) -> dict[str, Any]:
+        """The body's prompt: the token ids, or a ``Dialogue`` holding text as one text."""
+        sent: list[int] | str = list(prompt)
+        if isinstance(prompt, Dialogue) and prompt.has_text:
+            if self.vocabulary is None:
+                raise ValueError("a prompt with text needs the vocabulary of the prompt ids")
+            sent = "".join(self.vocabulary.message_text(m) for m in prompt.messages)
+        return {"prompt": sent}
+
     def body(
         self,
         prompt: list[int],
@@ -240,13 +249,8 @@ class OpenAIApi:
         cache_prompt: bool = False,
         return_tokens: bool = False,
     ) -> dict[str, Any]:
-        sent: list[int] | str = list(prompt)
-        if isinstance(prompt, Dialogue) and prompt.has_text:
-            if self.vocabulary is None:
-                raise ValueError("a prompt with text needs the vocabulary of the prompt ids")
-            sent = "".join(self.vocabulary.message_text(m) for m in prompt.messages)
         return {
-            "prompt": sent,
+            **self.prompt_fields(prompt),
             "max_tokens": n_predict,
             "stream": True,
             "ignore_eos": True,
@@ -254,6 +258,11 @@ class OpenAIApi:
             "cache_prompt": cache_prompt,
             "stream_options": {"include_usage": True},
         }
+
+    def piece(self, choice: dict[str, Any]) -> tuple[str, bool]:
+        """The text one chunk's choice carries, and whether it counts as a generated token."""
+        text = choice.get("text") or ""
+        return text, bool(text) and choice.get("finish_reason") is None
 
     def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
         if field == DATA_FIELD and value == DONE_PAYLOAD:
@@ -267,12 +276,12 @@ class OpenAIApi:
             rec.n_generated_server = usage.get("completion_tokens")
             rec.n_prompt_server = usage.get("prompt_tokens")
         for choice in obj.get("choices") or ():
-            text = choice.get("text")
+            text, token = self.piece(choice)
             if text:
                 _keep_text(rec, text)
-                if choice.get("finish_reason") is None:
-                    rec.event_times.append(now_s)
-                    rec.event_tokens.append(1)
+            if token:
+                rec.event_times.append(now_s)
+                rec.event_tokens.append(1)
 
     def finish(self, rec: RequestRecord) -> None:
         if rec.error is None and rec.done_s is None:
@@ -299,45 +308,15 @@ class ChatApi(OpenAIApi):
             return [{"role": m.role, "content": self._vocab.message_text(m)} for m in prompt.messages]
         return [{"role": "user", "content": self._vocab.text(prompt)}]
 
-    def body(
-        self,
-        prompt: list[int],
-        n_predict: int,
-        temperature: float,
-        cache_prompt: bool = False,
-        return_tokens: bool = False,
-    ) -> dict[str, Any]:
-        return {
-            "messages": self.messages(prompt),
-            "max_tokens": n_predict,
-            "stream": True,
-            "ignore_eos": True,
-            "temperature": temperature,
-            "cache_prompt": cache_prompt,
-            "stream_options": {"include_usage": True},
-        }
+    def prompt_fields(self, prompt: list[int]) -> dict[str, Any]:
+        return {"messages": self.messages(prompt)}
 
-    def apply(self, rec: RequestRecord, field: bytes, value: bytes, now_s: float) -> None:
-        if field == DATA_FIELD and value == DONE_PAYLOAD:
-            rec.done_s = now_s
-            return
-        obj = _decode_or_error(rec, field, value)
-        if obj is None:
-            return
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            rec.n_generated_server = usage.get("completion_tokens")
-            rec.n_prompt_server = usage.get("prompt_tokens")
-        for choice in obj.get("choices") or ():
-            delta = choice.get("delta")
-            if not isinstance(delta, dict):
-                continue
-            content, reasoning = delta.get("content"), delta.get("reasoning_content")
-            if content:
-                _keep_text(rec, content)
-            if content or reasoning:
-                rec.event_times.append(now_s)
-                rec.event_tokens.append(1)
+    def piece(self, choice: dict[str, Any]) -> tuple[str, bool]:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return "", False
+        content = delta.get("content") or ""
+        return content, bool(content or delta.get("reasoning_content"))
 
 
 APIS: dict[str, Api] = {"native": NativeApi(), "openai": OpenAIApi()}

@@ -34,7 +34,7 @@ from llamactor.ops.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, ServerS
 from llamactor.ops.progress import Progress
 from llamactor.ops.randomload import DEFAULT_FAMILY, Family
 from llamactor.ops.randomrun import DEFAULT_SLO_ITL_PCT
-from llamactor.ops.report import notes
+from llamactor.ops.report import notes, plain
 from llamactor.ops.runner import Common
 from llamactor.ops.suite import CalibrationCache, SeedRun, SuiteConfig, Target, run_suite, targets_of
 from llamactor.ops.verdict import (
@@ -216,17 +216,6 @@ def _compared(targets: list[Target]) -> list[str]:
     return [t.name for t in targets if t.role == "other"]
 
 
-def _plain(obj: Any) -> Any:
-    """Dataclasses to dicts (fields marked ``metadata={"report": False}`` left out), for JSON."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.metadata.get("report", True)}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    return obj
-
-
 def _run_notes(seed_runs: list[SeedRun]) -> list[str]:
     """``report.notes`` of every run (failed requests, cross-check, a busy client, ...)."""
     out = []
@@ -251,16 +240,16 @@ def to_json(
         "seeds_picked_at_random": picked,
         "pairs": cfg.pairs,
         "slo": {"ttft_ms": cfg.common.slo_ttft_ms, "itl_ms": cfg.common.slo_itl_ms, "itl_pct": cfg.slo_itl_pct},
-        "family": _plain(cfg.family),
+        "family": plain(cfg.family),
         "metrics": [{"key": m.key, "label": m.label, "lower_is_better": m.lower_is_better} for m in METRICS],
         "per_seed": [
             {
                 "seed": sr.seed,
                 "workload": sr.workload.describe(),
                 "servers": sr.servers,
-                "calibration": _plain(sr.calibration),
+                "calibration": plain(sr.calibration),
                 "runs": [
-                    {"server": r.server, "pair": r.pair, "figures": r.result.figures(), "result": _plain(r.result)}
+                    {"server": r.server, "pair": r.pair, "figures": r.result.figures(), "result": plain(r.result)}
                     for r in sr.runs
                 ],
                 **table_json(t),
@@ -336,7 +325,7 @@ def run_random_bench(a: argparse.Namespace) -> int:
             "band": band.to_json(),
             "reference": ref.template if ref else None,
             "pairs": cfg.pairs,
-            "family": _plain(cfg.family),
+            "family": plain(cfg.family),
         }
         Path(a.band_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         say(f"noise band written to {a.band_out}")

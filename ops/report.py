@@ -191,14 +191,14 @@ def describe(workload: Any, targets: list[Any], sweep: str | None = None) -> str
     return "\n".join(servers + [f"workload {workload.name}: " + " ".join(parts)])
 
 
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
     """Dataclasses to dicts, leaving out fields marked ``metadata={"report": False}``."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.metadata.get("report", True)}
+        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.metadata.get("report", True)}
     if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
+        return [plain(x) for x in obj]
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: plain(v) for k, v in obj.items()}
     return obj
 
 
@@ -212,13 +212,13 @@ def to_json(runs: list[Run], ratios: list[PairRatio]) -> dict[str, Any]:
                 "pair": r.pair,
                 "workload": r.result.workload,
                 "figures": r.result.figures(),
-                "result": _plain(r.result),
+                "result": plain(r.result),
             }
             for r in runs
         ],
-        "ratios": [_plain(x) for x in ratios],
+        "ratios": [plain(x) for x in ratios],
         "notes": notes(runs),
     }
 
 
-__all__ = ["describe", "fmt", "notes", "render_ratios", "render_runs", "to_json"]
+__all__ = ["describe", "fmt", "notes", "plain", "render_ratios", "render_runs", "to_json"]

@@ -502,6 +502,24 @@ def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
     assert plan.prefill == ((1, 250),)
 
 
+def test_slo_feeds_prompts_that_missed_their_target_in_slot_order():
+    """In a burst no prompt can make 2 s any more: equal prompts go in slot order, as
+    llama-server feeds them (a later arrival in a lower slot first), not oldest first; one
+    already under way (less left) goes on first. A prompt that can still make its target goes
+    before them, until one of them has waited ten targets."""
+    burst = [_prompt(3, 1, 1000, waited_s=30.0), _prompt(1, 5, 1000, waited_s=5.0), _prompt(2, 2, 1000, waited_s=25.0)]
+    assert BUILTIN["slo"]().plan(_view(burst), None).prefill == ((1, 512),)
+    started = [*burst, _prompt(4, 3, 600, waited_s=20.0)]
+    assert BUILTIN["slo"]().plan(_view(started), None).prefill == ((4, 512),)
+    fresh = _prompt(0, 9, 300)  # can make 2 s
+    assert BUILTIN["slo"]().plan(_view([*burst[1:], fresh]), None).prefill[0] == (0, 300)
+    assert BUILTIN["slo"]().plan(_view([*burst, fresh]), None).prefill[0] == (0, 300)  # shortest anyway
+    long_fresh = _prompt(6, 9, 1000)  # can make 2 s at 0.5 ms a token, in a higher slot
+    assert BUILTIN["slo"]().plan(_view([burst[1], long_fresh], ms_tok=0.5), None).prefill[0] == (6, 512)
+    starving = _prompt(3, 1, 1000, waited_s=21.0)  # ten 2 s targets: the precedence ends
+    assert BUILTIN["slo"]().plan(_view([starving, long_fresh], ms_tok=0.5), None).prefill[0] == (3, 512)
+
+
 def test_slo_does_not_shorten_steps_that_miss_the_gap_target_anyway():
     """Where a step with no prompt already takes longer than the gap target (a slow machine,
     many streams), short steps save no stream: the prompts get the whole room."""

@@ -8,8 +8,9 @@ chunks fill the rest of n_batch; what this policy decides is whose prompts go fi
 step must stay short.
 
 - Whose prompts: the ones that can still get their first token in time first, shortest
-  remaining first (the most first tokens soonest), then the others, also shortest first; a
-  prompt waiting for ``STARVE_FACTOR`` first-token targets goes first whatever its length.
+  remaining first (the most first tokens soonest), then the others, also shortest first and
+  then in slot order, as llama-server feeds them; once a prompt has waited ``STARVE_FACTOR``
+  first-token targets, the ones that can still make theirs lose their precedence.
   Each step's prompt tokens go to the first prompts in that order until each is through, so
   prompts are never processor-shared: equal prompts get their first tokens one after another,
   as with llama-server, not all together at the end.
@@ -41,7 +42,7 @@ DEFAULT_SLO_TTFT_MS = 2000.0  # the benchmark's goodput objective (ops/slo.py): 
 DEFAULT_SLO_ITL_MS = 150.0  # ... and inter-token gaps within 150 ms
 DEFAULT_SLO_ITL_PCT = 90.0  # ... at the request's own 90th percentile gap
 MIN_PREFILL_CHUNK = 32  # prompt tokens a short step still takes while prompts wait
-STARVE_FACTOR = 10.0  # a prompt waiting this many first-token targets is served first
+STARVE_FACTOR = 10.0  # a prompt waiting this many first-token targets ends the feasible ones' precedence
 COLD_BUDGET = 128  # prompt tokens a step takes beside streams before its costs are measured
 
 
@@ -143,10 +144,18 @@ class SloPolicy(Policy):
     def order(self, view: GroupView, waiting: list[SlotView]) -> list[SlotView]:
         starve_ms = STARVE_FACTOR * self.slo_ttft_ms
 
+        # Prompts that can still make their first-token target go first, unless one has waited
+        # too long: then every prompt is in the order below (no prompt waits forever behind a
+        # stream of short ones).
+        starved = any(self.waited_ms(view, s) > starve_ms for s in waiting)
+
         def key(s: SlotView) -> tuple[int, float, float, int]:
-            if self.waited_ms(view, s) > starve_ms:
-                return (0, s.arrived, 0.0, s.order)
-            return (1 if self.feasible(view, s) else 2, s.prompt_left, s.arrived, s.order)
+            if not starved and self.feasible(view, s):
+                return (1, s.prompt_left, s.arrived, s.order)
+            # Shortest first, then in llama-server's order (by slot): in a burst, later
+            # arrivals in low slots get first tokens soon instead of every prompt waiting
+            # behind all older ones (the median's worst order for equal prompts).
+            return (2, s.prompt_left, 0.0, s.local)
 
         return sorted(waiting, key=key)
 
