@@ -12,7 +12,7 @@ from test_replay import request, write_trace
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.ops.costfit import fit_costs
-from llamactor.ops.randomload import DEFAULT_FAMILY, draw
+from llamactor.ops.randomload import DEFAULT_FAMILY, Family, draw
 from llamactor.ops.replayrandom import replay_random, simulated_capacity, workload_trace
 from llamactor.ops.simulate import simulate
 from llamactor.ops.tracefile import load_trace
@@ -153,3 +153,38 @@ def test_bad_input_is_refused_with_exit_2(extra: list[str], says: str, tmp_path:
     )
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert says in out.stderr and out.stdout == ""
+
+
+def slow_ms(prompt: int, generated: int, kv: int = 0, kv_ms: float = 0.0) -> float:
+    """A machine where a 1,000-token prompt takes 3 s: no burst prompt can make 2 s."""
+    return 60.0 + 3.0 * prompt + 10.0 * generated
+
+
+def test_in_a_burst_nobody_can_serve_in_time_slo_gives_first_tokens_in_llama_servers_order(tmp_path: Path):
+    """32 users x 2 distinct 1,000-token prompts: every prompt misses 2 s whatever the order.
+    Fed oldest first, a user's second request waits behind every older prompt and most first
+    tokens come at the end; the default feeds them as llama-server does (by slot), so its
+    median first token is llama-server's order's, not several times later."""
+    from test_replay import steps_of
+
+    costs = load_trace(
+        write_trace(tmp_path / "slow.jsonl", [request(0.0, 10, 5)], steps_of(slow_ms), policy="slo", options=OPTIONS)
+    )
+    family = Family.from_dict(
+        {
+            "arrivals": ["burst"],
+            "npp": [1000, 1000],
+            "ntg": [32, 32],
+            "users": [32, 32],
+            "requests_per_user": [2, 2],
+            "nps": [32],
+            "duration_s": [200, 300],
+            "apis": ["native"],
+        }
+    )
+    seed = next(s for s in range(50) if not draw(s, family).prefix_lengths and not draw(s, family).later_turns)
+    classes = [(name, resolve_policy(name)) for name in ("slo", "continuous")]
+    slo, continuous = replay_random(seed, family, costs, fit_costs(costs.steps), classes, OPTIONS, 2000, 150)
+    assert slo.result.unfinished == continuous.result.unfinished == 0
+    assert slo.report.ttft_p50_ms <= 1.5 * continuous.report.ttft_p50_ms, (slo.report, continuous.report)
+    assert slo.report.makespan_s <= 1.2 * continuous.report.makespan_s
