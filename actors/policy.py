@@ -91,7 +91,8 @@ def generating(view: GroupView, allowed: Iterable[int] | None = None) -> tuple[i
 
 
 def fill_prefill(slots: Iterable[SlotView], budget: int) -> tuple[tuple[int, int], ...]:
-    """Hand ``budget`` prompt tokens to prefilling slots in arrival order (first come, first fed)."""
+    """Hand ``budget`` prompt tokens to prefilling slots in the order given (each takes what it
+    needs before the next gets any: no prompt is processor-shared)."""
     out: list[tuple[int, int]] = []
     for s in slots:
         if budget <= 0:

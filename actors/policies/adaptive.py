@@ -32,7 +32,7 @@ shared-prefix, Poisson, closed-loop and chat workloads (README, "Scheduling poli
 
 from __future__ import annotations
 
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, generating
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, fill_prefill, generating
 from llamactor.protocol.messages import Grant
 
 DEFAULT_TARGET_ITL_MS = 200.0  # the longest step a stream on track should see (see README)
@@ -63,7 +63,7 @@ class AdaptivePolicy(Policy):
         if self.fixed_budget or view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
             # no early end before the step costs are measured (a cold group's first steps all
             # prefill, so it has no generation-only step yet)
-            return StepPlan(prefill=take(order, min(room, budget)), generate=generate)
+            return StepPlan(prefill=fill_prefill(order, min(room, budget)), generate=generate)
         urgent = late | {s.local for s in waiting if not self.feasible(view, s)}
         return StepPlan(
             prefill=take_split(order, min(room, budget), view.ms_per_step, view.ms_per_prompt_token, urgent),
@@ -163,7 +163,7 @@ class AdaptivePolicy(Policy):
 def take_split(
     slots: list[SlotView], budget: int, step_ms: float, token_ms: float, urgent: frozenset[int] = frozenset()
 ) -> tuple[tuple[int, int], ...]:
-    """``take``, ending the step early when that gives first tokens sooner on the whole.
+    """``fill_prefill``, ending the step early when that gives first tokens sooner on the whole.
 
     Prompts that finish in this step all get their first token when it ends. One more prompt
     finished in it delays the ``done`` ones before it by its own cost; left to the next step,
@@ -192,16 +192,4 @@ def take_split(
         out.append((s.local, k))
         budget -= k
         done += finishes
-    return tuple(out)
-
-
-def take(slots: list[SlotView], budget: int) -> tuple[tuple[int, int], ...]:
-    """``budget`` prompt tokens to ``slots`` in the given order, each taking what it needs."""
-    out: list[tuple[int, int]] = []
-    for s in slots:
-        if budget <= 0:
-            break
-        k = min(s.prompt_left, budget)
-        out.append((s.local, k))
-        budget -= k
     return tuple(out)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, generating
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, fill_prefill, generating
 from llamactor.protocol.messages import Grant
 
 DEFAULT_SLO_TTFT_MS = 2000.0  # the benchmark's goodput objective (ops/slo.py): first token within 2 s
@@ -67,7 +67,7 @@ class SloPolicy(Policy):
         room = view.n_batch - len(generate)
         order = self.order(view, waiting)
         budget = room if not generate else self.budget(view, streams, order, room)
-        prefill = take(order, budget)
+        prefill = fill_prefill(order, budget)
         if generate and self.long(view, sum(k for _, k in prefill)):
             for s in streams:
                 self.long_gaps[s.order] = self.long_gaps.get(s.order, 0) + 1
@@ -175,15 +175,3 @@ class SloPolicy(Policy):
         if len(self.long_gaps) > len(view.slots):
             present = {s.order for s in view.slots}
             self.long_gaps = {order: n for order, n in self.long_gaps.items() if order in present}
-
-
-def take(order: list[SlotView], budget: int) -> tuple[tuple[int, int], ...]:
-    """``budget`` prompt tokens to the prompts in ``order``, each taking what it needs."""
-    out: list[tuple[int, int]] = []
-    for s in order:
-        if budget <= 0:
-            break
-        k = min(s.prompt_left, budget)
-        out.append((s.local, k))
-        budget -= k
-    return tuple(out)
