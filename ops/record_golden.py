@@ -19,6 +19,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -94,6 +96,32 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"llama-server refused {body}: {exc.read().decode()}") from None
 
 
+@contextmanager
+def running_llama_server(server: str, model: pathlib.Path, *flags: str) -> Iterator[str]:
+    """``server`` serving ``model`` on a free loopback port with ``flags``, healthy: its URL.
+    Stopped on the way out."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from tinymodel import cpu_class, write_tiny_model
@@ -102,45 +130,12 @@ def main() -> None:
     version = subprocess.run([server, "--version"], capture_output=True, text=True).stderr.strip().splitlines()[0]
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(pathlib.Path(tmp) / "tiny.gguf")
-        port = _free_port()
-        proc = subprocess.Popen(
-            [
-                server,
-                "-m",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "-np",
-                "1",
-                "-t",
-                "1",
-                "-c",
-                "2048",
-                "--no-webui",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(300):
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError):
-                    pass
-                time.sleep(0.1)
+        with running_llama_server(server, model, "-np", "1", "-t", "1", "-c", "2048", "--no-webui") as url:
             cases = []
             for name, fields in CASES.items():
                 request = {**_BASE, **fields, "return_tokens": True}
                 res = _post(url + "/completion", request)
                 cases.append({"name": name, "request": request, "tokens": res["tokens"]})
-        finally:
-            proc.terminate()
-            proc.wait(10)
     here = cpu_class()
     old = {c["name"]: c for c in json.loads(OUT.read_text())["cases"]} if OUT.exists() else {}
     merged = []

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from llamactor.ops.record_golden import running_llama_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "golden" / "llama_server_schedule.json"
@@ -45,12 +45,6 @@ def prompt_tokens(name: str, i: int, n: int) -> list[int]:
     """Distinct deterministic prompts (ids 3..402 of the tiny vocabulary), no shared prefix."""
     seed = sum(map(ord, name)) * 31 + i * 97
     return [3 + (seed + 13 * k + i) % 400 for k in range(n)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,40 +91,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(pathlib.Path(tmp) / "tiny.gguf")
         for name, (slots, lengths) in SCENARIOS.items():
-            port = _free_port()
-            proc = subprocess.Popen(
-                [
-                    server,
-                    "-m",
-                    str(model),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "-np",
-                    str(slots),
-                    "-c",
-                    str(N_CTX),
-                    "-b",
-                    str(N_BATCH),
-                    "-ub",
-                    str(N_BATCH),
-                    "-t",
-                    "1",
-                    "--no-warmup",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                for _ in range(600):
-                    try:
-                        with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                            if r.status == 200:
-                                break
-                    except (urllib.error.URLError, ConnectionError):
-                        time.sleep(0.05)
+            flags = ("-np", str(slots), "-c", str(N_CTX), "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", "1")
+            with running_llama_server(server, model, *flags, "--no-warmup") as url:
                 prompts = [prompt_tokens(name, i, n) for i, n in enumerate(lengths)]
                 body = {
                     "prompt": prompts,
@@ -145,9 +107,6 @@ def main() -> None:
                 scenarios.append(
                     {"name": name, "slots": slots, "lengths": list(lengths), **schedule_of(chunks, len(prompts))}
                 )
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
     out["scenarios"] = scenarios
     OUT.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {OUT}: {len(scenarios)} scenarios ({version})")

@@ -158,25 +158,15 @@ def run_replay(args: argparse.Namespace) -> int:
     except (TraceError, FitError, ConfigError, ValueError) as exc:
         print(f"llamactor replay: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    options = dict(trace.header.policy_options)
-    for name in _OPTIONS:
-        value = getattr(args, name)
-        if value is not None:
-            options[name] = value
+    options = with_overrides(trace.header.policy_options, args)
     runs: list[Replayed] = []
     failures: list[str] = []
     for spec, cls in classes:
         try:
             runs.append(replay(trace, cls, cost, options, args.slo_ttft_ms, args.slo_itl_ms, spec))
-        except SimulationError as exc:
-            failures.append(f"{spec}: {exc}")
         except Exception as exc:
-            failures.append(f"{spec}: the policy raised {type(exc).__name__}: {exc}")
-    failures += [
-        f"{r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
-        for r in runs
-        if r.result.unfinished
-    ]
+            failures.append(f"{spec}: {failure(exc)}")
+    failures += [f"{r.scheduler}: {stalled(r.result)}" for r in runs if r.result.unfinished]
     recorded = recorded_report(trace, args.slo_ttft_ms, args.slo_itl_ms)
     if args.json:
         json.dump(to_json(trace, cost, recorded, runs, options, failures), sys.stdout, indent=2)
@@ -212,15 +202,8 @@ def run_replay_random(args: argparse.Namespace) -> int:
     except (TraceError, FitError, ConfigError, ValueError, OSError) as exc:
         print(f"llamactor replay: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    options: dict[str, float] = {
-        **costs.header.policy_options,
-        "slo_ttft_ms": args.slo_ttft_ms,
-        "slo_itl_ms": args.slo_itl_ms,
-    }
-    for name in _OPTIONS:
-        value = getattr(args, name)
-        if value is not None:
-            options[name] = value
+    recorded = {**costs.header.policy_options, "slo_ttft_ms": args.slo_ttft_ms, "slo_itl_ms": args.slo_itl_ms}
+    options = with_overrides(recorded, args)
     runs: list[replayrandom.RandomReplay] = []
     failures: list[str] = []
     for seed in seeds:
@@ -228,19 +211,32 @@ def run_replay_random(args: argparse.Namespace) -> int:
             runs += replayrandom.replay_random(
                 seed, family, costs, cost, classes, options, args.slo_ttft_ms, args.slo_itl_ms, args.capacity
             )
-        except SimulationError as exc:
-            failures.append(f"seed {seed}: {exc}")
         except Exception as exc:
-            failures.append(f"seed {seed}: the policy raised {type(exc).__name__}: {exc}")
-    failures += [
-        f"seed {r.seed}, {r.scheduler}: {r.result.unfinished} request(s) never finished (the policy stalled them)"
-        for r in runs
-        if r.result.unfinished
-    ]
+            failures.append(f"seed {seed}: {failure(exc)}")
+    failures += [f"seed {r.seed}, {r.scheduler}: {stalled(r.result)}" for r in runs if r.result.unfinished]
     replayrandom.print_random(args, runs, COLUMNS)
     for line in failures:
         print(f"error: {line}", file=sys.stderr)
     return EXIT_POLICY_FAILED if failures else EXIT_OK
+
+
+def with_overrides(recorded: dict[str, float], args: argparse.Namespace) -> dict[str, float]:
+    """The recorded policy options with the command line's overrides."""
+    options = dict(recorded)
+    for name in _OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    return options
+
+
+def failure(exc: Exception) -> str:
+    """What a replay that raised says: the plan the engine refused, or the policy's exception."""
+    return str(exc) if isinstance(exc, SimulationError) else f"the policy raised {type(exc).__name__}: {exc}"
+
+
+def stalled(result: SimResult) -> str:
+    return f"{result.unfinished} request(s) never finished (the policy stalled them)"
 
 
 # ---- output -------------------------------------------------------------------------------
