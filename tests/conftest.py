@@ -155,7 +155,13 @@ async def greedy_together(
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
             try:
-                await wait_until(lambda: sum(rt.engine.supervisor.snapshot().busy) == len(prompts), timeout_s=30)
+                # the supervisor marks a slot busy when it assigns it, its group when the assignment
+                # arrives: wait for both, so the groups that serve are known
+                await wait_until(
+                    lambda: sum(rt.engine.supervisor.snapshot().busy) == len(prompts)
+                    and sum(s.busy for s in rt.engine.slot_states()) == len(prompts),
+                    timeout_s=30,
+                )
                 groups_used.update(s.group for s in rt.engine.slot_states() if s.busy)
             finally:
                 faults.hold.set()
