@@ -94,7 +94,10 @@ def choose_slots(
         for e in slots:
             prefix = common_prefix(e.cached, prompt) if e.lora == lora else 0  # other adapters' KV: no reuse
             tie = (-e.released, e.id) if prefer == LRU else (-e.id,)
-            key = (prefix if prefix >= min_prefix else 0, -n_busy, *tie)
+            reused = prefix if prefix >= min_prefix else 0
+            # nothing to reuse: an empty slot before one whose cache would be lost (LRU has
+            # this already: a slot never used is the least recently used)
+            key = (reused, -n_busy, not reused and not len(e.cached), *tie)
             if best is None or key > best:
                 best = key
                 chosen = (e.id, *[f.id for f in slots if f is not e][: n - 1])

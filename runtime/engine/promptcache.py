@@ -81,6 +81,10 @@ class PromptCache:
             self.tokens_reused,
         )
 
+    def held(self) -> list[np.ndarray]:
+        """The token ids of every entry, oldest first."""
+        return [e.tokens for e in list(self._entries.values())]
+
     # ---- the two operations a group calls around a slot's reuse -------------------------
 
     def worth_saving(self, n_held: int, n_kept: int) -> bool:

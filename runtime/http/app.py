@@ -63,6 +63,7 @@ from llamactor.runtime.http.responses import (
 )
 from llamactor.runtime.http.slots import slot_action_json, slots_json
 from llamactor.runtime.service.config import MAX_BODY_BYTES, route_prefix
+from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.service.infill import check_fim
 
@@ -508,10 +509,17 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         errors = errors_for(path)
 
         async def endpoint(request: Request) -> Response:
+            placement: list[str] = []
+            token = served_by.set(placement)  # a replica set writes the replica that serves
             try:
-                return await fn(request)
+                response = await fn(request)
             except Exception as exc:
                 return errors(exc)
+            finally:
+                served_by.reset(token)
+            if placement:
+                response.headers["x-llamactor-replica"] = placement[0]
+            return response
 
         return Route(prefix + path, endpoint, methods=methods)
 

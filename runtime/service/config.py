@@ -118,6 +118,11 @@ class RuntimeConfig:
     resume_max: int = 3  # times one request may be resumed before it fails
     resume: str = "exact"  # --resume exact (replay delivered tokens step by step) | fast (as one prompt)
     engine_hooks: str = ""  # module:Class of GroupHooks made in the engine process (tests, chaos)
+    # replicas on Ray Serve (docs/replicas.md): "" one engine; "N" N replicas; "MIN:MAX" autoscaled
+    replicas: str = ""
+    ray_address: str = ""  # "" a local Ray instance started for this runtime; "auto" or HOST:PORT: join a cluster
+    replica_router: str = "cache"  # cache (each replica's real cache) | prefix-tree (Ray's) | pow2
+    replica_cpus: float = 1.0  # Ray CPUs each replica asks for (placement only: the engine's --threads decide)
     rpc_fallback: str = ""  # "local": a ggml-rpc worker gone for rpc_wait_s -> load the model locally
     rpc_wait_s: float = 30.0
     cohort_max_generate_ms: float = 0.0  # cohort: hand the engine to the next cohort after this (0 = drain)
@@ -232,6 +237,11 @@ class RuntimeConfig:
         for flag, target in targets.items():
             if target < 0:
                 raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")
+        replica_range(self.replicas)
+        if self.replica_router not in REPLICA_ROUTERS:
+            raise ConfigError(
+                f"--replica-router must be one of {', '.join(REPLICA_ROUTERS)}, got {self.replica_router!r}"
+            )
         model = Path(self.model) if self.model else default_model_path()
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
@@ -418,6 +428,23 @@ def _encode_hook(value: Any) -> Any:
     if isinstance(value, Policy):
         return {"class": _policy_path(type(value)), "state": msgspec.to_builtins(vars(value), enc_hook=_encode_hook)}
     raise TypeError(f"{type(value).__name__} cannot cross to an engine process")
+
+
+REPLICA_ROUTERS = ("cache", "prefix-tree", "pow2")
+
+
+def replica_range(value: str) -> tuple[int, int] | None:
+    """``--replicas``: None for one engine without Ray, else (min, max) replicas (equal: fixed)."""
+    if not value:
+        return None
+    low, _, high = value.partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise ConfigError(f"--replicas must be N or MIN:MAX, got {value!r}") from None
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--replicas needs 1 <= MIN <= MAX, got {value!r}")
+    return lo, hi
 
 
 def config_to_wire(config: RuntimeConfig) -> bytes:

@@ -177,11 +177,16 @@ class RuntimeCore:
         cfg = self.config = self.config.validated()
         stack = self._stack = AsyncExitStack()
         assert cfg.model is not None  # validated() refuses a config without a model
-        if self.isolate:  # admission needs the vocabulary only; the weights load in the engine process
+        if cfg.replicas or self.isolate:  # admission needs the vocabulary only; the weights load elsewhere
             model = await anyio.to_thread.run_sync(Model, cfg.model, LoadOptions(vocab_only=True))
             stack.callback(model.close)
             admission = await self._admission(model)
-            engine: EngineClient = await stack.enter_async_context(ProcessEngine.open(cfg))
+            if cfg.replicas:  # on Ray Serve (an optional extra: imported only here)
+                from llamactor.runtime.service.replicas import ReplicaSet
+
+                engine: EngineClient = await stack.enter_async_context(ReplicaSet.open(cfg))
+            else:
+                engine = await stack.enter_async_context(ProcessEngine.open(cfg))
         else:
             engine = inprocess = await stack.enter_async_context(InProcessEngine.open(cfg, hooks=self.hooks))
             model = inprocess.model

@@ -2,8 +2,10 @@
 
     Runtime (admission, chat templates, the embedding API) ──► EngineClient
         ├─ InProcessEngine   supervisor, groups, coordinator in this process (runtime.service.inprocess)
-        └─ ProcessEngine     the same in a child process, over a typed link, with a journal
-                             that resumes every request after the engine dies (runtime.service.processengine)
+        ├─ ProcessEngine     the same in a child process, over a typed link, with a journal
+        │                    that resumes every request after the engine dies (runtime.service.processengine)
+        └─ ReplicaSet        N engines on Ray Serve, routed by what each has cached, with the same
+                             journal resuming a request on another replica (runtime.service.replicas)
 
 The facade holds one and does not know which. Requests arrive admitted: a ``Task`` carries its
 prompt tokens, resolved settings and the send end of its result stream, and the engine is the
@@ -12,6 +14,7 @@ only writer of that stream from then on (tokens, one ``Done`` per choice, or one
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Protocol
 
 import msgspec
@@ -20,6 +23,21 @@ from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
+
+
+class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica of a replica set (``GET /props``' ``engine.replicas``)."""
+
+    id: str
+    pid: int
+    engine_pid: int  # the replica's engine runs in the replica's own process: the same pid
+    state: str  # "up"
+    restarts: int = 0  # replicas that died before this one took their place (the set's count)
+
+
+# Set by the HTTP layer around one request: the replica set writes the replica that served it
+# (the ``x-llamactor-replica`` response header); a plain engine leaves it alone.
+served_by: ContextVar[list[str] | None] = ContextVar("served_by", default=None)
 
 
 class EngineStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,6 +51,7 @@ class EngineStatus(msgspec.Struct, frozen=True, kw_only=True):
     watchdog_kills: int = 0
     last_exit: str = ""
     requests_in_flight: int = 0
+    replicas: tuple[ReplicaStatus, ...] = ()  # a replica set's replicas (empty for one engine)
 
 
 class Embedder(Protocol):

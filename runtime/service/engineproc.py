@@ -123,24 +123,7 @@ class EngineSide:
         await self._send(link.frame(answer))
 
     async def _run(self, call: link.Call) -> link.Answer:
-        engine = self.engine
-        match call:
-            case link.GetSlots(call_id=cid):
-                return link.Slots(cid, tuple(await engine.slots()))
-            case link.SlotAction(call_id=cid, slot=slot, action=action, path=path):
-                return link.SlotDone(cid, await engine.slot_action(slot, action, path))
-            case link.GetMetrics(call_id=cid):
-                return link.MetricsText(cid, await engine.metrics_text())
-            case link.GetLive(call_id=cid):
-                return link.Live(cid, engine.live_snapshot())
-            case link.Embed(call_id=cid, inputs=inputs, normalize=normalize):
-                assert engine.embedder is not None
-                tokens = [np.frombuffer(b, dtype=np.int32).tolist() for b in inputs]
-                done = await engine.embedder.embed(tokens, normalize)
-                vectors = tuple(
-                    (np.ascontiguousarray(v, dtype=np.float32).tobytes(), tuple(np.shape(v))) for v in done.vectors
-                )
-                return link.EmbedDone(cid, vectors, done.n_tokens, done.pooling)
+        return await answer_call(self.engine, call)
 
     async def _write(self) -> None:
         while True:
@@ -178,6 +161,28 @@ class EngineSide:
                     )
                     sys.stderr.flush()
                     os._exit(WATCHDOG_EXIT)
+
+
+async def answer_call(engine: InProcessEngine, call: link.Call) -> link.Answer:
+    """A call of the link answered by ``engine`` (here, or in a replica of a replica set)."""
+    match call:
+        case link.GetSlots(call_id=cid):
+            return link.Slots(cid, tuple(await engine.slots()))
+        case link.SlotAction(call_id=cid, slot=slot, action=action, path=path):
+            return link.SlotDone(cid, await engine.slot_action(slot, action, path))
+        case link.GetMetrics(call_id=cid):
+            return link.MetricsText(cid, await engine.metrics_text())
+        case link.GetLive(call_id=cid):
+            return link.Live(cid, engine.live_snapshot())
+        case link.Embed(call_id=cid, inputs=inputs, normalize=normalize):
+            assert engine.embedder is not None
+            tokens = [np.frombuffer(b, dtype=np.int32).tolist() for b in inputs]
+            done = await engine.embedder.embed(tokens, normalize)
+            vectors = tuple(
+                (np.ascontiguousarray(v, dtype=np.float32).tobytes(), tuple(np.shape(v))) for v in done.vectors
+            )
+            return link.EmbedDone(cid, vectors, done.n_tokens, done.pooling)
+    raise TypeError(f"not a call: {call!r}")
 
 
 def load_hooks(spec: str) -> Any:

@@ -46,7 +46,7 @@ from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service import live
 from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
 from llamactor.runtime.service.engine import EngineStatus
-from llamactor.runtime.service.metrics import Metrics
+from llamactor.runtime.service.metrics import Metrics, ServingLoad, adapter_names
 
 log = structlog.get_logger("llamactor.engine")
 
@@ -137,7 +137,12 @@ class InProcessEngine:
                 """The policy of group ``g``, every plan checked (``GuardedPolicy``)."""
                 return GuardedPolicy(make_inner(g), first_slot=cfg.group_slots(g).start)
 
-            metrics = Metrics(n, queue_depth=lambda: sup.snapshot().queue_depth)
+            metrics = Metrics(
+                n,
+                queue_depth=lambda: sup.snapshot().queue_depth,
+                kv_cells_total=cfg.total_kv_cells,
+                lora_names=adapter_names(path for path, _ in cfg.lora),
+            )
             prompt_cache = PromptCache(cfg.cache_ram_mib, cfg.cache_idle_slots) if cfg.cache_ram_mib else None
             recorder = await _start_recorder(cfg, policies.resolve_policy(cfg.scheduler).name, stack)
             fresh = [True] * n  # the coordinator's first policy of a group is the group's first
@@ -174,6 +179,7 @@ class InProcessEngine:
             metrics.waiting_of = lambda g: coord.status(g).waiting
             metrics.restarts_of = lambda g: sup.snapshot().restarts[g]
             metrics.down_of = lambda g: g in sup.snapshot().groups_down
+            metrics.load = lambda: serving_load(sup, cfg.ctx_per_context)
             sup = Supervisor(
                 n,
                 cfg.slots_per_group,
@@ -252,6 +258,14 @@ class InProcessEngine:
     async def restart(self) -> None:
         await self.supervisor.restart_down()
 
+    def held_prompts(self) -> list[np.ndarray]:
+        """Token ids whose KV this engine holds: each slot's, then each RAM prompt cache entry's
+        (what a replica reports for routing by cache)."""
+        held = [e.cached for e in self.supervisor.table if len(e.cached)]
+        if self.prompt_cache is not None:
+            held += self.prompt_cache.held()
+        return held
+
     def steps(self) -> int:
         """Decode steps so far, all groups (the engine process's heartbeat reports them)."""
         return sum(c.n_decode for c in self.metrics.groups)
@@ -259,6 +273,40 @@ class InProcessEngine:
     def step_started(self) -> list[float]:
         """Per group, the perf_counter time its running decode step started (0.0: none)."""
         return [group.step_started if group is not None else 0.0 for group in self.supervisor.groups]
+
+
+def serving_load(sup: Supervisor, cells_per_group: int) -> ServingLoad:
+    """The gateway series' reading (``runtime.service.metrics``), one pass over the slots.
+
+    Running requests are the supervisor's (assigned a slot, the group may not have taken them
+    yet); the KV cells used are those the busy slots hold (``slot.cache``: what /slots shows as
+    ``n_cached``), at most a group's cells per group: with ``--kv-unified`` a prefix that slots
+    share is one set of cells counted once per slot. Idle slots' cached prompts do not count:
+    they are dropped first when room is needed (``actors.eviction``), as vLLM counts cached blocks
+    no request holds as free.
+    """
+    used = 0
+    running: set[int] = set()
+    for group in sup.groups:
+        if group is None:
+            continue
+        cells = 0
+        for s in group.slots:
+            if not s.busy:
+                continue
+            cells += len(s.cache)
+            task = s.task
+            if task is not None:
+                running.update(i for i, _ in task.lora)
+        used += min(cells, cells_per_group)
+    waiting = {i for task in sup.queue for i, _ in task.lora}
+    return ServingLoad(
+        queued=len(sup.queue),
+        running=len(sup.running),
+        kv_cells_used=used,
+        running_lora=tuple(sorted(running)),
+        waiting_lora=tuple(sorted(waiting)),
+    )
 
 
 def policy_options(cfg: RuntimeConfig) -> dict[str, Any]:

@@ -128,24 +128,30 @@ class Journal:
             if any(entry.delivered) and not entry.lost_at:
                 entry.lost_at = now  # its stream pauses from here until its next token
 
+    def lost_one(self, entry: Entry, now: float) -> None:
+        """The engine (a replica) serving ``entry`` died: the death counts for it alone."""
+        entry.deaths += entry.sent
+        entry.sent = False
+        if any(entry.delivered) and not entry.lost_at:
+            entry.lost_at = now
+
     def unsent(self) -> Iterator[tuple[Entry, WireTask | Failed]]:
         """Each request to send to a new engine, in arrival order: its wire task (a resume if it
         had started), or the failure that ends it (past ``resume_max`` deaths: drop it first)."""
         for entry in list(self.entries.values()):
             if entry.sent or entry.task.id not in self.entries:
                 continue
-            if entry.deaths > self.resume_max:
-                yield (
-                    entry,
-                    Failed(
-                        f"the engine process died {entry.deaths} times while serving this request; "
-                        f"it is not resumed again",
-                        "EngineError",
-                    ),
-                )
-                continue
-            resumes = entry.resumes + 1 if entry.started else entry.resumes
-            yield entry, wire(entry.task, entry.delivered, resumes, self.fast)
+            yield entry, self.next_send(entry)
+
+    def next_send(self, entry: Entry, what: str = "the engine process") -> WireTask | Failed:
+        """What to send for ``entry`` now: its wire task (a resume if it had started), or the
+        failure that ends it (past ``resume_max`` deaths of ``what`` served it)."""
+        if entry.deaths > self.resume_max:
+            return Failed(
+                f"{what} died {entry.deaths} times while serving this request; it is not resumed again", "EngineError"
+            )
+        resumes = entry.resumes + 1 if entry.started else entry.resumes
+        return wire(entry.task, entry.delivered, resumes, self.fast)
 
     def submitted(self, entry: Entry, task: WireTask) -> bool:
         """``task`` reached the engine; True when it was a resume."""

@@ -1,0 +1,403 @@
+"""One replica of a replica set: a llamactor engine inside a Ray Serve replica, and the routers.
+
+Imported only where Ray is installed (``pip install 'llamactor[cluster]'``): by the ingress
+(``runtime.service.replicas``) and, through Ray, in each replica's worker process.
+
+``ReplicaServer`` is the deployment. Its engine runs in the replica's own process (the replica
+is the unit that dies and restarts: when Ray kills it, nothing of the engine outlives it).
+``generate`` takes a request as the engine link's ``WireTask`` and streams back msgpack
+``Events`` frames, one per decode step that had something for it, and an empty one each second
+of silence (the ingress's sign of life); ``call`` answers the link's calls (slots, metrics, the
+live view, embeddings); ``record_routing_stats`` is what Ray Serve polls for the router.
+
+The routers run in the ingress (Ray Serve builds one per deployment handle): ``CacheRouter``
+routes by the replicas' real caches (``runtime.service.routing``); ``Pow2Router`` and
+``PrefixTreeRouter`` are Ray Serve's own two, for comparison. All three send a call that names a
+replica (``Route.replica``) to that replica only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import msgspec
+import structlog
+from ray import serve
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve._private.request_router.replica_wrapper import RunningReplica
+from ray.serve.request_router import RequestRouter
+
+from llamactor.protocol import enginelink as link
+from llamactor.protocol.errors import LlamactorError
+from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.messages import Task, TaskSpec
+from llamactor.runtime.service.config import config_from_wire
+from llamactor.runtime.service.engineproc import answer_call, load_hooks
+from llamactor.runtime.service.inprocess import InProcessEngine
+from llamactor.runtime.service.logging import configure_logging
+from llamactor.runtime.service.routing import Placed, ReplicaLoad, Route, block_hashes, choose
+
+REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
+WATCH_S = 5.0  # a ``watch`` call answers after this long even when nothing changed
+BEAT_S = 1.0  # an empty frame after this long without events: the replica is alive
+MAX_HELD_BLOCKS = 65536  # reported block hashes, at most (the newest cached prompts first)
+
+log = structlog.get_logger("llamactor.replica")
+T = TypeVar("T")
+_encoder = msgspec.msgpack.Encoder()
+_calls: msgspec.msgpack.Decoder[link.Call] = msgspec.msgpack.Decoder(link.Call)
+_wire_task = msgspec.msgpack.Decoder(link.WireTask)
+
+
+class _Outbox:
+    """One request's stream inside a replica: its events wait here for ``generate`` to yield.
+
+    The engine's actors run on the loop the replica was made on; Ray Serve may run ``generate``
+    on another (its request loop, in another thread): the group appends under the GIL and wakes
+    the reader's loop thread-safely."""
+
+    __slots__ = ("closed", "events", "loop", "pending", "wake")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, Event]] = []
+        self.closed = False
+        self.wake = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        self.pending = False  # a wake is scheduled on the reader's loop
+
+    def send_nowait(self, event: Event, task_id: int = 0) -> None:
+        if self.closed:
+            import anyio
+
+            raise anyio.ClosedResourceError
+        self.events.append((task_id, event))
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self.pending:
+            self.pending = True
+            self.loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        self.pending = False
+        self.wake.set()
+
+
+class ReplicaServer:
+    """A Ray Serve replica serving one llamactor engine (see the module)."""
+
+    async def __init__(self, config: bytes) -> None:  # type: ignore[misc]  # Ray Serve awaits it
+        configure_logging()
+        cfg = config_from_wire(config)
+        self.engine: InProcessEngine | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()  # the engine's actors run here
+        self._runner = asyncio.ensure_future(self._run(cfg))
+        ready = asyncio.ensure_future(self._ready.wait())
+        await asyncio.wait((self._runner, ready), return_when=asyncio.FIRST_COMPLETED)
+        if not self._ready.is_set():  # the engine did not start: the replica's error, as is
+            ready.cancel()
+            self._runner.result()
+            raise RuntimeError("the engine stopped before it was ready")
+        self._stats: dict[str, Any] = {}
+        self._changed = asyncio.Event()
+        self._reporter = asyncio.ensure_future(self._report())
+        self._reporter.add_done_callback(_reporter_ended)
+
+    async def _run(self, cfg: Any) -> None:
+        hooks = load_hooks(cfg.engine_hooks) if cfg.engine_hooks else None  # tests, chaos
+        async with InProcessEngine.open(cfg, hooks=hooks) as engine:
+            self.engine = engine
+            self._ready.set()
+            await self._stop.wait()
+
+    def _engine(self) -> InProcessEngine:
+        assert self.engine is not None
+        return self.engine
+
+    async def hello(self, route: Route) -> dict[str, Any]:
+        """Who this replica is (the ingress asks each once)."""
+        engine = self._engine()
+        embedder = engine.embedder
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "pid": os.getpid(),
+            "embedder": _encoder.encode(embedder.info) if embedder else b"",
+        }
+
+    async def generate(self, task: bytes, route: Route) -> AsyncIterator[bytes]:
+        """Serve one request: ``Events`` frames until its stream ends."""
+        engine = self._engine()
+        wire = _wire_task.decode(task)
+        box = _Outbox()
+        sink: Any = _Sink(box, wire.id)
+        spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
+
+        def submit() -> None:
+            try:
+                engine.submit(Task(prompt=wire.tokens(), sink=sink, arrived=time.perf_counter(), **spec))
+            except LlamactorError as exc:
+                sink.send_nowait(Failed.of(exc))
+                sink.close()
+
+        self._loop.call_soon_threadsafe(submit)
+        me = serve.get_replica_context().replica_id.unique_id
+        yield _encoder.encode(Placed(me, os.getpid()))
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(box.wake.wait(), BEAT_S)
+                except TimeoutError:
+                    pass
+                box.wake.clear()
+                events, box.events = box.events, []
+                ended = box.closed
+                yield _encoder.encode(link.Events(tuple(events), (wire.id,) if ended else ()))
+                if ended:
+                    return
+        finally:
+            if not box.closed:  # the ingress left (its client did, or it resumes elsewhere)
+                self._loop.call_soon_threadsafe(engine.cancel, wire.id)
+
+    async def call(self, call: bytes, route: Route) -> bytes:
+        msg = _calls.decode(call)
+        try:
+            answer = await self._on_engine(answer_call(self._engine(), msg))
+        except Exception as exc:
+            answer = link.CallFailed(msg.call_id, Failed.of(exc))
+        return _encoder.encode(answer)
+
+    async def _report(self) -> None:
+        """Keep the routing stats current: recomputed when what the slots hold, the queue or
+        the RAM cache changed (checked every ``REPORT_S``, cheaply), waking ``watch``."""
+        last: Any = None
+        while True:
+            engine = self.engine
+            if engine is not None:
+                snap = engine.supervisor.snapshot()
+                cache = engine.prompt_cache.statistics() if engine.prompt_cache is not None else None
+                now = (snap.busy, snap.queue_depth, tuple(len(e.cached) for e in engine.supervisor.table), cache)
+                if now != last:
+                    last = now
+                    self._stats = self.routing_stats()
+                    self._changed.set()
+                    self._changed = asyncio.Event()
+            await asyncio.sleep(REPORT_S)
+
+    async def _on_engine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the engine's loop (Ray Serve may call a method on another)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def watch(self, seen: float, route: Route) -> dict[str, Any]:
+        """The routing stats as soon as they are newer than ``seen`` (their ``at``), or after
+        ``WATCH_S`` as they are: the ingress's router follows each replica with this call."""
+        return await self._on_engine(self._watch(seen))
+
+    async def _watch(self, seen: float) -> dict[str, Any]:
+        if self._stats.get("at") == seen:
+            try:
+                await asyncio.wait_for(self._changed.wait(), WATCH_S)
+            except TimeoutError:
+                pass
+        return self._stats
+
+    def routing_stats(self) -> dict[str, Any]:
+        """What the router knows of this replica."""
+        engine = self.engine
+        if engine is None:
+            return {}
+        snap = engine.supervisor.snapshot()
+        blocks: list[int] = []
+        for tokens in reversed(engine.held_prompts()):
+            blocks += block_hashes(tokens)
+            if len(blocks) >= MAX_HELD_BLOCKS:
+                break
+        cfg = engine.config
+        used = sum(len(e.cached) for e in engine.supervisor.table)
+        return {
+            "at": time.time(),
+            "pid": os.getpid(),
+            "slots": len(snap.busy),
+            "busy": sum(snap.busy),
+            "queued": snap.queue_depth,
+            "kv_used": min(1.0, used / max(1, cfg.total_kv_cells)),
+            "blocks": blocks,
+            "loras": list(range(len(cfg.lora))),
+        }
+
+    def check_health(self) -> None:
+        engine = self.engine
+        if engine is not None and engine.health() != "ok":
+            raise RuntimeError("the replica's engine is unhealthy (a group is down past its restart limit)")
+
+    async def __del__(self) -> None:
+        self._loop.call_soon_threadsafe(self._reporter.cancel)
+        self._loop.call_soon_threadsafe(self._stop.set)
+        await self._on_engine(asyncio.wait((self._runner,), timeout=10))
+
+
+def _reporter_ended(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("routing_stats_reporter_failed", error=repr(task.exception()))
+
+
+class _Sink:
+    __slots__ = ("box", "task_id")
+
+    def __init__(self, box: _Outbox, task_id: int) -> None:
+        self.box = box
+        self.task_id = task_id
+
+    def send_nowait(self, event: Event) -> None:
+        self.box.send_nowait(event, self.task_id)
+
+    def close(self) -> None:
+        self.box.close()
+
+
+# ---- routers (in the ingress) ---------------------------------------------------------------
+
+ROUTERS: dict[str, RequestRouter] = {}  # by application name: the ingress finds its router here
+
+
+def _route_of(pending: PendingRequest | None) -> Route | None:
+    if pending is None:
+        return None
+    for arg in (*pending.args, *pending.kwargs.values()):
+        if isinstance(arg, Route):
+            return arg
+    return None
+
+
+class _Targeted:
+    """A call that names a replica goes to it (slots, metrics, live view of one replica)."""
+
+    def _register(self) -> None:
+        # Ray sends the class by value: this function's globals are a copy, the module is not
+        from llamactor.runtime.service import replica
+
+        replica.ROUTERS[self.app_name] = self  # type: ignore[attr-defined,assignment]
+
+    def replicas(self) -> list[RunningReplica]:
+        return list(self.curr_replicas.values())  # type: ignore[attr-defined]
+
+    def target(self, candidates: list[RunningReplica], route: Route | None) -> list[list[RunningReplica]] | None:
+        if route is None or not route.replica:
+            return None
+        return [[r for r in candidates if r.replica_id.unique_id == route.replica]]
+
+
+class CacheRouter(_Targeted, RequestRouter):
+    """Routes by the replicas' reported caches, load and what it sent since (``routing.choose``)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self.loads: dict[str, ReplicaLoad] = {}
+        self.rng = random.Random(kwargs.get("seed"))
+        self.guessed: dict[str, tuple[str, float]] = {}  # Ray's request id -> (replica chosen first, when)
+        self.reported: dict[str, dict[str, Any]] = {}  # replica id -> its latest stats (the ingress writes)
+        self._register()
+
+    def _load(self, replica: RunningReplica) -> ReplicaLoad:
+        rid = replica.replica_id.unique_id
+        load = self.loads.get(rid)
+        if load is None:
+            load = self.loads[rid] = ReplicaLoad()
+        stats = self.reported.get(rid)
+        if stats and stats.get("at", 0.0) > load.at:
+            load.report(stats, time.time())
+        return load
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        route = _route_of(pending_request)
+        targeted = self.target(candidate_replicas, route)
+        if targeted is not None:
+            return targeted
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        loads = {rid: self._load(r) for rid, r in by_id.items()}
+        now = time.time()
+        ranks = choose(route or Route(0), loads, now, self.rng)
+        if ranks and route is not None and pending_request is not None:
+            # counted where it most likely goes from now on: requests routed before this one is
+            # sent (a burst sharing a prefix) follow it there
+            first = ranks[0][0]
+            loads[first].sent(route.blocks, now)
+            self.guessed[pending_request.metadata.internal_request_id] = (first, now)
+        return [[by_id[rid] for rid in rank] for rank in ranks]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
+        route = _route_of(pending_request)
+        if route is None or route.replica:
+            return
+        guess, at = self.guessed.pop(pending_request.metadata.internal_request_id, ("", 0.0))
+        rid = replica_id.unique_id
+        if guess == rid:
+            return
+        if guess in self.loads:
+            self.loads[guess].unsent(at)
+        self.loads.setdefault(rid, ReplicaLoad()).sent(route.blocks, time.time())
+
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.loads.pop(replica_id.unique_id, None)
+        self.reported.pop(replica_id.unique_id, None)
+
+
+class Pow2Router(_Targeted, PowerOfTwoChoicesRequestRouter):
+    """Ray Serve's default: the less loaded of two random replicas."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        super().initialize_state(**kwargs)
+        self._register()
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        targeted = self.target(candidate_replicas, _route_of(pending_request))
+        if targeted is not None:
+            return targeted
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+
+class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
+    """Ray Serve LLM's: a character prefix tree of the prompts it routed (``Route.prompt``)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize_state(**kwargs)
+        self._register()
+
+    async def choose_replicas(  # type: ignore[override]  # Ray's own returns one rank, flat
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        route = _route_of(pending_request)
+        targeted = self.target(candidate_replicas, route)
+        if targeted is not None:
+            return targeted
+        return await super().choose_replicas(candidate_replicas, pending_request)  # type: ignore[return-value]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
+        route = _route_of(pending_request)
+        if route is not None and not route.replica:
+            super().on_request_routed(pending_request, replica_id, result)
+
+
+ROUTER_CLASSES: dict[str, type[RequestRouter]] = {
+    "cache": CacheRouter,
+    "pow2": Pow2Router,
+    "prefix-tree": PrefixTreeRouter,
+}

@@ -1,0 +1,522 @@
+"""``ReplicaSet``: N llamactor engines on Ray Serve behind one ``EngineClient``.
+
+    Runtime (admission, HTTP app) ──► ReplicaSet (this process: the ingress)
+        journal of every request in flight (the engine process's, ``runtime.service.journal``)
+        deployment handle ──► router (``replica.CacheRouter``: each replica's real cache)
+            ──► replica 0: ReplicaServer, its own engine (groups, policy, prompt cache)
+            ──► replica 1: …
+
+The ingress is the process that serves HTTP (or embeds the runtime): it keeps admission and
+the journal, so when a replica dies mid-stream (killed, OOM, its node gone) or falls silent,
+each of its requests goes on on another replica by exact replay of the tokens already
+delivered, and the client sees neither a gap nor a duplicate. Ray Serve starts a new replica
+in its place. A request whose replicas died ``resume_max`` times while serving it fails alone.
+
+Ray is started here (a local instance, dashboard off) unless ``ray_address`` names a cluster to
+join; what this module started, it stops. Ray Serve's HTTP proxy is not used: the stream a
+client reads must come from the process that holds its journal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+import msgspec
+import numpy as np
+import structlog
+from anyio.abc import TaskGroup
+
+from llamactor.protocol import enginelink as link
+from llamactor.protocol.embedding import Embedded, EmbedderInfo
+from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Unavailable, error_from
+from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.live import LiveSnapshot
+from llamactor.protocol.messages import Task
+from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.runtime.service.config import RuntimeConfig, config_to_wire, replica_range
+from llamactor.runtime.service.engine import EngineStatus, ReplicaStatus, served_by
+from llamactor.runtime.service.journal import Entry, Journal
+from llamactor.runtime.service.routing import Placed, Route, block_hashes
+
+log = structlog.get_logger("llamactor.replicas")
+
+EXTRA = "pip install 'llamactor[cluster]'"
+SILENCE_S = 10.0  # a replica sends a frame every second; this long without one: it is gone
+READY_TIMEOUT_S = 600.0
+CALL_TIMEOUT_S = 60.0
+_apps = itertools.count()
+
+_frames = msgspec.msgpack.Decoder(Placed | link.Events)
+_answers: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(link.Answer)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--replicas runs replicas on Ray Serve, which is not installed: {EXTRA}") from None
+    return ray
+
+
+def _replica_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the replica (not the request) is gone."""
+    from ray import exceptions as rx
+
+    return isinstance(exc, (rx.RayActorError, rx.ActorUnavailableError, rx.ObjectLostError, TimeoutError))
+
+
+@dataclass
+class Counters:
+    deaths: int = 0  # replicas lost while serving requests
+    resumed: int = 0  # requests submitted again on another replica
+
+
+class RemoteEmbedder:
+    def __init__(self, replicas: ReplicaSet, info: EmbedderInfo) -> None:
+        self.replicas = replicas
+        self.info = info
+
+    async def embed(self, inputs: list[list[int]], normalize: int) -> Embedded:
+        blobs = tuple(np.asarray(x, dtype=np.int32).tobytes() for x in inputs)
+        done = await self.replicas.call(lambda cid: link.Embed(cid, blobs, normalize), link.EmbedDone)
+        vectors = [np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors]
+        return Embedded(tuple(vectors), done.n_tokens, done.pooling)
+
+
+class ReplicaSet:
+    def __init__(self, config: RuntimeConfig, handle: Any, app: str) -> None:
+        self.config = config
+        self.handle = handle
+        self.stream = handle.options(stream=True)
+        self.app = app
+        self.journal = Journal(resume_max=config.resume_max, fast=config.resume == "fast")
+        self.counters = Counters()
+        self.embedder: RemoteEmbedder | None = None
+        self._tg: TaskGroup | None = None
+        self._scopes: dict[int, anyio.CancelScope] = {}
+        self._placements: dict[int, list[str]] = {}
+        self._pids: dict[str, int] = {}
+        self._live: LiveSnapshot | None = None
+        self._call_ids = itertools.count(1)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config: RuntimeConfig) -> AsyncIterator[ReplicaSet]:
+        ray = require_ray()
+        from ray import serve
+
+        from llamactor.runtime.service import replica as rep
+
+        lo, hi = replica_range(config.replicas) or (1, 1)
+        started_ray = False
+        if not ray.is_initialized():
+            await anyio.to_thread.run_sync(_init_ray, ray, config, hi)
+            started_ray = True
+        app = f"llamactor-{os.getpid()}-{next(_apps)}"
+        try:
+            deployment = _deployment(serve, rep, config, lo, hi)
+            try:
+                handle = await anyio.to_thread.run_sync(
+                    lambda: serve.run(
+                        deployment.bind(config_to_wire(_replica_config(config))), name=app, route_prefix=None
+                    )
+                )
+            except Exception as exc:
+                raise ConfigError(f"the replicas did not start: {_first_line(exc)}") from None
+            self = cls(config, handle, app)
+            await self._meet(lo)
+            log.info("replicas_ready", replicas=len(self._pids), router=config.replica_router, app=app)
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                if config.replica_router == "cache":
+                    tg.start_soon(self._follow)
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+                    self._fail_journal("the runtime is shutting down")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_stop, serve, ray, app, started_ray)
+
+    async def _meet(self, n: int) -> None:
+        """Wait until the router sees ``n`` replicas; learn each one's pid (and the embedder)."""
+        first = await self.handle.hello.remote(Route(0))  # the handle's router starts with the first call
+        with anyio.fail_after(READY_TIMEOUT_S):
+            while len(self._replica_ids()) < n:
+                await anyio.sleep(0.1)
+        self._pids[first["replica"]] = first["pid"]
+        for rid in self._replica_ids():
+            if rid not in self._pids:
+                hello = await self.handle.hello.remote(Route(0, replica=rid))
+                self._pids[hello["replica"]] = hello["pid"]
+        if first["embedder"]:
+            self.embedder = RemoteEmbedder(self, msgspec.msgpack.decode(first["embedder"], type=EmbedderInfo))
+
+    async def _follow(self) -> None:
+        """Follow each replica's routing stats (a ``watch`` call per replica, answered when they
+        change) into the cache router."""
+        following: set[str] = set()
+
+        async def follow(rid: str) -> None:
+            seen = -1.0
+            try:
+                while True:
+                    stats = await self.handle.watch.remote(seen, Route(0, replica=rid))
+                    router = self._router()
+                    if router is not None and stats:
+                        router.reported[rid] = stats
+                    seen = stats.get("at", seen)
+            except Exception as exc:  # the replica is gone (Ray starts another: followed anew)
+                log.info("replica_unfollowed", replica=rid, reason=_first_line(exc))
+            finally:
+                following.discard(rid)
+
+        async with anyio.create_task_group() as tg:
+            while True:
+                for rid in self._replica_ids():
+                    if rid not in following:
+                        following.add(rid)
+                        tg.start_soon(follow, rid)
+                await anyio.sleep(0.5)
+
+    def _router(self) -> Any:
+        from llamactor.runtime.service import replica as rep
+
+        return rep.ROUTERS.get(self.app)
+
+    def _replica_ids(self) -> list[str]:
+        router = self._router()
+        return sorted(r.replica_id.unique_id for r in router.replicas()) if router is not None else []
+
+    # ---- EngineClient -------------------------------------------------------------------
+
+    def submit(self, task: Task) -> None:
+        if self._tg is None:
+            raise Unavailable("the replica set is not open")
+        entry = self.journal.add(task)
+        placement = served_by.get()
+        if placement is not None:
+            self._placements[task.id] = placement
+        scope = self._scopes[task.id] = anyio.CancelScope()
+        self._tg.start_soon(self._serve, entry, scope)
+
+    def cancel(self, task_id: int) -> None:
+        entry = self.journal.pop(task_id)
+        scope = self._scopes.pop(task_id, None)
+        self._placements.pop(task_id, None)
+        if scope is not None:
+            scope.cancel()  # leaving the replica's stream cancels the request there
+        if entry is not None:
+            entry.task.sink.close()
+
+    async def _serve(self, entry: Entry, scope: anyio.CancelScope) -> None:
+        task = entry.task
+        with scope:
+            while task.id in self.journal:
+                what = self.journal.next_send(entry, "the replicas serving it")
+                if isinstance(what, Failed):
+                    self._end(task.id, what)
+                    return
+                if self.journal.submitted(entry, what):
+                    self.counters.resumed += 1
+                prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
+                route = Route(
+                    task.id, tuple(block_hashes(prompt)), _text(prompt, self.config.replica_router), "", task.lora
+                )
+                try:
+                    await self._stream(entry, _encoder.encode(what), route)
+                    return
+                except Exception as exc:
+                    if not _replica_lost(exc):
+                        self._end(
+                            task.id, Failed.of(exc) if isinstance(exc, LlamactorError) else Failed(_first_line(exc))
+                        )
+                        return
+                    self.counters.deaths += 1
+                    log.warning(
+                        "replica_lost", task=task.id, error=_first_line(exc), delivered=sum(map(len, entry.delivered))
+                    )
+                    self.journal.lost_one(entry, time.perf_counter())
+
+    async def _stream(self, entry: Entry, wire: bytes, route: Route) -> None:
+        gen = self.stream.generate.remote(wire, route)
+        iterator = gen.__aiter__()
+        try:
+            while True:
+                with anyio.fail_after(SILENCE_S):
+                    try:
+                        data = await iterator.__anext__()
+                    except StopAsyncIteration:
+                        raise EngineError("the replica's stream ended before the request did") from None
+                frame = _frames.decode(data)
+                if isinstance(frame, Placed):
+                    self._pids[frame.replica] = frame.pid
+                    placement = self._placements.pop(entry.task.id, None)
+                    if placement is not None:
+                        placement.append(frame.replica)
+                    continue
+                if self._deliver(frame):
+                    return
+        finally:
+            gen.cancel()
+
+    def _deliver(self, msg: link.Events) -> bool:
+        """One replica step's events for one request; True when its stream ended."""
+        deliveries, resumed = self.journal.deliver(msg, time.perf_counter())
+        for r in resumed:
+            log.info(
+                "request_resumed",
+                task=r.task_id,
+                resumes=r.resumes,
+                replayed=r.replayed,
+                pause_ms=round(r.pause_s * 1e3, 1),
+            )
+        for entry, event in deliveries:
+            if not _send(entry.task.sink, event):
+                self.cancel(entry.task.id)  # the client left
+                return True
+        for task_id in msg.ended:
+            ended = self.journal.pop(task_id)
+            self._scopes.pop(task_id, None)
+            if ended is not None:
+                ended.task.sink.close()
+            return True
+        return False
+
+    def _end(self, task_id: int, failed: Failed) -> None:
+        entry = self.journal.pop(task_id)
+        self._scopes.pop(task_id, None)
+        self._placements.pop(task_id, None)
+        if entry is not None:
+            _send(entry.task.sink, failed)
+            entry.task.sink.close()
+
+    def _fail_journal(self, message: str) -> None:
+        for entry in self.journal.ends():
+            _send(entry.task.sink, Failed(message, "Unavailable"))
+            entry.task.sink.close()
+
+    # ---- calls (to one replica, or to each) --------------------------------------------------
+
+    async def call(self, make: Any, answer_type: type[Any], replica: str = "") -> Any:
+        msg = make(next(self._call_ids))
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            data = await self.handle.call.remote(_encoder.encode(msg), Route(0, replica=replica))
+        answer = _answers.decode(data)
+        if isinstance(answer, link.CallFailed):
+            raise error_from(answer.error.error, answer.error.message)
+        assert isinstance(answer, answer_type)
+        return answer
+
+    async def _each(self, make: Any, answer_type: type[Any]) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for rid in self._replica_ids():
+            try:
+                out.append((rid, await self.call(make, answer_type, rid)))
+            except (LlamactorError, TimeoutError) as exc:
+                log.warning("replica_call_failed", replica=rid, error=str(exc))
+            except Exception as exc:
+                if not _replica_lost(exc):
+                    raise
+        return out
+
+    async def slots(self) -> list[SlotState]:
+        """Every slot of every replica, numbered on (replica by replica, in id order)."""
+        out: list[SlotState] = []
+        for _, answer in await self._each(link.GetSlots, link.Slots):
+            base = len(out)
+            out += [msgspec.structs.replace(s, id=base + s.id) for s in answer.slots]
+        return out
+
+    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
+        local = slot
+        for rid in self._replica_ids():
+            n = len((await self.call(link.GetSlots, link.Slots, rid)).slots)
+            if local < n:
+                answer = await self.call(
+                    partial(_slot_action, slot=local, action=action, path=path), link.SlotDone, rid
+                )
+                return answer.result
+            local -= n
+        from llamactor.protocol.errors import NotFound
+
+        raise NotFound(f"slot {slot} does not exist")
+
+    async def metrics_text(self) -> bytes:
+        """Each replica's metrics with a ``replica`` label, then the set's own."""
+        texts = [(rid, a.text) for rid, a in await self._each(link.GetMetrics, link.MetricsText)]
+        return relabel(texts) + self.own_metrics()
+
+    def own_metrics(self) -> bytes:
+        c = self.counters
+        lines = [
+            ("llamactor:replicas_up", "gauge", "Replicas the router can send requests to", len(self._replica_ids())),
+            ("llamactor:replica_deaths_total", "counter", "Replicas lost while serving requests", c.deaths),
+            ("llamactor:requests_resumed_total", "counter", "Requests resumed on another replica", c.resumed),
+            ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the ingress", len(self.journal)),
+        ]
+        out = []
+        for name, kind, doc, value in lines:
+            base = name.removesuffix("_total")
+            out.append(f"# HELP {base} {doc}\n# TYPE {base} {kind}\n{name} {float(value)}\n")
+        return "".join(out).encode()
+
+    def live_snapshot(self) -> LiveSnapshot | None:
+        return self._live
+
+    async def read_live(self) -> LiveSnapshot | None:
+        """The first replica's live view (the page shows one engine at a time)."""
+        for _, answer in await self._each(link.GetLive, link.Live):
+            self._live = answer.snapshot
+            return self._live
+        return None
+
+    def health(self) -> str:
+        return "ok" if self._replica_ids() else "restarting"
+
+    def in_flight(self) -> int:
+        return len(self.journal)
+
+    def status(self) -> EngineStatus:
+        ids = self._replica_ids()
+        return EngineStatus(
+            isolated=True,
+            state="up" if ids else "restarting",
+            pid=None,
+            restarts=self.counters.deaths,
+            requests_resumed=self.counters.resumed,
+            requests_in_flight=len(self.journal),
+            replicas=tuple(
+                ReplicaStatus(id=rid, pid=self._pids.get(rid, 0), engine_pid=self._pids.get(rid, 0), state="up")
+                for rid in ids
+            ),
+        )
+
+    async def restart(self) -> None:
+        """Ray Serve restarts replicas by itself: nothing to do."""
+
+
+def relabel(texts: list[tuple[str, bytes]]) -> bytes:
+    """Prometheus texts of several replicas as one: each sample gets a ``replica`` label, each
+    family's HELP and TYPE appear once."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for rid, text in texts:
+        for line in text.decode().splitlines():
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(" ", 3)
+                key = " ".join(parts[:3])
+                if key not in seen:
+                    seen.add(key)
+                    out.append(line)
+                continue
+            name, _, rest = line.partition(" ")
+            label = f'replica="{rid}"'
+            if name.endswith("}"):
+                name = f"{name[:-1]},{label}}}"
+            else:
+                name = f"{name}{{{label}}}"
+            out.append(f"{name} {rest}")
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+def _slot_action(cid: int, *, slot: int, action: str, path: str) -> link.SlotAction:
+    return link.SlotAction(cid, slot, action, path)
+
+
+def _text(prompt: np.ndarray, router: str) -> str:
+    """The prompt as text for Ray's prefix-tree router (which matches characters); '' otherwise."""
+    return " ".join(map(str, prompt.tolist())) if router == "prefix-tree" else ""
+
+
+def _send(sink: Any, event: Event) -> bool:
+    try:
+        sink.send_nowait(event)
+    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return False
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
+def _replica_config(config: RuntimeConfig) -> RuntimeConfig:
+    from dataclasses import replace
+
+    return replace(config, isolate=False, replicas="", ray_address="")
+
+
+def _init_ray(ray: Any, config: RuntimeConfig, most: int) -> None:
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if config.ray_address:
+        host, sep, port = config.ray_address.rpartition(":")
+        if sep and config.ray_address != "auto":  # Ray itself waits minutes for an address nobody answers
+            try:
+                socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"cannot reach the Ray cluster at --ray-address {config.ray_address}: {exc}"
+                ) from None
+        try:
+            ray.init(address=config.ray_address, **kwargs)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot join the Ray cluster at --ray-address {config.ray_address}: {_first_line(exc)}"
+            ) from None
+        return
+    cpus = max(os.cpu_count() or 1, int(most * config.replica_cpus + 0.999))
+    ray.init(num_cpus=cpus, **kwargs)
+
+
+def _deployment(serve: Any, rep: Any, config: RuntimeConfig, lo: int, hi: int) -> Any:
+    from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+    scaling: dict[str, Any] = {"num_replicas": lo}
+    if hi > lo:
+        scaling = {
+            "autoscaling_config": AutoscalingConfig(
+                min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, config.parallel)
+            )
+        }
+    return serve.deployment(
+        rep.ReplicaServer,
+        name="llamactor",
+        max_ongoing_requests=max(1, config.parallel) + config.queue_size + 16,
+        ray_actor_options={"num_cpus": config.replica_cpus},
+        request_router_config=RequestRouterConfig(
+            request_router_class=rep.ROUTER_CLASSES[config.replica_router],
+        ),
+        health_check_period_s=2.0,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=5.0,
+        **scaling,
+    )
+
+
+def _stop(serve: Any, ray: Any, app: str, started_ray: bool) -> None:
+    try:
+        serve.delete(app)
+    except Exception as exc:  # Ray going away already
+        log.warning("replicas_stop", error=_first_line(exc))
+    if started_ray:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()

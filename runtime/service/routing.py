@@ -1,0 +1,154 @@
+"""Routing requests over replicas by what each one has cached: the rule, without Ray.
+
+A prompt is cut into blocks of ``BLOCK`` tokens, each named by a hash chained over every block
+before it (so a block's hash names the whole prefix up to its end, as vLLM's prefix-cache block
+hashes do). A replica reports the hashes of what its slots and its RAM prompt cache hold; the
+router adds what it sent there since the replica's last report (a prompt is cached from the
+moment its prefill starts). ``choose`` then ranks the replicas for one request:
+
+1. the replica holding the longest cached prefix of the prompt, unless it is overloaded
+   (``overloaded``: as many requests waiting as it has slots while another replica has a slot free);
+2. otherwise the less loaded of two replicas picked at random (power of two choices), among
+   those without an overload;
+3. the rest, least loaded first, for Ray Serve to fall back on.
+
+A conversation's later turn starts with the earlier turn's prompt and answer, so it follows
+its own cache back to its replica without any session key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+BLOCK = 64  # tokens per hashed block
+RECENT_S = 10.0  # what the router sent to a replica counts as cached there at most this long
+SETTLE_S = 2.0  # ... and until a report taken this long after it (it is in the replica's slots by then)
+
+
+def block_hashes(tokens: npt.NDArray[np.int32] | list[int], limit: int = 1 << 30) -> list[int]:
+    """The chained hashes of the full ``BLOCK``-token blocks of ``tokens`` (at most ``limit``)."""
+    data = np.ascontiguousarray(tokens, dtype=np.int32)
+    out: list[int] = []
+    prev = b""
+    for start in range(0, min(len(data) // BLOCK, limit) * BLOCK, BLOCK):
+        digest = hashlib.blake2b(prev + data[start : start + BLOCK].tobytes(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little", signed=True))
+        prev = digest
+    return out
+
+
+class Placed(msgspec.Struct, frozen=True, tag=True):
+    """A replica's first frame for a request: who serves it."""
+
+    replica: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a router sees of one request (beside the request itself, which it never decodes)."""
+
+    task_id: int
+    blocks: tuple[int, ...] = ()  # ``block_hashes`` of the prompt
+    prompt: str = ""  # the prompt's token ids as text: what Ray's prefix-tree router matches characters of
+    replica: str = ""  # a call meant for this replica (slots, metrics): it goes there or fails
+    lora: tuple[tuple[int, float], ...] = ()  # the adapters the request uses (id, scale)
+
+
+@dataclass
+class ReplicaLoad:
+    """One replica as the router knows it: its last report plus what was sent there since."""
+
+    slots: int = 1
+    busy: int = 0  # slots serving a request (reported)
+    queued: int = 0  # requests waiting for a slot (reported)
+    kv_used: float = 0.0  # 0-1 (reported)
+    pid: int = 0
+    at: float = 0.0  # when the last report was taken (the replica's clock)
+    blocks: frozenset[int] = frozenset()  # reported cached block hashes
+    loras: tuple[int, ...] = ()
+    recent: list[tuple[float, frozenset[int]]] = field(default_factory=list)  # (when, blocks) sent
+
+    def report(self, stats: dict[str, Any], now: float) -> None:
+        """A replica's routing stats: what it holds now replaces what was known."""
+        self.slots = max(1, int(stats.get("slots", self.slots)))
+        self.busy = int(stats.get("busy", 0))
+        self.queued = int(stats.get("queued", 0))
+        self.kv_used = float(stats.get("kv_used", 0.0))
+        self.pid = int(stats.get("pid", 0))
+        self.at = float(stats.get("at", now))
+        self.blocks = frozenset(stats.get("blocks", ()))
+        self.loras = tuple(stats.get("loras", ()))
+        self._forget(now)
+
+    def sent(self, blocks: tuple[int, ...], now: float) -> None:
+        self.recent.append((now, frozenset(blocks)))
+
+    def unsent(self, at: float) -> None:
+        """The request counted as sent here at ``at`` went elsewhere."""
+        self.recent = [(t, b) for t, b in self.recent if t != at]
+
+    def _forget(self, now: float) -> None:
+        # a request sent just before a report may not be in it yet (in transit): kept a while
+        self.recent = [(t, b) for t, b in self.recent if t > self.at - SETTLE_S and now - t < RECENT_S]
+
+    def cached(self, blocks: tuple[int, ...], now: float) -> int:
+        """How many leading blocks of a prompt this replica holds (or was just sent)."""
+        if not blocks:
+            return 0
+        self._forget(now)
+        held = [self.blocks, *(b for _, b in self.recent)]
+        n = 0
+        for h in blocks:
+            if not any(h in s for s in held):
+                break
+            n += 1
+        return n
+
+    @property
+    def requests(self) -> int:
+        """Requests there: the reported ones and those sent after the report was taken."""
+        return self.busy + self.queued + sum(1 for t, _ in self.recent if t > self.at)
+
+    @property
+    def load(self) -> float:
+        return self.requests / self.slots
+
+    def overloaded(self) -> bool:
+        """As many requests waiting as it has slots."""
+        return self.requests >= 2 * self.slots
+
+
+def choose(
+    route: Route, loads: dict[str, ReplicaLoad], now: float, rng: random.Random | None = None
+) -> list[list[str]]:
+    """Replica ids in ranks, the most preferred first (see the module's rule)."""
+    if not loads:
+        return []
+    sample = rng.sample if rng is not None else random.sample
+    ids = sorted(loads)
+    best, best_n = "", 0
+    for rid in ids:
+        n = loads[rid].cached(route.blocks, now)
+        if n > best_n:
+            best, best_n = rid, n
+    first = (
+        [best] if best_n and not (loads[best].overloaded() and any(loads[r].load < 1 for r in ids if r != best)) else []
+    )
+    ranks = [first] if first else []
+    fine = [r for r in ids if r not in first and not loads[r].overloaded()]
+    two = sample(fine, 2) if len(fine) >= 2 else fine
+    if two:
+        ranks.append([min(two, key=lambda r: (loads[r].load, r))])
+    taken = {r for rank in ranks for r in rank}
+    rest = sorted((r for r in ids if r not in taken), key=lambda r: (loads[r].load, r))
+    if rest:
+        ranks.append(rest)
+    return ranks

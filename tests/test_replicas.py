@@ -1,0 +1,237 @@
+"""Replicas on Ray Serve: one ingress, two engines, routed by what each has cached; a stream
+outlives the replica serving it (SIGKILL) byte for byte.
+
+One local Ray instance serves the whole module (started and stopped here, through Ray's API);
+each test deploys its own replica set on it. Skipped when Ray is not installed
+(``pip install 'llamactor[cluster]'``; ``make test`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from conftest import serve_runtime, wait_until
+
+from llamactor.protocol.errors import ConfigError
+from llamactor.runtime import Runtime
+
+ray = pytest.importorskip("ray", reason="the cluster extra is not installed")
+
+pytestmark = pytest.mark.slow
+
+HOOKS = str(Path(__file__).with_name("enginehooks.py"))
+GATHER = str(Path(__file__).with_name("gatherpolicy.py")) + ":GatherEight"  # same batches in every run
+SHARED = " ".join(f"shared{i}" for i in range(14))  # a common prefix (~70 tokens): the 8 go to one replica
+PROMPTS = [f"{SHARED} stream {i}: " + "abc " * i for i in range(8)]
+# prompt and answer stay under 256 positions: llama.cpp pads the attended KV in steps of 256,
+# and a resumed stream (its replay a few tokens off its neighbours') must not cross one
+N_PREDICT = 150
+KILL_AT = 50
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A Ray instance for this module's replica sets (they leave a running Ray alone)."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _replicas(make_config, **overrides):
+    base = {"replicas": "2", "replica_cpus": 0.5, "parallel": 8, "n_ctx": 8 * 512}
+    return make_config(**{**base, **overrides})
+
+
+async def _sse(client: httpx.AsyncClient, prompt: str, on_piece=None) -> tuple[str, list[str]]:
+    """One /completion stream: the replica that served it and every SSE data payload, in order."""
+    # cache_prompt off: no prefix sharing, so the 8 prefill as one batch in every run
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True, "stream": True}
+    body["cache_prompt"] = False
+    pieces: list[str] = []
+    async with client.stream("POST", "/completion", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        replica = r.headers["x-llamactor-replica"]
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                pieces.append(line)
+                if on_piece is not None:
+                    on_piece(len(pieces), replica)
+    return replica, pieces
+
+
+def _content(pieces: list[str]) -> list[str]:
+    return [json.loads(p[6:])["content"] for p in pieces]
+
+
+def test_unreachable_ray_address_is_a_config_error(make_config):
+    async def main() -> None:
+        async with Runtime.open(make_config(replicas="2", ray_address="127.0.0.1:1")):
+            pass
+
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster at --ray-address 127.0.0.1:1"):
+        anyio.run(main)
+
+
+def test_without_ray_the_error_names_the_extra(make_config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+
+    async def main() -> None:
+        async with Runtime.open(make_config(replicas="2")):
+            pass
+
+    with pytest.raises(ConfigError, match=r"pip install 'llamactor\[cluster\]'"):
+        anyio.run(main)
+
+
+async def test_a_killed_replica_resumes_every_stream_byte_for_byte(local_ray, make_config):
+    cfg = _replicas(make_config, engine_hooks=f"{HOOKS}:Slower", scheduler=GATHER)
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            ref: list[tuple[str, list[str]]] = [("", [])] * len(PROMPTS)
+
+            async def run(i: int, on_piece=None) -> None:
+                ref_or_out[i] = await _sse(client, PROMPTS[i], on_piece)
+
+            ref_or_out = ref
+            async with anyio.create_task_group() as tg:  # uninterrupted
+                for i in range(len(PROMPTS)):
+                    tg.start_soon(run, i)
+            served = {replica for replica, _ in ref}
+            assert len(served) == 1  # the shared prefix kept them together
+            props = (await client.get("/props")).json()["engine"]
+            pids = {r["id"]: r["pid"] for r in props["replicas"]}
+            assert len(pids) == 2
+            served_by = served.pop()
+            victim = pids[served_by]
+
+            out: list[tuple[str, list[str]]] = [("", [])] * len(PROMPTS)
+            ref_or_out = out
+            killed = anyio.Event()
+
+            def kill(n: int, replica: str) -> None:
+                if n == KILL_AT and not killed.is_set():
+                    os.kill(victim, signal.SIGKILL)
+                    killed.set()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(PROMPTS)):
+                    tg.start_soon(run, i, kill if i == 0 else None)
+            assert killed.is_set()
+            for i in range(len(PROMPTS)):
+                assert _content(out[i][1]) == _content(ref[i][1]), f"stream {i}"  # no gap, no duplicate
+                assert out[i][1][-1] == ref[i][1][-1] or json.loads(out[i][1][-1][6:])["stop"]
+            with pytest.raises(ProcessLookupError):  # nothing of the replica outlives it
+                os.kill(victim, 0)
+            metrics = (await client.get("/metrics")).text
+            assert {replica for replica, _ in out} == {served_by}  # its cache brought them back
+            resumed = [ln for ln in metrics.splitlines() if ln.startswith("llamactor:requests_resumed_total")]
+            assert resumed == ["llamactor:requests_resumed_total 8.0"], resumed
+
+            async def two_up() -> bool:
+                replicas = (await client.get("/props")).json()["engine"]["replicas"]
+                return len(replicas) == 2 and victim not in {r["pid"] for r in replicas}
+
+            with anyio.fail_after(60):  # Ray Serve starts a replica in the dead one's place
+                while not await two_up():
+                    await anyio.sleep(0.2)
+            assert (await client.get("/health")).status_code == 200
+
+
+def _family_prompt(f: int, q: int) -> str:
+    system = " ".join(f"family{f} rule{k}" for k in range(80))  # about 1,000 tokens
+    return f"{system}\nquestion {q}: what is {q} + {f}?"
+
+
+async def _families(client: httpx.AsyncClient, rounds: int) -> tuple[dict[int, set[str]], int]:
+    """Three families interleaved, one request at a time: who served each, prompt tokens processed."""
+    served: dict[int, set[str]] = {0: set(), 1: set(), 2: set()}
+    processed = 0
+    for q in range(rounds):
+        for f in range(3):
+            r = await client.post(
+                "/completion", json={"prompt": _family_prompt(f, q), "n_predict": 2, "temperature": 0}
+            )
+            assert r.status_code == 200, r.text
+            served[f].add(r.headers["x-llamactor-replica"])
+            processed += r.json()["timings"]["prompt_n"]
+    return served, processed
+
+
+async def test_families_stay_on_their_replica_and_prefill_less_than_power_of_two(local_ray, make_config):
+    """Each family of requests sharing a long system prompt is served by one replica; the prompt
+    tokens processed are at most 0.4x those of power-of-two routing over the same replicas (two
+    slots each, no RAM cache: what a replica holds is what its slots hold)."""
+    sizes = {"parallel": 2, "n_ctx": 2 * 2048, "cache_ram_mib": 0}
+    results = {}
+    for router in ("cache", "pow2"):
+        async with Runtime.open(_replicas(make_config, replica_router=router, **sizes)) as rt, serve_runtime(rt) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                results[router] = await _families(client, rounds=6)
+    served, processed = results["cache"]
+    assert all(len(s) == 1 for s in served.values()), served
+    assert processed <= 0.4 * results["pow2"][1], (processed, results["pow2"][1])
+
+
+async def test_later_turns_of_a_conversation_return_to_its_replica(local_ray, make_config):
+    async with Runtime.open(_replicas(make_config, parallel=4, n_ctx=4 * 1024)) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            hits = later = 0
+
+            async def conversation(c: int) -> None:
+                nonlocal hits, later
+                messages = [{"role": "system", "content": f"You are assistant number {c}. " + "Be brief. " * 40}]
+                home = ""
+                for turn in range(4):
+                    messages.append({"role": "user", "content": f"turn {turn} of conversation {c}"})
+                    body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+                    r = await client.post("/v1/chat/completions", json=body)
+                    assert r.status_code == 200, r.text
+                    replica = r.headers["x-llamactor-replica"]
+                    if turn == 0:
+                        home = replica
+                    else:
+                        later += 1
+                        hits += replica == home
+                    messages.append(r.json()["choices"][0]["message"])
+
+            async with anyio.create_task_group() as tg:
+                for c in range(4):
+                    tg.start_soon(conversation, c)
+    assert later == 12 and hits / later >= 0.95, (hits, later)
+
+
+async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, make_config):
+    async with Runtime.open(_replicas(make_config, parallel=2, n_ctx=2 * 512)) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            r = await client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            )
+            assert r.status_code == 200 and r.headers["x-llamactor-replica"]
+            r = await client.post(
+                "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            )
+            assert r.status_code == 200 and r.json()["type"] == "message"
+            slots = (await client.get("/slots")).json()
+            assert [s["id"] for s in slots] == [0, 1, 2, 3]
+            props = (await client.get("/props")).json()["engine"]
+            assert len(props["replicas"]) == 2
+            assert all(r["pid"] > 0 and r["engine_pid"] == r["pid"] and r["state"] == "up" for r in props["replicas"])
+            text = (await client.get("/metrics")).text
+            assert 'replica="' in text and "llamactor:replicas_up 2.0" in text
+            r = await client.post("/completion", json={"prompt": "hi", "n_predict": "many"})
+            assert r.status_code == 400  # a bad field: refused at the ingress, before any replica
+        done = await rt.complete("the embedding API", max_tokens=4, temperature=0)  # as one runtime
+        assert done.choices[0].finish_reason == "length" and done.n_predicted == 4
+        await wait_until(lambda: rt.in_flight() == 0)
