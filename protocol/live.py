@@ -38,6 +38,7 @@ class LiveGroup(msgspec.Struct, frozen=True, kw_only=True):
     n_decode: int  # cumulative llama_decode calls
     requests_failed: int  # cumulative, failed alone
     slots: tuple[LiveSlot, ...]
+    replica: str = ""  # the replica the group runs in (a replica set; "" for one engine)
 
 
 class LiveHistogram(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +47,36 @@ class LiveHistogram(msgspec.Struct, frozen=True, kw_only=True):
     bounds_s: tuple[float, ...]
     counts: tuple[int, ...]  # len(bounds_s) + 1
     sum_s: float
+
+
+def merge_replicas(snapshots: list[tuple[str, LiveSnapshot]]) -> LiveSnapshot:
+    """The snapshots of a replica set's replicas as one: groups and slots numbered on, replica
+    by replica, each group naming its replica; queues and histograms summed."""
+    first = snapshots[0][1]
+    groups: list[LiveGroup] = []
+    n_slots = 0
+    for replica, snap in snapshots:
+        for g in snap.groups:
+            slots = tuple(msgspec.structs.replace(s, id=n_slots + i, group=len(groups)) for i, s in enumerate(g.slots))
+            n_slots += len(slots)
+            groups.append(msgspec.structs.replace(g, id=len(groups), slots=slots, replica=replica))
+    return msgspec.structs.replace(
+        first,
+        healthy=all(s.healthy for _, s in snapshots),
+        queue_depth=sum(s.queue_depth for _, s in snapshots),
+        queue_size=sum(s.queue_size for _, s in snapshots),
+        groups=tuple(groups),
+        ttft=_sum_histograms([s.ttft for _, s in snapshots]),
+        inter_token=_sum_histograms([s.inter_token for _, s in snapshots]),
+    )
+
+
+def _sum_histograms(hists: list[LiveHistogram | None]) -> LiveHistogram | None:
+    present = [h for h in hists if h is not None]
+    if not present or any(h.bounds_s != present[0].bounds_s for h in present):
+        return present[0] if present else None
+    counts = tuple(sum(c) for c in zip(*(h.counts for h in present), strict=True))
+    return LiveHistogram(bounds_s=present[0].bounds_s, counts=counts, sum_s=sum(h.sum_s for h in present))
 
 
 class LiveSnapshot(msgspec.Struct, frozen=True, kw_only=True):

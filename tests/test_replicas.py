@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -147,6 +148,79 @@ async def test_a_killed_replica_resumes_every_stream_byte_for_byte(local_ray, ma
                 while not await two_up():
                     await anyio.sleep(0.2)
             assert (await client.get("/health")).status_code == 200
+
+
+STREAMS = {  # one stream in each streaming API: its path, its body, where a text delta is
+    "native": ("/completion", {"prompt": "once upon a time", "n_predict": 60, "ignore_eos": True}),
+    "completions": ("/v1/completions", {"prompt": "once upon a time", "max_tokens": 60, "ignore_eos": True}),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "tell a story"}], "max_tokens": 60}),
+    "messages": (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 60, "messages": [{"role": "user", "content": "tell a story"}]},
+    ),
+    "responses": ("/v1/responses", {"input": "tell a story", "max_output_tokens": 60}),
+}
+
+
+def _delta(payload: dict) -> str | None:
+    """The text a streamed event adds, in any of the APIs (None: an event without text)."""
+    if "content" in payload and isinstance(payload["content"], str):  # native
+        return payload["content"]
+    choices = payload.get("choices")
+    if choices:
+        c = choices[0]
+        return c.get("text", (c.get("delta") or {}).get("content"))
+    delta = payload.get("delta")
+    if isinstance(delta, dict):  # Anthropic content_block_delta
+        return delta.get("text")
+    if payload.get("type") == "response.output_text.delta":
+        return payload.get("delta")
+    return None
+
+
+async def _api_stream(client: httpx.AsyncClient, api: str, kill=None) -> tuple[str, list[str]]:
+    path, body = STREAMS[api]
+    deltas: list[str] = []
+    async with client.stream("POST", path, json={**body, "stream": True, "temperature": 0}) as r:
+        assert r.status_code == 200, await r.aread()
+        replica = r.headers["x-llamactor-replica"]
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text = _delta(json.loads(line[6:]))
+                if text:
+                    deltas.append(text)
+                    if kill is not None:
+                        kill(len(deltas), replica)
+    return replica, deltas
+
+
+def _kill_at(at: int, pids: dict[str, int], killed: list[int], n: int, replica: str) -> None:
+    """SIGKILL the replica serving a stream once it has ``at`` deltas."""
+    if n == at and not killed:
+        killed.append(pids[replica])
+        os.kill(pids[replica], signal.SIGKILL)
+
+
+async def test_one_stream_in_each_api_survives_its_replica(local_ray, make_config):
+    """Alone on its replica (a batch of one, whatever happens), each API's stream is killed
+    mid-way and goes on on the other replica: the same text deltas as uninterrupted."""
+    cfg = _replicas(make_config, engine_hooks=f"{HOOKS}:Slower", parallel=2, n_ctx=2 * 512)
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+            async def pids() -> dict[str, int]:
+                replicas = (await client.get("/props")).json()["engine"]["replicas"]
+                return {r["id"]: r["pid"] for r in replicas}
+
+            for api in STREAMS:
+                with anyio.fail_after(60):  # both replicas up (the last one killed is back)
+                    while len(await pids()) < 2:
+                        await anyio.sleep(0.2)
+                _, ref = await _api_stream(client, api)
+                killed: list[int] = []
+                _, out = await _api_stream(client, api, partial(_kill_at, 15, await pids(), killed))
+                assert killed, api
+                assert out == ref, api  # no gap, no duplicate
 
 
 def _family_prompt(f: int, q: int) -> str:

@@ -39,7 +39,7 @@ from llamactor.protocol import enginelink as link
 from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Unavailable, error_from
 from llamactor.protocol.events import Event, Failed
-from llamactor.protocol.live import LiveSnapshot
+from llamactor.protocol.live import LiveSnapshot, merge_replicas
 from llamactor.protocol.messages import Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire, replica_range
@@ -377,11 +377,10 @@ class ReplicaSet:
         return self._live
 
     async def read_live(self) -> LiveSnapshot | None:
-        """The first replica's live view (the page shows one engine at a time)."""
-        for _, answer in await self._each(link.GetLive, link.Live):
-            self._live = answer.snapshot
-            return self._live
-        return None
+        """Every replica's live view as one: its groups, each naming its replica."""
+        snapshots = [(rid, answer.snapshot) for rid, answer in await self._each(link.GetLive, link.Live)]
+        self._live = merge_replicas(snapshots) if snapshots else None
+        return self._live
 
     def health(self) -> str:
         return "ok" if self._replica_ids() else "restarting"

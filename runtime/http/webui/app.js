@@ -406,7 +406,7 @@ function renderGroups(s, rates) {
     card.dataset.phase = g.phase;
     const rate = rates[g.id];
     card.querySelector(".group-head").replaceChildren(
-      el("span", { class: "name" }, `group ${g.id}`),
+      el("span", { class: "name" }, g.replica ? `replica ${g.replica} · group ${g.id}` : `group ${g.id}`),
       el("span", { class: "health" }, g.up ? "up" : "down"),
       el("span", { class: "phase", title: "the policy's phase" }, `${s.scheduler}: ${g.phase}`),
       el("span", {}, `cohort ${g.cohort}`),
