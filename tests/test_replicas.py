@@ -116,6 +116,7 @@ async def test_a_killed_replica_resumes_every_stream_byte_for_byte(local_ray, ma
             assert len(pids) == 2
             served_by = served.pop()
             victim = pids[served_by]
+            assert victim > 1
 
             out: list[tuple[str, list[str]]] = [("", [])] * len(PROMPTS)
             ref_or_out = out
@@ -197,8 +198,10 @@ async def _api_stream(client: httpx.AsyncClient, api: str, kill=None) -> tuple[s
 def _kill_at(at: int, pids: dict[str, int], killed: list[int], n: int, replica: str) -> None:
     """SIGKILL the replica serving a stream once it has ``at`` deltas."""
     if n == at and not killed:
-        killed.append(pids[replica])
-        os.kill(pids[replica], signal.SIGKILL)
+        pid = pids[replica]
+        assert pid > 1  # never a process group
+        killed.append(pid)
+        os.kill(pid, signal.SIGKILL)
 
 
 async def test_one_stream_in_each_api_survives_its_replica(local_ray, make_config):

@@ -37,11 +37,12 @@ def test_the_longest_cached_prefix_wins():
     assert ranks[0] == ["b"] and ranks[1] == ["a"]
 
 
-def test_an_overloaded_replica_gives_way_to_a_free_one():
+def test_a_full_replica_gives_way_to_one_with_a_slot_free():
     route = Route(1, tuple(block_hashes(SYSTEM)))
-    loads = _loads(a=([], 0), b=(SYSTEM, 2))
-    loads["b"].queued = 2  # as many waiting as it has slots
+    loads = _loads(a=([], 1), b=(SYSTEM, 2))  # b: both slots busy
     assert choose(route, loads, 2.0, random.Random(0))[0] == ["a"]
+    loads["a"].busy = 2  # none has a slot free: the cache decides
+    assert choose(route, loads, 2.0, random.Random(0))[0] == ["b"]
 
 
 def test_what_was_just_sent_counts_until_the_replica_reports_it():

@@ -42,9 +42,10 @@ from llamactor.runtime.service.config import config_from_wire
 from llamactor.runtime.service.engineproc import answer_call, load_hooks
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_logging
-from llamactor.runtime.service.routing import Placed, ReplicaLoad, Route, block_hashes, choose
+from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, block_hashes, choose
 
 REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
+REPORT_MIN_S = 0.4  # ... and the least time between two reports (each is a Ray call answered)
 WATCH_S = 5.0  # a ``watch`` call answers after this long even when nothing changed
 BEAT_S = 1.0  # an empty frame after this long without events: the replica is alive
 MAX_HELD_BLOCKS = 65536  # reported block hashes, at most (the newest cached prompts first)
@@ -188,12 +189,14 @@ class ReplicaServer:
             if engine is not None:
                 snap = engine.supervisor.snapshot()
                 cache = engine.prompt_cache.statistics() if engine.prompt_cache is not None else None
-                now = (snap.busy, snap.queue_depth, tuple(len(e.cached) for e in engine.supervisor.table), cache)
+                held = tuple(len(e.cached) // BLOCK for e in engine.supervisor.table)  # whole blocks only
+                now = (snap.busy, snap.queue_depth, held, cache.entries if cache is not None else 0)
                 if now != last:
                     last = now
                     self._stats = self.routing_stats()
                     self._changed.set()
                     self._changed = asyncio.Event()
+                    await asyncio.sleep(REPORT_MIN_S)  # at most this often
             await asyncio.sleep(REPORT_S)
 
     async def _on_engine(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -307,6 +310,7 @@ class CacheRouter(_Targeted, RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self.loads: dict[str, ReplicaLoad] = {}
         self.rng = random.Random(kwargs.get("seed"))
+        self.where: dict[str, str] = {}  # Ray's request id -> the replica it went to, until it ends
         self.guessed: dict[str, tuple[str, float]] = {}  # Ray's request id -> (replica chosen first, when)
         self.reported: dict[str, dict[str, Any]] = {}  # replica id -> its latest stats (the ingress writes)
         self._register()
@@ -334,23 +338,37 @@ class CacheRouter(_Targeted, RequestRouter):
         ranks = choose(route or Route(0), loads, now, self.rng)
         if ranks and route is not None and pending_request is not None:
             # counted where it most likely goes from now on: requests routed before this one is
-            # sent (a burst sharing a prefix) follow it there
-            first = ranks[0][0]
-            loads[first].sent(route.blocks, now)
-            self.guessed[pending_request.metadata.internal_request_id] = (first, now)
+            # sent (a burst sharing a prefix) follow it there. Once: Ray asks again for a
+            # request whose first choice did not answer its queue-length probe in time
+            request_id = pending_request.metadata.internal_request_id
+            if request_id not in self.guessed:
+                first = ranks[0][0]
+                loads[first].sent(route.blocks, now)
+                loads[first].in_flight += 1
+                self.guessed[request_id] = (first, now)
         return [[by_id[rid] for rid in rank] for rank in ranks]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
         route = _route_of(pending_request)
         if route is None or route.replica:
             return
-        guess, at = self.guessed.pop(pending_request.metadata.internal_request_id, ("", 0.0))
+        request_id = pending_request.metadata.internal_request_id
+        guess, at = self.guessed.pop(request_id, ("", 0.0))
         rid = replica_id.unique_id
+        self.where[request_id] = rid
         if guess == rid:
             return
         if guess in self.loads:
             self.loads[guess].unsent(at)
-        self.loads.setdefault(rid, ReplicaLoad()).sent(route.blocks, time.time())
+            self.loads[guess].in_flight = max(0, self.loads[guess].in_flight - 1)
+        load = self.loads.setdefault(rid, ReplicaLoad())
+        load.sent(route.blocks, time.time())
+        load.in_flight += 1
+
+    def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
+        rid = self.where.pop(internal_request_id, None)
+        if rid is not None and rid in self.loads:
+            self.loads[rid].in_flight = max(0, self.loads[rid].in_flight - 1)
 
     def on_replica_actor_died(self, replica_id: Any) -> None:
         super().on_replica_actor_died(replica_id)
@@ -388,6 +406,8 @@ class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
         targeted = self.target(candidate_replicas, route)
         if targeted is not None:
             return targeted
+        if route is None or not route.prompt:  # Ray's router divides by the prompt's length
+            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
         return await super().choose_replicas(candidate_replicas, pending_request)  # type: ignore[return-value]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:

@@ -139,8 +139,7 @@ class ReplicaSet:
             log.info("replicas_ready", replicas=len(self._pids), router=config.replica_router, app=app)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                if config.replica_router == "cache":
-                    tg.start_soon(self._follow)
+                tg.start_soon(self._follow)
                 try:
                     yield self
                 finally:
@@ -165,14 +164,17 @@ class ReplicaSet:
             self.embedder = RemoteEmbedder(self, msgspec.msgpack.decode(first["embedder"], type=EmbedderInfo))
 
     async def _follow(self) -> None:
-        """Follow each replica's routing stats (a ``watch`` call per replica, answered when they
-        change) into the cache router."""
+        """Learn each new replica's pid; follow its routing stats (a ``watch`` call per replica,
+        answered when they change) into the cache router."""
         following: set[str] = set()
 
         async def follow(rid: str) -> None:
             seen = -1.0
             try:
-                while True:
+                if rid not in self._pids:  # a replica Ray started since: learn its pid
+                    hello = await self.handle.hello.remote(Route(0, replica=rid))
+                    self._pids[hello["replica"]] = hello["pid"]
+                while self.config.replica_router == "cache":
                     stats = await self.handle.watch.remote(seen, Route(0, replica=rid))
                     router = self._router()
                     if router is not None and stats:
@@ -398,8 +400,9 @@ class ReplicaSet:
             requests_resumed=self.counters.resumed,
             requests_in_flight=len(self.journal),
             replicas=tuple(
-                ReplicaStatus(id=rid, pid=self._pids.get(rid, 0), engine_pid=self._pids.get(rid, 0), state="up")
+                ReplicaStatus(id=rid, pid=self._pids[rid], engine_pid=self._pids[rid], state="up")
                 for rid in ids
+                if rid in self._pids  # one Ray just started is listed once it answered
             ),
         )
 

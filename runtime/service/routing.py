@@ -6,10 +6,12 @@ hashes do). A replica reports the hashes of what its slots and its RAM prompt ca
 router adds what it sent there since the replica's last report (a prompt is cached from the
 moment its prefill starts). ``choose`` then ranks the replicas for one request:
 
-1. the replica holding the longest cached prefix of the prompt, unless it is overloaded
-   (``overloaded``: as many requests waiting as it has slots while another replica has a slot free);
+1. the replica holding the longest cached prefix of the prompt, unless it has no slot free
+   while another replica has one (a request that would wait there starts at once elsewhere;
+   measured: a burst sharing one system prompt, all sent after it, waited behind one replica's
+   slots while the other stood idle);
 2. otherwise the less loaded of two replicas picked at random (power of two choices), among
-   those without an overload;
+   those with a slot free (all of them when none has);
 3. the rest, least loaded first, for Ray Serve to fall back on.
 
 A conversation's later turn starts with the earlier turn's prompt and answer, so it follows
@@ -75,6 +77,7 @@ class ReplicaLoad:
     blocks: frozenset[int] = frozenset()  # reported cached block hashes
     loras: tuple[int, ...] = ()
     recent: list[tuple[float, frozenset[int]]] = field(default_factory=list)  # (when, blocks) sent
+    in_flight: int = 0  # requests this router sent there that have not ended
 
     def report(self, stats: dict[str, Any], now: float) -> None:
         """A replica's routing stats: what it holds now replaces what was known."""
@@ -114,16 +117,17 @@ class ReplicaLoad:
 
     @property
     def requests(self) -> int:
-        """Requests there: the reported ones and those sent after the report was taken."""
-        return self.busy + self.queued + sum(1 for t, _ in self.recent if t > self.at)
+        """Requests there: those this router has in flight there (exact, for one ingress) or
+        those the replica reported (other ingresses' too), whichever is more."""
+        return max(self.busy + self.queued, self.in_flight)
 
     @property
     def load(self) -> float:
         return self.requests / self.slots
 
-    def overloaded(self) -> bool:
-        """As many requests waiting as it has slots."""
-        return self.requests >= 2 * self.slots
+    def full(self) -> bool:
+        """No slot free for one more request."""
+        return self.requests >= self.slots
 
 
 def choose(
@@ -139,11 +143,9 @@ def choose(
         n = loads[rid].cached(route.blocks, now)
         if n > best_n:
             best, best_n = rid, n
-    first = (
-        [best] if best_n and not (loads[best].overloaded() and any(loads[r].load < 1 for r in ids if r != best)) else []
-    )
+    first = [best] if best_n and not (loads[best].full() and any(not loads[r].full() for r in ids if r != best)) else []
     ranks = [first] if first else []
-    fine = [r for r in ids if r not in first and not loads[r].overloaded()]
+    fine = [r for r in ids if r not in first and not loads[r].full()] or [r for r in ids if r not in first]
     two = sample(fine, 2) if len(fine) >= 2 else fine
     if two:
         ranks.append([min(two, key=lambda r: (loads[r].load, r))])
