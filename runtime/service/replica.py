@@ -407,7 +407,7 @@ class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
         if targeted is not None:
             return targeted
         if route is None or not route.prompt:  # Ray's router divides by the prompt's length
-            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
+            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)  # type: ignore[arg-type]
         return await super().choose_replicas(candidate_replicas, pending_request)  # type: ignore[return-value]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
