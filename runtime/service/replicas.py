@@ -126,6 +126,8 @@ class ReplicaSet:
         app = f"llamactor-{os.getpid()}-{next(_apps)}"
         try:
             deployment = _deployment(serve, rep, config, lo, hi)
+            # no Ray Serve HTTP proxy (the ingress serves HTTP); a Serve already running is kept
+            await anyio.to_thread.run_sync(lambda: serve.start(proxy_location="Disabled"))
             try:
                 handle = await anyio.to_thread.run_sync(
                     lambda: serve.run(
