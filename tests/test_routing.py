@@ -94,3 +94,9 @@ def test_replicas_live_views_merge_into_one():
     assert [g.id for g in merged.groups] == [0, 1]
     assert [s.id for g in merged.groups for s in g.slots] == [0, 1, 2, 3, 4]
     assert merged.queue_depth == 3 and merged.ttft is not None and merged.ttft.counts == (2, 4, 0)
+
+
+def test_equally_loaded_the_replica_holding_less_takes_a_new_prompt():
+    loads = _loads(a=(SYSTEM, 0), b=([], 0))  # a holds one prompt already, b nothing
+    new = Route(1, tuple(block_hashes(list(range(9000, 9000 + 2 * BLOCK)))))
+    assert choose(new, loads, 2.0, random.Random(0))[0] == ["b"]

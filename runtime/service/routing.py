@@ -11,7 +11,8 @@ moment its prefill starts). ``choose`` then ranks the replicas for one request:
    measured: a burst sharing one system prompt, all sent after it, waited behind one replica's
    slots while the other stood idle);
 2. otherwise the less loaded of two replicas picked at random (power of two choices), among
-   those with a slot free (all of them when none has);
+   those with a slot free (all of them when none has); equally loaded, the one holding fewer
+   blocks (a new prompt evicts least there);
 3. the rest, least loaded first, for Ray Serve to fall back on.
 
 A conversation's later turn starts with the earlier turn's prompt and answer, so it follows
@@ -122,6 +123,11 @@ class ReplicaLoad:
         return max(self.busy + self.queued, self.in_flight)
 
     @property
+    def held(self) -> int:
+        """Blocks it holds (reported, and sent since)."""
+        return len(self.blocks) + sum(len(b) for _, b in self.recent)
+
+    @property
     def load(self) -> float:
         return self.requests / self.slots
 
@@ -147,8 +153,8 @@ def choose(
     ranks = [first] if first else []
     fine = [r for r in ids if r not in first and not loads[r].full()] or [r for r in ids if r not in first]
     two = sample(fine, 2) if len(fine) >= 2 else fine
-    if two:
-        ranks.append([min(two, key=lambda r: (loads[r].load, r))])
+    if two:  # equally loaded: the one holding less, whose cache loses least to a new prompt
+        ranks.append([min(two, key=lambda r: (loads[r].load, loads[r].held, r))])
     taken = {r for rank in ranks for r in rank}
     rest = sorted((r for r in ids if r not in taken), key=lambda r: (loads[r].load, r))
     if rest:
