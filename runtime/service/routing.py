@@ -132,8 +132,8 @@ class ReplicaLoad:
         return self.requests / self.slots
 
     def full(self) -> bool:
-        """No slot free for one more request."""
-        return self.requests >= self.slots
+        """No slot free for one more request (never before its first report: its slots are unknown)."""
+        return self.at > 0 and self.requests >= self.slots
 
 
 def choose(
