@@ -5,10 +5,13 @@ Imported only where Ray is installed (``pip install 'llamactor[cluster]'``): by 
 
 ``ReplicaServer`` is the deployment. Its engine runs in the replica's own process (the replica
 is the unit that dies and restarts: when Ray kills it, nothing of the engine outlives it).
-``generate`` takes a request as the engine link's ``WireTask`` and streams back msgpack
-``Events`` frames, one per decode step that had something for it, and an empty one each second
-of silence (the ingress's sign of life); ``call`` answers the link's calls (slots, metrics, the
-live view, embeddings); ``record_routing_stats`` is what Ray Serve polls for the router.
+``run`` takes a request as the engine link's ``WireTask`` (routed) and answers when it ended;
+its events go on ``events``, one long stream per replica that the ingress keeps open, carrying
+every request's events as the link's ``Events`` frames, one per decode step (one Ray item per
+step, not per request and step), and an empty one each second of silence (the ingress's sign
+of life); ``call`` answers
+the link's calls (slots, metrics, the live view, embeddings); ``watch`` answers with the
+routing stats when they change.
 
 The routers run in the ingress (Ray Serve builds one per deployment handle): ``CacheRouter``
 routes by the replicas' real caches (``runtime.service.routing``); ``Pow2Router`` and
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
@@ -42,7 +46,7 @@ from llamactor.runtime.service.config import config_from_wire
 from llamactor.runtime.service.engineproc import answer_call, load_hooks
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_logging
-from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, block_hashes, choose
+from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, Served, block_hashes, choose
 
 REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
 REPORT_MIN_S = 0.4  # ... and the least time between two reports (each is a Ray call answered)
@@ -57,42 +61,89 @@ _calls: msgspec.msgpack.Decoder[link.Call] = msgspec.msgpack.Decoder(link.Call)
 _wire_task = msgspec.msgpack.Decoder(link.WireTask)
 
 
-class _Outbox:
-    """One request's stream inside a replica: its events wait here for ``generate`` to yield.
+class _Mux:
+    """The replica's one stream to the ingress: every request's events in the order the groups
+    sent them, taken a decode step's worth at a time by the ingress's ``events`` call (one Ray
+    stream item per step, not one per request and step).
 
-    The engine's actors run on the loop the replica was made on; Ray Serve may run ``generate``
-    on another (its request loop, in another thread): the group appends under the GIL and wakes
-    the reader's loop thread-safely."""
-
-    __slots__ = ("closed", "events", "loop", "pending", "wake")
+    Requests are submitted in an epoch; their events go to that epoch's stream, which may
+    connect after they start (they wait here). When the stream ends (the ingress left, or took
+    the replica for gone and resumed its requests elsewhere) the epoch ends: what is still live
+    in it is cancelled, and its events are dropped. The engine's actors append from the engine's
+    loop; the stream may read on another thread: the lock makes each take see whole steps."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.epoch = 0
         self.events: list[tuple[int, Event]] = []
-        self.closed = False
-        self.wake = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
+        self.ended: list[int] = []
+        self.live: dict[int, _Sink] = {}
+        self.reader: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self.pending = False  # a wake is scheduled on the reader's loop
 
-    def send_nowait(self, event: Event, task_id: int = 0) -> None:
-        if self.closed:
-            import anyio
+    def add(self, sink: _Sink) -> int:
+        with self.lock:
+            self.live[sink.sid] = sink
+            return self.epoch
 
-            raise anyio.ClosedResourceError
-        self.events.append((task_id, event))
-        self._wake()
+    def send(self, sid: int, epoch: int, event: Event) -> None:
+        with self.lock:
+            if epoch != self.epoch:
+                import anyio
 
-    def close(self) -> None:
-        self.closed = True
-        self._wake()
+                raise anyio.ClosedResourceError  # its stream is gone: the engine drops the request
+            self.events.append((sid, event))
+            self._wake()
+
+    def end(self, sid: int, epoch: int) -> bool:
+        """``sid``'s stream closed; False when its epoch had ended (its events are lost)."""
+        with self.lock:
+            if epoch != self.epoch or self.live.pop(sid, None) is None:
+                return False
+            self.ended.append(sid)
+            self._wake()
+            return True
+
+    def forget(self, sid: int) -> None:
+        with self.lock:
+            self.live.pop(sid, None)
+
+    def take(self) -> tuple[list[tuple[int, Event]], list[int]]:
+        with self.lock:
+            taken = self.events, self.ended
+            self.events, self.ended = [], []
+            return taken
+
+    def attach(self) -> tuple[int, asyncio.Event]:
+        """A stream starts reading: the current epoch's (what waits here is its)."""
+        wake = asyncio.Event()
+        with self.lock:
+            self.reader = (asyncio.get_running_loop(), wake)
+            self.pending = False
+            if self.events or self.ended:
+                wake.set()
+            return self.epoch, wake
+
+    def detach(self, epoch: int) -> list[_Sink]:
+        """The stream of ``epoch`` ended: the next epoch starts; what was live is returned."""
+        with self.lock:
+            if epoch != self.epoch:
+                return []
+            live, self.live = list(self.live.values()), {}
+            self.epoch += 1
+            self.events, self.ended = [], []
+            self.reader = None
+            return live
 
     def _wake(self) -> None:
-        if not self.pending:
+        if self.reader is not None and not self.pending:
             self.pending = True
-            self.loop.call_soon_threadsafe(self._set)
+            loop, wake = self.reader
+            loop.call_soon_threadsafe(self._set, wake)
 
-    def _set(self) -> None:
+    def _set(self, wake: asyncio.Event) -> None:
         self.pending = False
-        self.wake.set()
+        wake.set()
 
 
 class ReplicaServer:
@@ -112,6 +163,8 @@ class ReplicaServer:
             ready.cancel()
             self._runner.result()
             raise RuntimeError("the engine stopped before it was ready")
+        self._mux = _Mux()
+        self._me = serve.get_replica_context().replica_id.unique_id
         self._stats: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._reporter = asyncio.ensure_future(self._report())
@@ -138,12 +191,14 @@ class ReplicaServer:
             "embedder": _encoder.encode(embedder.info) if embedder else b"",
         }
 
-    async def generate(self, task: bytes, route: Route) -> AsyncIterator[bytes]:
-        """Serve one request: ``Events`` frames until its stream ends."""
+    async def run(self, task: bytes, route: Route) -> bytes:
+        """Serve one request (the link's ``WireTask``, its id unique to the ingress): its events
+        go on the events stream of the epoch it came in; this answers (``Served``) when its
+        stream closed here, so Ray counts it as ongoing while it is (routing, autoscaling).
+        Cancelled (the client left), it is cancelled in the engine."""
         engine = self._engine()
         wire = _wire_task.decode(task)
-        box = _Outbox()
-        sink: Any = _Sink(box, wire.id)
+        sink: Any = _Sink(self._mux, wire.id)
         spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
 
         def submit() -> None:
@@ -154,23 +209,34 @@ class ReplicaServer:
                 sink.close()
 
         self._loop.call_soon_threadsafe(submit)
-        me = serve.get_replica_context().replica_id.unique_id
-        yield _encoder.encode(Placed(me, os.getpid()))
         try:
+            await sink.finished.wait()
+        finally:
+            if not sink.finished.is_set():
+                self._mux.forget(wire.id)
+                self._loop.call_soon_threadsafe(engine.cancel, wire.id)
+        return _encoder.encode(Served(self._me, os.getpid(), sink.epoch, sink.delivered))
+
+    async def events(self, route: Route) -> AsyncIterator[bytes]:
+        """Every request's events (``Events`` frames, one per decode step that had any), after a
+        first ``Placed`` frame naming the epoch; an empty frame each second of silence (the
+        ingress's sign of life). When the ingress leaves, what it was served is cancelled."""
+        engine = self._engine()
+        epoch, wake = self._mux.attach()
+        try:
+            yield _encoder.encode(Placed(self._me, os.getpid(), epoch))
             while True:
                 try:
-                    await asyncio.wait_for(box.wake.wait(), BEAT_S)
+                    await asyncio.wait_for(wake.wait(), BEAT_S)
                 except TimeoutError:
                     pass
-                box.wake.clear()
-                events, box.events = box.events, []
-                ended = box.closed
-                yield _encoder.encode(link.Events(tuple(events), (wire.id,) if ended else ()))
-                if ended:
-                    return
+                wake.clear()
+                events, ended = self._mux.take()
+                yield _encoder.encode(link.Events(tuple(events), tuple(ended)))
         finally:
-            if not box.closed:  # the ingress left (its client did, or it resumes elsewhere)
-                self._loop.call_soon_threadsafe(engine.cancel, wire.id)
+            for sink in self._mux.detach(epoch):  # their events are lost: the ingress resumes them
+                self._loop.call_soon_threadsafe(engine.cancel, sink.sid)
+                sink.finish(delivered=False)
 
     async def call(self, call: bytes, route: Route) -> bytes:
         msg = _calls.decode(call)
@@ -259,17 +325,35 @@ def _reporter_ended(task: asyncio.Future[None]) -> None:
 
 
 class _Sink:
-    __slots__ = ("box", "task_id")
+    """One request's stream inside a replica: into the replica's ``_Mux``; ``finished`` is set
+    (on the loop of the ``run`` call serving it) when it closed or its epoch ended."""
 
-    def __init__(self, box: _Outbox, task_id: int) -> None:
-        self.box = box
-        self.task_id = task_id
+    __slots__ = ("closed", "delivered", "epoch", "finished", "loop", "mux", "sid")
+
+    def __init__(self, mux: _Mux, sid: int) -> None:
+        self.mux = mux
+        self.sid = sid
+        self.closed = False
+        self.delivered = False
+        self.finished = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        self.epoch = mux.add(self)
 
     def send_nowait(self, event: Event) -> None:
-        self.box.send_nowait(event, self.task_id)
+        if self.closed:
+            import anyio
+
+            raise anyio.ClosedResourceError
+        self.mux.send(self.sid, self.epoch, event)
 
     def close(self) -> None:
-        self.box.close()
+        if not self.closed:
+            self.closed = True
+            self.finish(delivered=self.mux.end(self.sid, self.epoch))
+
+    def finish(self, *, delivered: bool) -> None:
+        self.delivered = delivered
+        self.loop.call_soon_threadsafe(self.finished.set)
 
 
 # ---- routers (in the ingress) ---------------------------------------------------------------

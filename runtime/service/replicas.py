@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.embedding import Embedded, EmbedderInfo
-from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Unavailable, error_from
+from llamactor.protocol.errors import ConfigError, LlamactorError, Unavailable, error_from
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.live import LiveSnapshot, merge_replicas
 from llamactor.protocol.messages import Task
@@ -45,7 +45,7 @@ from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire, replica_range
 from llamactor.runtime.service.engine import EngineStatus, ReplicaStatus, served_by
 from llamactor.runtime.service.journal import Entry, Journal
-from llamactor.runtime.service.routing import Placed, Route, block_hashes
+from llamactor.runtime.service.routing import Placed, Route, Served, block_hashes
 
 log = structlog.get_logger("llamactor.replicas")
 
@@ -56,6 +56,7 @@ CALL_TIMEOUT_S = 60.0
 _apps = itertools.count()
 
 _frames = msgspec.msgpack.Decoder(Placed | link.Events)
+_served = msgspec.msgpack.Decoder(Served)
 _answers: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(link.Answer)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -74,6 +75,19 @@ def _replica_lost(exc: BaseException) -> bool:
     from ray import exceptions as rx
 
     return isinstance(exc, (rx.RayActorError, rx.ActorUnavailableError, rx.ObjectLostError, TimeoutError))
+
+
+@dataclass
+class _Sub:
+    """One submission of a request to a replica (a resumed request is submitted anew)."""
+
+    sid: int
+    entry: Entry
+    replica: str = ""  # known from its first event (or the replica's answer)
+    epoch: int = -1  # of the replica's events stream that carries its events
+    lost: str = ""  # why its replica was given up on
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ended: anyio.Event = field(default_factory=anyio.Event)  # its last events were delivered
 
 
 @dataclass
@@ -104,7 +118,10 @@ class ReplicaSet:
         self.counters = Counters()
         self.embedder: RemoteEmbedder | None = None
         self._tg: TaskGroup | None = None
-        self._scopes: dict[int, anyio.CancelScope] = {}
+        self._subs: dict[int, _Sub] = {}  # submission id -> the request submitted under it
+        self._sid_of: dict[int, int] = {}  # task id -> its current submission id
+        self._sids = itertools.count(1)
+        self._epochs: dict[str, int] = {}  # replica -> the epoch of its events stream listened to
         self._placements: dict[int, list[str]] = {}
         self._pids: dict[str, int] = {}
         self._live: LiveSnapshot | None = None
@@ -169,6 +186,13 @@ class ReplicaSet:
         """Learn each new replica's pid; follow its routing stats (a ``watch`` call per replica,
         answered when they change) into the cache router."""
         following: set[str] = set()
+        listening: set[str] = set()
+
+        async def listen(rid: str) -> None:
+            try:
+                await self._listen(rid)
+            finally:
+                listening.discard(rid)
 
         async def follow(rid: str) -> None:
             seen = -1.0
@@ -190,6 +214,9 @@ class ReplicaSet:
         async with anyio.create_task_group() as tg:
             while True:
                 for rid in self._replica_ids():
+                    if rid not in listening:
+                        listening.add(rid)
+                        tg.start_soon(listen, rid)
                     if rid not in following:
                         following.add(rid)
                         tg.start_soon(follow, rid)
@@ -213,72 +240,121 @@ class ReplicaSet:
         placement = served_by.get()
         if placement is not None:
             self._placements[task.id] = placement
-        scope = self._scopes[task.id] = anyio.CancelScope()
-        self._tg.start_soon(self._serve, entry, scope)
+        self._tg.start_soon(self._place, entry)
 
     def cancel(self, task_id: int) -> None:
         entry = self.journal.pop(task_id)
-        scope = self._scopes.pop(task_id, None)
         self._placements.pop(task_id, None)
-        if scope is not None:
-            scope.cancel()  # leaving the replica's stream cancels the request there
+        sub = self._subs.pop(self._sid_of.pop(task_id, 0), None)
+        if sub is not None:
+            sub.scope.cancel()  # leaving the replica's ``run`` call cancels the request there
         if entry is not None:
             entry.task.sink.close()
 
-    async def _serve(self, entry: Entry, scope: anyio.CancelScope) -> None:
+    async def _place(self, entry: Entry) -> None:
+        """Serve ``entry`` on the replica the router picks (again, after a replica's death)."""
         task = entry.task
-        with scope:
-            while task.id in self.journal:
-                what = self.journal.next_send(entry, "the replicas serving it")
-                if isinstance(what, Failed):
-                    self._end(task.id, what)
-                    return
-                if self.journal.submitted(entry, what):
-                    self.counters.resumed += 1
-                prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
-                route = Route(
-                    task.id, tuple(block_hashes(prompt)), _text(prompt, self.config.replica_router), "", task.lora
-                )
+        while task.id in self.journal:
+            what = self.journal.next_send(entry, "the replicas serving it")
+            if isinstance(what, Failed):
+                self._end(task.id, what)
+                return
+            sid = next(self._sids)
+            sub = self._subs[sid] = _Sub(sid, entry)
+            self._sid_of[task.id] = sid
+            resumed = self.journal.submitted(entry, what)  # before its first event can arrive
+            self.counters.resumed += resumed
+            prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
+            route = Route(sid, tuple(block_hashes(prompt)), _text(prompt, self.config.replica_router), "", task.lora)
+            wire = _encoder.encode(msgspec.structs.replace(what, id=sid))
+            lost = ""
+            with sub.scope:
                 try:
-                    await self._stream(entry, _encoder.encode(what), route)
-                    return
+                    served = _served.decode(await _answer(self.handle.run.remote(wire, route)))
+                    if not sub.replica:  # it ended before its events came (they are on their way)
+                        self._placed(sub, served.replica, served.epoch)
+                    gone = self._epochs.get(served.replica, 0) > served.epoch and not sub.ended.is_set()
+                    if not served.delivered or gone:
+                        lost = "the replica's events stream ended"
+                    else:
+                        await sub.ended.wait()  # its last events are on their way (the events stream)
+                        lost = sub.lost
                 except Exception as exc:
                     if not _replica_lost(exc):
                         self._end(
                             task.id, Failed.of(exc) if isinstance(exc, LlamactorError) else Failed(_first_line(exc))
                         )
                         return
-                    self.counters.deaths += 1
-                    log.warning(
-                        "replica_lost", task=task.id, error=_first_line(exc), delivered=sum(map(len, entry.delivered))
-                    )
-                    self.journal.lost_one(entry, time.perf_counter())
+                    lost = _first_line(exc)
+            if sub.scope.cancel_called:
+                lost = sub.lost  # the replica's events stream was lost (else: the client left)
+            if not lost:
+                return
+            self._subs.pop(sid, None)
+            if task.id in self.journal:
+                log.warning("replica_lost", task=task.id, error=lost, delivered=sum(map(len, entry.delivered)))
+                self.journal.lost_one(entry, time.perf_counter())
 
-    async def _stream(self, entry: Entry, wire: bytes, route: Route) -> None:
-        gen = self.stream.generate.remote(wire, route)
+    async def _listen(self, rid: str) -> None:
+        """Follow one replica's events stream; when it ends or falls silent, the requests it
+        carried are resumed on other replicas."""
+        gen = self.stream.events.remote(Route(0, replica=rid))
         iterator = gen.__aiter__()
+        epoch = -1
+        why = "the replica's events stream ended"
         try:
             while True:
                 with anyio.fail_after(SILENCE_S):
-                    try:
-                        data = await iterator.__anext__()
-                    except StopAsyncIteration:
-                        raise EngineError("the replica's stream ended before the request did") from None
+                    data = await iterator.__anext__()
                 frame = _frames.decode(data)
                 if isinstance(frame, Placed):
-                    self._pids[frame.replica] = frame.pid
-                    placement = self._placements.pop(entry.task.id, None)
-                    if placement is not None:
-                        placement.append(frame.replica)
+                    epoch = frame.epoch
+                    self._epochs[rid] = epoch
+                    self._pids[rid] = frame.pid
                     continue
-                if self._deliver(frame):
-                    return
+                self._deliver(rid, frame)
+        except StopAsyncIteration:
+            pass
+        except TimeoutError:
+            why = f"no word from the replica for {SILENCE_S:g} s"
+        except Exception as exc:
+            if not _replica_lost(exc):
+                raise
+            why = _first_line(exc)
         finally:
             gen.cancel()
+        self._epochs[rid] = max(self._epochs.get(rid, 0), epoch + 1)
+        lost = [s for s in self._subs.values() if s.replica == rid and s.epoch <= epoch]
+        if lost:
+            self.counters.deaths += 1
+        for sub in lost:
+            sub.lost = why
+            sub.scope.cancel()
 
-    def _deliver(self, msg: link.Events) -> bool:
-        """One replica step's events for one request; True when its stream ended."""
-        deliveries, resumed = self.journal.deliver(msg, time.perf_counter())
+    def _placed(self, sub: _Sub, replica: str, epoch: int) -> None:
+        """Where ``sub`` is served, known (the response header names it)."""
+        sub.replica, sub.epoch = replica, epoch
+        placement = self._placements.pop(sub.entry.task.id, None)
+        if placement is not None:
+            placement.append(replica)
+
+    def _deliver(self, rid: str, msg: link.Events) -> None:
+        """One replica step's events, of every request it serves for this ingress."""
+        events: list[tuple[int, Event]] = []
+        for sid, event in msg.events:
+            sub = self._subs.get(sid)
+            if sub is None:
+                continue  # cancelled, or resumed elsewhere since
+            if not sub.replica:  # its first event
+                self._placed(sub, rid, self._epochs.get(rid, 0))
+            events.append((sub.entry.task.id, event))
+        ended: list[int] = []
+        for sid in msg.ended:
+            sub = self._subs.pop(sid, None)
+            if sub is not None:
+                sub.ended.set()
+                ended.append(sub.entry.task.id)
+        deliveries, resumed = self.journal.deliver(link.Events(tuple(events)), time.perf_counter())
         for r in resumed:
             log.info(
                 "request_resumed",
@@ -288,21 +364,18 @@ class ReplicaSet:
                 pause_ms=round(r.pause_s * 1e3, 1),
             )
         for entry, event in deliveries:
-            if not _send(entry.task.sink, event):
+            if entry.task.id in self.journal and not _send(entry.task.sink, event):
                 self.cancel(entry.task.id)  # the client left
-                return True
-        for task_id in msg.ended:
-            ended = self.journal.pop(task_id)
-            self._scopes.pop(task_id, None)
-            if ended is not None:
-                ended.task.sink.close()
-            return True
-        return False
+        for task_id in ended:
+            self._sid_of.pop(task_id, None)
+            done = self.journal.pop(task_id)
+            if done is not None:
+                done.task.sink.close()
 
     def _end(self, task_id: int, failed: Failed) -> None:
         entry = self.journal.pop(task_id)
-        self._scopes.pop(task_id, None)
         self._placements.pop(task_id, None)
+        self._subs.pop(self._sid_of.pop(task_id, 0), None)
         if entry is not None:
             _send(entry.task.sink, failed)
             entry.task.sink.close()
@@ -445,6 +518,15 @@ def _slot_action(cid: int, *, slot: int, action: str, path: str) -> link.SlotAct
 def _text(prompt: np.ndarray, router: str) -> str:
     """The prompt as text for Ray's prefix-tree router (which matches characters); '' otherwise."""
     return " ".join(map(str, prompt.tolist())) if router == "prefix-tree" else ""
+
+
+async def _answer(response: Any) -> Any:
+    """A Ray Serve call's answer; leaving early cancels the call there (Ray would let it run)."""
+    try:
+        return await response
+    except anyio.get_cancelled_exc_class():
+        response.cancel()
+        raise
 
 
 def _send(sink: Any, event: Event) -> bool:

@@ -48,10 +48,23 @@ def block_hashes(tokens: npt.NDArray[np.int32] | list[int], limit: int = 1 << 30
 
 
 class Placed(msgspec.Struct, frozen=True, tag=True):
-    """A replica's first frame for a request: who serves it."""
+    """The first frame of a replica's events stream: whose it is. ``epoch`` counts the
+    replica's events streams that ended before it: a request's events go on the stream of the
+    epoch it came in."""
 
     replica: str
     pid: int
+    epoch: int = 0
+
+
+class Served(msgspec.Struct, frozen=True, tag=True):
+    """A replica's answer to a request it served: ``delivered`` False when its events were
+    lost (the events stream of its ``epoch`` ended first: the ingress resumes it elsewhere)."""
+
+    replica: str
+    pid: int
+    epoch: int
+    delivered: bool
 
 
 @dataclass(frozen=True)
