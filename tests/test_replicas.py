@@ -291,7 +291,8 @@ async def test_later_turns_of_a_conversation_return_to_its_replica(local_ray, ma
 
 
 async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, make_config):
-    async with Runtime.open(_replicas(make_config, parallel=2, n_ctx=2 * 512)) as rt, serve_runtime(rt) as url:
+    cfg = _replicas(make_config, parallel=2, n_ctx=2 * 512, embedding=True, pooling="mean")
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             r = await client.post(
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -310,6 +311,28 @@ async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, 
             assert 'replica="' in text and "llamactor:replicas_up 2.0" in text
             r = await client.post("/completion", json={"prompt": "hi", "n_predict": "many"})
             assert r.status_code == 400  # a bad field: refused at the ingress, before any replica
+            r = await client.post("/v1/embeddings", json={"input": ["one text", "another", "one text"]})
+            assert r.status_code == 200, r.text
+            vectors = [d["embedding"] for d in r.json()["data"]]
+            assert len(vectors) == 3 and vectors[0] == vectors[2] != vectors[1] and any(vectors[1])
+            r = await client.post("/slots/3?action=erase")  # the second replica's second slot
+            assert r.status_code == 200 and r.json()["id_slot"] == 3, r.text
+            assert (await client.post("/slots/4?action=erase")).status_code == 404
+            # a client that leaves mid-stream: its request ends on its replica too
+            body = {"prompt": "a long one", "n_predict": 400, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", "/completion", json=body) as r:
+                lines = r.aiter_lines()
+                while not (await anext(lines)).startswith("data: "):
+                    pass
+            await wait_until(lambda: rt.in_flight() == 0)
+            slots = (await client.get("/slots")).json()
+            await wait_until(lambda: slots is not None)
+            for _ in range(50):
+                slots = (await client.get("/slots")).json()
+                if not any(s["is_processing"] for s in slots):
+                    break
+                await anyio.sleep(0.1)
+            assert not any(s["is_processing"] for s in slots), slots
         done = await rt.complete("the embedding API", max_tokens=4, temperature=0)  # as one runtime
         assert done.choices[0].finish_reason == "length" and done.n_predicted == 4
         await wait_until(lambda: rt.in_flight() == 0)

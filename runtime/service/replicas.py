@@ -54,6 +54,15 @@ SILENCE_S = 10.0  # a replica sends a frame every second; this long without one:
 READY_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 60.0
 _apps = itertools.count()
+# A local Ray instance started here runs quieter than Ray's defaults (measured idle, one replica:
+# 11.6 CPU ticks a second in Ray's processes, 7.0 with these): its controller reconciles once a
+# second instead of ten times, metrics are exported every second, Ray's own metrics collection is
+# off (its dashboard is off anyway). Each is an environment variable: one set already wins.
+QUIET_RAY = {
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    "RAY_enable_metrics_collection": "0",
+}
 
 _frames = msgspec.msgpack.Decoder(Placed | link.Events)
 _served = msgspec.msgpack.Decoder(Served)
@@ -425,7 +434,7 @@ class ReplicaSet:
                 answer = await self.call(
                     partial(_slot_action, slot=local, action=action, path=path), link.SlotDone, rid
                 )
-                return answer.result
+                return msgspec.structs.replace(answer.result, slot=slot)  # numbered as ``slots`` numbers it
             local -= n
         from llamactor.protocol.errors import NotFound
 
@@ -568,6 +577,8 @@ def _init_ray(ray: Any, config: RuntimeConfig, most: int) -> None:
             ) from None
         return
     cpus = max(os.cpu_count() or 1, int(most * config.replica_cpus + 0.999))
+    for name, value in QUIET_RAY.items():  # read by the processes Ray starts now
+        os.environ.setdefault(name, value)
     ray.init(num_cpus=cpus, **kwargs)
 
 
