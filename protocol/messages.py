@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.protocol.media import MediaChunk
 from llamactor.protocol.request import GenerationRequest
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.slots import SlotActionResult
@@ -65,6 +66,9 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     n_keep: int = 0  # context shift: prompt tokens kept at the start (-1: the whole prompt)
     lora: LoraSet = NO_LORA  # the adapters its decode steps apply
+    # --mmproj: the prompt's images, by position (their positions in the prompt hold stand-in
+    # tokens, ``protocol.media``); each is decoded when the slot's prefill reaches it
+    media: tuple[MediaChunk, ...] = ()
     # Resume after an engine restart: per choice, the tokens already delivered. The group
     # replays them after the prompt one decode step at a time (teacher forcing: the same
     # numerics as the run that produced them), sampling nothing and sending no Token event.

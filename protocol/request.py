@@ -53,6 +53,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     messages: Sequence[Mapping[str, Any]] | None = None  # a chat, OpenAI-shaped, rendered by the chat template
     infill: InfillParts | None = None  # fill in the middle (the model's FIM tokens)
     add_special: bool = True  # a text prompt gets the model's BOS token (and the like)
+    # --mmproj: the image files (png, jpeg, ...) of a text ``prompt``, in order, one per media
+    # marker in it (``<__media__>``), as llama-server's ``multimodal_data``. A chat's images
+    # come as its messages' ``image_url`` parts instead.
+    multimodal_data: Sequence[bytes] = ()
 
     # ---- chat (with ``messages``) -----------------------------------------------------
     tools: Sequence[Mapping[str, Any]] | None = None  # OpenAI-shaped function tools

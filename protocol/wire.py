@@ -82,7 +82,8 @@ class _Generation(msgspec.Struct, kw_only=True):
 
 
 class NativeCompletionRequest(_Generation, kw_only=True):
-    prompt: str | list[Any]
+    # a string, token ids, or llama-server's {"prompt_string": ..., "multimodal_data": [base64, ...]}
+    prompt: str | list[Any] | dict[str, Any]
     n_predict: int | None = None
     seed: int | None = None
     logit_bias: dict[str, float] | list[Any] | None = None
@@ -110,7 +111,7 @@ class _OpenAISampling(_Generation, kw_only=True):
 
 
 class CompletionRequest(_OpenAISampling, kw_only=True):
-    prompt: str | list[Any]
+    prompt: str | list[Any] | dict[str, Any]  # as the native one's
     logprobs: int | None = None
     echo: bool = False
 

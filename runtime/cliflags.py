@@ -249,7 +249,10 @@ _DRAFT = (
     "draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
     "synthetic acceptance and the tree split are not built"
 )
-_MTMD = "no multimodal projector is loaded (--mmproj is refused), so this has no effect"
+_MTMD = (
+    "the projector (--mmproj) runs at its defaults: on the model's devices, image token counts from its "
+    "file; video input is not built"
+)
 
 # ---- the table ---------------------------------------------------------------------------
 
@@ -905,11 +908,24 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
+        "Multimodal",
+        Use.CONFIG,
+        "image input: image_url parts, Anthropic image blocks, the native prompt's multimodal_data",
+        (
+            opt("-mm", "--mmproj", field="mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
+            switch(
+                "--mmproj-offload",
+                neg=("--no-mmproj-offload",),
+                field="mmproj_offload",
+                env="LLAMA_ARG_MMPROJ_OFFLOAD",
+            ),
+        ),
+    ),
+    Group(
         "Multimodal tuning",
         Use.IGNORE,
         _MTMD,
         (
-            switch("--mmproj-offload", neg=("--no-mmproj-offload",), env="LLAMA_ARG_MMPROJ_OFFLOAD"),
             opt("-mmdev", "--mmproj-device", value="DEVICE", env="MTMD_BACKEND_DEVICE"),
             opt("--image-min-tokens", env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
             opt("--image-max-tokens", env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
@@ -1040,11 +1056,11 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "Multimodal",
+        "Multimodal sources",
         Use.REFUSE,
-        "multimodal input (images, audio, video) is not built",
+        "llamactor downloads nothing and reads no media files: a projector is a local file (--mmproj), "
+        "images come in the request",
         (
-            opt("-mm", "--mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
             opt("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL"),
             opt("--media-path", value="PATH"),
         ),

@@ -177,7 +177,11 @@ BAD = [
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
-        "messages[0].content[0]: unsupported content block 'image'",
+        "messages[0].content[0]: image input needs a multimodal projector",  # without --mmproj
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]}]},
+        "messages[0].content[0]: unsupported content block 'document'",
     ),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role must be 'user' or 'assistant'"),
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "unknown function 'nope'"),

@@ -64,7 +64,7 @@ CASES = [
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         400,
-        "only text parts",
+        "started without --mmproj",
     ),
     (
         "bad-response-format",

@@ -153,8 +153,8 @@ def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
     """Flags for features not built are refused by name; their "off" values
     (``--spec-type none``, ``-ncmoe 0``, ``--cache-reuse 0``) are what llamactor does."""
     with pytest.raises(cli.ConfigError) as info:
-        _parse(["--control-vector", "a.gguf", "-hfd", "org/d", "--rope-scale", "2", "--mmproj", "m.gguf"])
-    for flag in ("--control-vector", "-hfd", "--rope-scale", "--mmproj"):
+        _parse(["--override-tensor", "exps=CPU", "-hfd", "org/d", "-lcs", "c.bin", "--mmproj-url", "http://m.gguf"])
+    for flag in ("--override-tensor", "-hfd", "-lcs", "--mmproj-url"):
         assert flag in str(info.value)
     opts = _parse(["--spec-type", "none", "-ncmoe", "0", "--cache-reuse", "0", "--no-webui"])
     assert opts.ignored == () and opts.config.webui is False

@@ -62,6 +62,14 @@ FIELDS: dict[str, Row] = {
     "messages": (USER, {CHAT: {"messages": USER}, RESPONSES: {"input": "Hi"}, ANTHROPIC: {"messages": USER}}),
     "infill": (InfillParts(input_prefix="a", input_suffix="b"), {INFILL: {"input_prefix": "a", "input_suffix": "b"}}),
     "add_special": (False, {}),  # the embedding API's own (llama-server exposes it on no API)
+    # llama-server's multimodal prompt object (without --mmproj admission refuses it, after seeing it)
+    "multimodal_data": (
+        [b"\x89PNG"],
+        {
+            api: {"prompt": {"prompt_string": "Hi <__media__> there", "multimodal_data": ["iVBORw=="]}}
+            for api in (NATIVE, COMPLETIONS)
+        },
+    ),
     "tools": (
         TOOLS,
         {

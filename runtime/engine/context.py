@@ -40,6 +40,7 @@ from llamactor.runtime.engine.slot import Slot
 from llamactor.runtime.engine.speculative import Drafter, SpecOptions, SpecState
 from llamactor.runtime.engine.step import DecodeStep, KvCacheFull
 from llamactor.runtime.engine.textstream import TextStream
+from llamactor.runtime.engine.vision import Vision
 
 __all__ = ["Context", "ContextOptions", "KvCacheFull", "StepResult"]
 
@@ -58,6 +59,7 @@ class ContextOptions:
     type_v: int = llama_cpp.GGML_TYPE_F16
     context_shift: bool = False  # a generation at the end of its context drops old tokens
     spec: SpecOptions | None = None  # speculative decoding; None: off, and the step pays nothing
+    vision: Vision | None = None  # --mmproj: the projector a prompt's images are decoded with (shared)
 
 
 class Context:
@@ -93,7 +95,7 @@ class Context:
             self.ptr, model, n_ctx_seq=self.n_ctx_seq, kv_unified=opts.kv_unified, context_shift=opts.context_shift
         )
         self.output = Output(model, RowSampler(self.ptr, model), self.n_ctx_seq, self.kv.shift)
-        self._step = DecodeStep(self.ptr, model, self.kv, self.output, self.drafter)
+        self._step = DecodeStep(self.ptr, model, self.kv, self.output, self.drafter, opts.vision)
         self.n_batch = self._step.n_batch
         if hooks is not None:
             self._bind_hooks(hooks, group)
@@ -208,6 +210,8 @@ class Context:
         prompt = task.prompt
         if task.replay_in_prompt:  # --resume fast: the delivered tokens are accepted below, once
             prompt = prompt[: len(prompt) - len(task.replay[slot.index])]
+        if task.media:  # the samplers see the prompt's text: an image's stand-ins are no tokens
+            prompt = prompt[prompt >= 0]
         slot.sampler = build_chain(
             self.model,
             task.params,
@@ -228,7 +232,9 @@ class Context:
             else:  # exact: replayed one decode step at a time after the prompt (``Output.emit``)
                 slot.replay = list(reversed(delivered))
         spec = self.opts.spec
-        if spec is not None:  # the request's speculative.* fields over the server's
+        if spec is not None and task.media:  # drafts are text: a prompt with images does not speculate
+            slot.spec = None
+        elif spec is not None:  # the request's speculative.* fields over the server's
             p = task.params
             n_max = spec.n_max if p.speculative_n_max is None else min(p.speculative_n_max, spec.n_max)
             slot.spec = (

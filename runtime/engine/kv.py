@@ -23,10 +23,11 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from llamactor.protocol.errors import EngineError
+from llamactor.protocol.errors import EngineError, RequestError
 from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.protocol.media import NO_TOKEN
 from llamactor.runtime.engine.model import Model
-from llamactor.runtime.engine.promptcache import PromptCache, common_prefix
+from llamactor.runtime.engine.promptcache import PromptCache, common_prefix, media_floor
 from llamactor.runtime.engine.slot import Slot
 
 # Context shift keeps at least this many cells free below the slot's context (llama-server's).
@@ -61,7 +62,8 @@ class SequenceKV:
         saved first; then a cached state that serves the prompt better is restored into the slot.
         KV computed under another LoRA set than the request's ``lora`` is never reused
         (llama-server clears a slot's cache when its adapters change).
-        At least the last prompt token is always decoded again, so its logits exist.
+        At least the last prompt token is always decoded again, so its logits exist, and a
+        prefix never ends inside an image (``media_floor``).
         """
         same = slot.lora == lora
         if cache_prompt and prompt_cache is not None:
@@ -77,6 +79,7 @@ class SequenceKV:
         if cache_prompt and slot.cache and same:
             # at most len(prompt) - 1: the last prompt token is decoded again for its logits
             keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
+            keep = media_floor(prompt, keep)
         if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1) or not self.window_kept(slot, keep):
             # Some memories (recurrent) cannot cut a sequence in the middle; a sliding window
             # may have lost what the kept prefix needs.
@@ -104,6 +107,7 @@ class SequenceKV:
         no cell is used twice. Split KV: llama.cpp copies ``src``'s whole stream at the next
         decode (it copies streams only whole), then the tail past ``n`` is dropped."""
         mem = self.memory
+        n = media_floor(dst.prompt, n) if len(dst.prompt) else n
         llama_cpp.llama_memory_seq_rm(mem, dst.local, -1, -1)
         dst.cache.clear()
         if self.kv_unified:
@@ -138,8 +142,8 @@ class SequenceKV:
         choices share the prompt's cells) or when the memory cannot shift (then the choice ends
         with "length", as without shift)."""
         task = s.task
-        if not self.context_shift or task is None or task.n > 1:
-            return False
+        if not self.context_shift or task is None or task.n > 1 or task.media:
+            return False  # (an image's embeddings cannot move as a whole: llama-server shifts no multimodal prompt)
         if not llama_cpp.llama_memory_can_shift(self.memory):
             return False
         n_keep = len(s.prompt) if task.n_keep < 0 else task.n_keep
@@ -166,7 +170,10 @@ class SequenceKV:
         slot.cache.clear()
 
     def save_file(self, slot: Slot, path: str) -> int:
-        """Write the slot's KV and its tokens to ``path``; return the tokens saved."""
+        """Write the slot's KV and its tokens to ``path``; return the tokens saved. A slot that
+        holds an image is not saved: its stand-in tokens mean nothing to another process."""
+        if any(t < NO_TOKEN for t in slot.cache):
+            raise RequestError(f"slot {slot.id} holds an image's KV: slots with images cannot be saved")
         toks = (llama_cpp.llama_token * len(slot.cache))(*slot.cache)
         n = llama_cpp.llama_state_seq_save_file(self.ctx, path.encode(), slot.local, toks, len(slot.cache))
         if n == 0:

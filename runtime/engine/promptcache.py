@@ -27,6 +27,7 @@ import llama_cpp
 import numpy as np
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.protocol.media import NO_TOKEN
 
 MIB = 1024 * 1024
 MIN_KEEP_FRACTION = 0.25  # a cached prompt is restored only if the new prompt keeps this much of it
@@ -57,6 +58,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
         return 0
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
+
+
+def media_floor(tokens: np.ndarray, n: int) -> int:
+    """``n`` tokens of ``tokens``, or fewer: a prefix that ends inside an image (a run of one
+    stand-in token, ``protocol.media``) ends at the image's start instead, since an image's
+    KV is decoded whole. Two copies of one image side by side read as one run: the cut goes
+    before both (safe, one image decoded again)."""
+    if 0 < n < len(tokens):
+        t = tokens[n]
+        if t < NO_TOKEN and tokens[n - 1] == t:
+            while n > 0 and tokens[n - 1] == t:
+                n -= 1
+    return n
 
 
 class PromptCache:

@@ -8,6 +8,9 @@ Design note for ``DecodeStep.run``. Per step it:
      releases the GIL, so other groups and the event loop run meanwhile);
   3. samples each row that needs a token (``output.Output.emit``: the slot's llama.cpp sampler
      chain, cached token pieces, incremental UTF-8, stop strings) and decides finishes.
+A prompt with images (``--mmproj``) decodes each image, whole and alone, when its slot's
+prefill reaches it, before the shared batch (``_media``: llama-server's process_chunk); its
+text goes into the batch up to the next image. Prompts without images pay one falsy test.
 With speculation (``speculative``) a generating slot's draft rows follow its own row in step 1
 (cut to the batch room the plan left), and step 3 samples them in order while the draft holds
 (``_verify``), then drops the rejected drafts' KV cells. Off, the step pays one ``is None``
@@ -27,7 +30,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from llamactor.protocol.errors import EngineError
+from llamactor.protocol.errors import EngineError, RequestError
 from llamactor.protocol.events import Progress
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.plan import StepPlan
@@ -39,6 +42,7 @@ from llamactor.runtime.engine.output import Output, StepResult
 from llamactor.runtime.engine.profiler import GroupProfile
 from llamactor.runtime.engine.slot import Phase, Slot
 from llamactor.runtime.engine.speculative import Drafter
+from llamactor.runtime.engine.vision import Vision
 
 DECODE_NO_KV_SLOT = 1  # llama_decode: no KV cells for the batch (unified KV can be overcommitted)
 
@@ -52,12 +56,15 @@ class DecodeStep:
     hook or the engine blackbox wrapped it; ``n_prompt``/``n_generate`` say what the batch
     being decoded holds (for the hook)."""
 
-    def __init__(self, ctx: Any, model: Model, kv: SequenceKV, out: Output, drafter: Drafter | None) -> None:
+    def __init__(
+        self, ctx: Any, model: Model, kv: SequenceKV, out: Output, drafter: Drafter | None, vision: Vision | None = None
+    ) -> None:
         self.ctx = ctx
         self.model = model
         self.kv = kv
         self.out = out
         self.drafter = drafter
+        self.vision = vision  # the multimodal projector (--mmproj) images are decoded with
         self.n_batch = llama_cpp.llama_n_batch(ctx)
         self.n_ctx_seq = kv.n_ctx_seq
         # drafts stay in the step's first physical batch, see ``run``
@@ -86,8 +93,20 @@ class DecodeStep:
         # sequence ids are out of order about 3x slower (measured: 115 vs 345 ms for 32 rows).
         prefill = sorted(plan.prefill)
         generate = sorted(plan.generate)
+        filled: list[tuple[Slot, int]] = []  # (slot, its prompt tokens in the batch)
+        n_media = 0  # image positions decoded before the batch
         for local, k in prefill:
             s = slots[local]
+            if s.task is not None and s.task.media:
+                try:
+                    k, decoded = self._media(s, k)
+                except RequestError as exc:  # this request's image: it fails alone
+                    res.failed.append((s, exc))
+                    continue
+                n_media += decoded
+            filled.append((s, k))
+            if k <= 0:
+                continue
             start = s.n_past
             self._tok[n : n + k] = s.prompt[start : start + k]
             np.add(self._ramp[:k], start, out=self._pos[n : n + k])
@@ -97,7 +116,7 @@ class DecodeStep:
             if start + k == len(s.prompt):
                 self._out[n - 1] = 1
                 rows.append((s, n - 1))
-        res.n_prompt = n
+        res.n_prompt = n + n_media
         drafts = None
         if self.drafter is not None and generate:
             # Drafts fill the room the plan left in the step's first physical batch: a verify
@@ -147,8 +166,7 @@ class DecodeStep:
                 t3 = time.perf_counter()
                 prof.synchronize += t3 - t2
         # The batch is in the KV now: advance positions and record what each sequence holds.
-        for local, k in plan.prefill:
-            s = slots[local]
+        for s, k in filled:
             s.cache.extend(s.prompt[s.n_past : s.n_past + k].tolist())
             s.n_past += k
             if s.task is not None and s.task.return_progress:  # only when asked: no cost otherwise
@@ -203,6 +221,34 @@ class DecodeStep:
             res.accepted.append(accepted)
             assert s.spec is not None
             s.spec.record(k, accepted)
+
+    def _media(self, s: Slot, k: int) -> tuple[int, int]:
+        """Decode every image that starts at ``s``'s next prompt position (whole: an image is
+        one encode, whatever ``k`` allows), each alone into ``s``'s sequence. Returns the text
+        tokens of ``k`` left for the batch (up to the next image) and the image positions decoded."""
+        assert s.task is not None
+        if self.vision is None:
+            raise RequestError("the prompt has images but this engine has no multimodal projector (--mmproj)")
+        decoded = 0
+        upto = len(s.prompt)
+        for chunk in s.task.media:
+            if chunk.end <= s.n_past:
+                continue
+            if chunk.pos > s.n_past:
+                upto = chunk.pos
+                break
+            if chunk.pos < s.n_past:  # the KV never keeps part of an image (``media_floor``)
+                raise EngineError(f"slot {s.id} holds part of an image ({chunk.pos} < {s.n_past} < {chunk.end})")
+            rc = self.vision.decode(self.ctx, chunk, s.local, self.n_batch)
+            if rc != 0:
+                self.kv.drop_from(s, chunk.pos)  # whatever part of it went in
+                if rc == DECODE_NO_KV_SLOT:
+                    raise KvCacheFull("the KV cache has no room for an image")
+                raise EngineError(f"llama_decode failed with status {rc} (an image)")
+            s.cache.extend(s.prompt[chunk.pos : chunk.end].tolist())
+            s.n_past = chunk.end
+            decoded += chunk.n_pos
+        return max(0, min(k - decoded, upto - s.n_past)), decoded
 
     def _set_lora(self, lora: LoraSet) -> None:
         """Make ``lora`` the context's active adapters. llama.cpp rebuilds its graph after a

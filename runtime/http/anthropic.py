@@ -5,7 +5,9 @@ A Messages request is converted into a chat completions request the way llama-se
 tool_result content blocks, tools with ``input_schema``, ``tool_choice``, ``stop_sequences``),
 then runs as any chat request. Differences, on purpose: ``tool_choice: {"type": "tool"}``
 forces that tool (llama-server only asks for some call), a ``tool_result`` must answer an
-earlier ``tool_use`` and unsupported blocks (images, documents) are a 400 naming the block,
+earlier ``tool_use`` and unsupported blocks (documents, images in a ``tool_result``) are a 400
+naming the block (an ``image`` block of a message is an ``image_url`` part, as llama-server
+converts it: a 400 too without ``--mmproj``),
 ``thinking: {"type": "disabled"}`` turns the template's thinking off, and a stop sequence
 ends with ``stop_reason: "stop_sequence"`` as Anthropic's API does.
 
@@ -102,6 +104,7 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise RequestError(f"{where}.content must be a string or an array of content blocks")
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # text and image parts in order (the content when it has images)
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -110,6 +113,9 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{at}.source")}})
         elif kind == "thinking" and role == "assistant":
             if not isinstance(block.get("thinking", ""), str):
                 raise RequestError(f"{at}.thinking must be a string")
@@ -144,17 +150,33 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
         else:
             raise RequestError(
                 f"{at}: unsupported content block {kind!r} for role {role!r} "
-                f"(text, thinking, tool_use and tool_result are)"
+                f"(text, image, thinking, tool_use and tool_result are)"
             )
     out: list[dict[str, Any]] = []
-    if texts or calls or reasoning:
-        msg: dict[str, Any] = {"role": role, "content": "".join(texts)}
+    has_image = len(parts) > len(texts)
+    if texts or calls or reasoning or has_image:
+        msg: dict[str, Any] = {"role": role, "content": parts if has_image else "".join(texts)}
         if calls:
             msg["tool_calls"] = calls
         if reasoning:
             msg["reasoning_content"] = "".join(reasoning)
         out.append(msg)
     return results + out if role == "user" else out  # results answer the previous turn's calls
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An image block's ``source`` as an ``image_url`` part's URL (a base64 data URL)."""
+    if not isinstance(source, Mapping) or source.get("type") not in ("base64", "url"):
+        raise RequestError(f'{where} must be {{"type": "base64", "media_type": ..., "data": ...}}')
+    if source["type"] == "url":
+        url = source.get("url")
+        if not isinstance(url, str):
+            raise RequestError(f"{where}.url must be a string")
+        return url  # refused unless a data: URL (llamactor downloads nothing)
+    media_type, data = source.get("media_type", "image/jpeg"), source.get("data")
+    if not isinstance(media_type, str) or not isinstance(data, str):
+        raise RequestError(f"{where}: media_type and data must be strings")
+    return f"data:{media_type};base64,{data}"
 
 
 def _result_text(content: Any, where: str) -> str:

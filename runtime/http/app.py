@@ -207,10 +207,12 @@ class Api:
 
     def _server_props(self) -> dict[str, Any]:
         """The rest of llama-server's GET /props fields (its ``get_res_props``)."""
-        cfg, model = self.rt.config, self.rt.model
+        cfg, model, vision = self.rt.config, self.rt.model, self.rt.vision
         assert model is not None
+        media = {"media_marker": vision.marker} if vision is not None else {}  # --mmproj: the marker prompts use
         return {
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": vision is not None and vision.vision, "video": False, "audio": False},
+            **media,
             "endpoint_slots": cfg.endpoint_slots,
             "endpoint_props": cfg.endpoint_props,
             "endpoint_metrics": True,
@@ -426,7 +428,7 @@ class Api:
         return _json(anthropic.count_tokens_body(await self._count(req)))
 
     async def _count(self, req: ChatCompletionRequest) -> int:
-        return len(await self.rt.tokenize(self.rt.chat_turn(from_chat(req)).prompt))
+        return await self.rt.count_prompt(self.rt.chat_turn(from_chat(req)))
 
     async def _collect(self, request: Request, handle: RequestHandle) -> Any:
         """Collect a non-streaming result; a client disconnect cancels the request."""

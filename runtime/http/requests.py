@@ -11,7 +11,9 @@ naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -38,9 +40,11 @@ Body = NativeCompletionRequest | CompletionRequest | ChatCompletionRequest
 
 def from_native(body: NativeCompletionRequest) -> GenerationRequest:
     """``POST /completion``: llama-server's native body."""
+    prompt, files = prompt_media_of(body.prompt)
     return _request(
         body,
-        prompt=prompt_of(body.prompt),
+        prompt=prompt,
+        multimodal_data=files,
         max_tokens=body.n_predict,
         json_schema=body.json_schema,
         n_probs=body.n_probs or None,
@@ -64,9 +68,11 @@ def from_infill(body: InfillRequest) -> GenerationRequest:
 def from_completion(body: CompletionRequest, default_max_tokens: int) -> GenerationRequest:
     """``POST /v1/completions``. ``default_max_tokens``: OpenAI's 16, or the server's -n when it
     sets one (as llama-server does)."""
+    prompt, files = prompt_media_of(body.prompt)
     return _request(
         body,
-        prompt=prompt_of(body.prompt),
+        prompt=prompt,
+        multimodal_data=files,
         max_tokens=default_max_tokens if body.max_tokens is None else body.max_tokens,
         n_probs=None if body.logprobs is None else max(body.logprobs, 1),
         **_openai_output(body),
@@ -146,10 +152,35 @@ def response_schema(fmt: ResponseFormat) -> dict[str, Any] | None:
     raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.type!r}")
 
 
-def prompt_of(raw: str | Sequence[Any]) -> str | list[int]:
+def prompt_media_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> tuple[str | list[int], tuple[bytes, ...]]:
+    """A prompt (``prompt_of``) and its images: llama-server's multimodal prompt is an object,
+    ``{"prompt_string": "... <__media__> ...", "multimodal_data": ["<base64>", ...]}``, alone
+    or as a one-element list."""
+    if not isinstance(raw, str) and len(raw) == 1 and isinstance(raw, Sequence) and isinstance(raw[0], Mapping):
+        raw = raw[0]
+    if not isinstance(raw, Mapping):
+        return prompt_of(raw), ()
+    text = raw.get("prompt_string")
+    if not isinstance(text, str):
+        raise RequestError('prompt: an object prompt needs a "prompt_string" string')
+    data = raw.get("multimodal_data", [])
+    if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
+        raise RequestError("prompt.multimodal_data must be an array of base64 strings")
+    files = []
+    for i, entry in enumerate(data):
+        try:
+            files.append(base64.b64decode("".join(entry.split()), validate=True))
+        except (binascii.Error, ValueError):
+            raise RequestError(f"prompt.multimodal_data[{i}] is not valid base64") from None
+    return text, tuple(files)
+
+
+def prompt_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> str | list[int]:
     """A prompt is a string, a list of token ids, or a one-element list holding either."""
     if isinstance(raw, str):
         return raw
+    if isinstance(raw, Mapping):
+        raise RequestError("prompt: an object prompt ({prompt_string, multimodal_data}) is read on completions only")
     if len(raw) == 1 and isinstance(raw[0], (str, list)):
         return prompt_of(raw[0])
     if all(isinstance(t, int) and not isinstance(t, bool) for t in raw):

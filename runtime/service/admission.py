@@ -26,6 +26,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from llamactor.protocol.errors import ConfigError, ExceedContextSize, NotFound, RequestError
 from llamactor.protocol.events import Event
+from llamactor.protocol.media import MediaChunk
 from llamactor.protocol.messages import Task
 from llamactor.protocol.request import SAMPLING_FIELDS, GenerationRequest, bias_pairs, stop_strings, validated
 from llamactor.protocol.sampling import (
@@ -38,6 +39,7 @@ from llamactor.protocol.sampling import (
 )
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.sampling import check_chain
+from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatturn import ChatTurn, prepare_chat
 from llamactor.runtime.service.config import RuntimeConfig
@@ -63,12 +65,18 @@ class Admitted:
 
 class Admission:
     def __init__(
-        self, model: Model, config: RuntimeConfig, template: ChatTemplate, adapters: LoraAdapters | None = None
+        self,
+        model: Model,
+        config: RuntimeConfig,
+        template: ChatTemplate,
+        adapters: LoraAdapters | None = None,
+        vision: Vision | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.template = template
         self.adapters = adapters if adapters is not None else LoraAdapters()
+        self.vision = vision  # --mmproj: prompts with images are tokenized with it
         self._ids = itertools.count(1)
 
     async def admit(self, request: GenerationRequest) -> Admitted:
@@ -93,7 +101,7 @@ class Admission:
         if req.id_slot >= cfg.parallel or req.id_slot < -1:
             raise NotFound(f"id_slot: slot {req.id_slot} does not exist (0..{cfg.parallel - 1})")
         lora = self.adapters.resolve(req.lora)
-        tokens = await self.prompt_tokens(req, turn)
+        tokens, media = await self.prompt_media(req, turn)
         n_predict = self.token_budget(len(tokens), -1 if req.max_tokens is None else req.max_tokens)
         # Room for every event the group may send without waiting: a token (and a Done) per
         # choice, and with return_progress at most one Progress per prompt chunk (>= 1 token).
@@ -101,7 +109,7 @@ class Admission:
         send, recv = anyio.create_memory_object_stream[Event](size)
         task = Task(
             id=next(self._ids),
-            request=msgspec.structs.replace(req, prompt="", messages=None, infill=None),
+            request=msgspec.structs.replace(req, prompt="", messages=None, infill=None, multimodal_data=()),
             params=params,
             n_predict=n_predict,
             stop=stops,
@@ -110,6 +118,7 @@ class Admission:
             n_keep=cfg.n_keep if req.n_keep is None else req.n_keep,
             lora=lora,
             prompt=np.asarray(tokens, dtype=np.int32),
+            media=media,
             sink=send,
             arrived=time.perf_counter(),
         )
@@ -134,6 +143,7 @@ class Admission:
             reasoning_effort=req.reasoning_effort,
             chat_template_kwargs=kwargs,
             add_generation_prompt=add_generation_prompt,
+            media_marker=self.vision.marker if self.vision is not None else None,
         )
 
     async def sampling(self, req: GenerationRequest, turn: ChatTurn | None = None) -> SamplingParams:
@@ -159,6 +169,30 @@ class Admission:
             check_stop(self.config.stop)
         except (RequestError, ParamError) as exc:
             raise ConfigError(f"server sampling defaults: {exc}") from None
+
+    async def prompt_media(
+        self, req: GenerationRequest, turn: ChatTurn | None
+    ) -> tuple[list[int], tuple[MediaChunk, ...]]:
+        """The prompt's tokens and its images (``prompt_tokens``; with images, a stand-in token
+        at each position an image takes, ``protocol.media``)."""
+        if turn is not None and req.multimodal_data:
+            raise RequestError("multimodal_data goes with a text prompt: a chat's images are its image_url parts")
+        files = turn.media if turn is not None else tuple(req.multimodal_data)
+        if not files:
+            return await self.prompt_tokens(req, turn), ()
+        if self.vision is None:
+            raise RequestError(
+                "multimodal_data: image input needs a multimodal projector: this server was started without --mmproj"
+            )
+        prompt = turn.prompt if turn is not None else req.prompt
+        if req.infill is not None or not isinstance(prompt, str):
+            raise RequestError("multimodal_data: images go with a text prompt holding their media markers")
+        vision = self.vision
+        tokens, media = await anyio.to_thread.run_sync(
+            lambda: vision.tokenize(prompt, files, add_special=req.add_special)
+        )
+        self.check_length(tokens)
+        return tokens, media
 
     async def prompt_tokens(self, req: GenerationRequest, turn: ChatTurn | None) -> list[int]:
         """The prompt's tokens: a chat's rendered text, a FIM prompt, a text or token ids."""
@@ -189,9 +223,13 @@ class Admission:
                     model.check_tokens(tokens)
                 except RequestError as exc:
                     raise RequestError(f"prompt: {exc}") from None
+        self.check_length(tokens)
+        return tokens
+
+    def check_length(self, tokens: list[int]) -> None:
         if not tokens:
             raise RequestError("prompt: the prompt is empty")
-        limit = cfg.ctx_per_request
+        limit = self.config.ctx_per_request
         if len(tokens) >= limit:
             raise ExceedContextSize(
                 f"the prompt has {len(tokens)} tokens but the slot context is {limit} tokens "
@@ -199,7 +237,6 @@ class Admission:
                 n_prompt_tokens=len(tokens),
                 n_ctx=limit,
             )
-        return tokens
 
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         model = self.model

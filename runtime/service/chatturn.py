@@ -12,6 +12,8 @@ and makes the ``MessageParser`` of each choice.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -68,6 +70,7 @@ class ChatTurn:
     grammar_triggers: tuple[str, ...] = ()
     reasoning_format: str = "none"
     thinking_open: bool = False  # the prompt ends inside <think>: the answer starts as reasoning
+    media: tuple[bytes, ...] = ()  # the image files of its image parts, one media marker each in ``prompt``
 
     def parser(self) -> MessageParser:
         return MessageParser(self.syntax, reasoning_format=self.reasoning_format, thinking_open=self.thinking_open)
@@ -134,8 +137,12 @@ def prepare_chat(
     reasoning_effort: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
+    media_marker: str | None = None,
 ) -> ChatTurn:
-    """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field."""
+    """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field.
+
+    ``media_marker``: with a multimodal projector (--mmproj), each ``image_url`` part becomes
+    this marker in the prompt and its file one of the turn's ``media``; None refuses them."""
     if reasoning_format not in REASONING_FORMATS:
         raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     specs = parse_tools(tools)
@@ -144,14 +151,17 @@ def prepare_chat(
     fmt = detect_format(template.source)
     syntax = SYNTAX[fmt]
     extra = template_vars(reasoning_effort, chat_template_kwargs)
-    rows = template_messages(messages, syntax)
+    media: list[bytes] = []
+    rows = template_messages(messages, syntax, media_marker=media_marker, media=media)
     if specs and syntax.native:
         extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
     elif specs and choice.mode != "none":
         rows = _with_system(rows, generic_tool_prompt(specs, choice, parallel))
     prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra)
     thinking_open = reasoning_format != "none" and prompt.rstrip().endswith(THINK_OPEN)
-    turn = ChatTurn(prompt, specs, choice, reasoning_format=reasoning_format, thinking_open=thinking_open)
+    turn = ChatTurn(
+        prompt, specs, choice, reasoning_format=reasoning_format, thinking_open=thinking_open, media=tuple(media)
+    )
     if not specs or choice.mode == "none":
         return turn
     grammar = call_grammar(syntax, specs, choice, parallel)
@@ -198,10 +208,18 @@ def template_vars(reasoning_effort: str | None, kwargs: Mapping[str, Any] | None
 # ---- messages ------------------------------------------------------------------------------
 
 
-def template_messages(messages: Sequence[Mapping[str, Any]], syntax: CallSyntax) -> list[dict[str, Any]]:
+def template_messages(
+    messages: Sequence[Mapping[str, Any]],
+    syntax: CallSyntax,
+    *,
+    media_marker: str | None = None,
+    media: list[bytes] | None = None,
+) -> list[dict[str, Any]]:
     """OpenAI-shaped messages as the template sees them.
 
-    Checked here: content is text, an assistant's ``tool_calls`` are well-formed with JSON-object
+    Checked here: content is text (or, with ``media_marker``, text and ``image_url`` parts:
+    each image becomes the marker and its file is appended to ``media``), an assistant's
+    ``tool_calls`` are well-formed with JSON-object
     arguments, and every ``role: "tool"`` message answers an earlier call by ``tool_call_id``.
     Templates of a tool family get ``tool_calls`` (arguments as objects, as llama.cpp passes
     them) and ``tool`` messages; other templates get the calls written into the assistant's
@@ -221,7 +239,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]], syntax: CallSyntax)
         if not isinstance(role, str):
             raise RequestError(f"{where}.role must be a string")
         role = "system" if role in ROLES_AS_SYSTEM else role
-        row: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"{where}.content")}
+        row: dict[str, Any] = {
+            "role": role,
+            "content": _text(m.get("content"), f"{where}.content", media_marker, media),
+        }
         if isinstance(m.get("name"), str):
             row["name"] = m["name"]
         if isinstance(m.get("reasoning_content"), str):
@@ -263,19 +284,63 @@ def template_messages(messages: Sequence[Mapping[str, Any]], syntax: CallSyntax)
     return rows
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str, media_marker: str | None = None, media: list[bytes] | None = None) -> str:
+    """A message's content as text. Text parts are joined; with an ``image_url`` part, as
+    llama-server joins them: text parts on lines of their own, the media marker glued to
+    what is next to it."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise RequestError(f"{where}: only text parts are supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise RequestError(f"{where} must be a string, an array of text parts or null")
+        parts: list[tuple[bool, str]] = []  # (is a media marker, text)
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append((False, part["text"]))
+            elif kind == "image_url":
+                if media_marker is None or media is None:
+                    raise RequestError(
+                        f"{where}[{k}]: image input needs a multimodal projector: this server was started "
+                        "without --mmproj"
+                    )
+                media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
+                parts.append((True, media_marker))
+            else:
+                allowed = "text and image_url parts are" if media_marker is not None else "only text parts are"
+                raise RequestError(f"{where}[{k}]: {kind!r} parts are not supported ({allowed})")
+        if not any(is_media for is_media, _ in parts):
+            return "".join(text for _, text in parts)
+        out, after_media = "", False
+        for is_media, text in parts:
+            if not is_media and out and not after_media:
+                out += "\n"
+            out += text
+            after_media = is_media
+        return out
+    raise RequestError(f"{where} must be a string, an array of content parts or null")
+
+
+def image_bytes(image_url: Any, where: str) -> bytes:
+    """The file of an ``image_url`` part: a ``data:image/...;base64,`` URL or bare base64
+    (llamactor never downloads: http(s) and file URLs are refused)."""
+    url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{where}.url is required (a data:image/...;base64, URL)")
+    data = url
+    if url.startswith("data:"):
+        head, sep, data = url.partition(",")
+        if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
+            raise RequestError(f"{where}.url: expected a data:image/<type>;base64, URL, got {head[:40]!r}")
+    elif url.split(":", 1)[0].lower() in ("http", "https", "file", "ftp"):
+        raise RequestError(f"{where}.url: only data: URLs (base64) are read, llamactor downloads nothing")
+    try:
+        raw = base64.b64decode("".join(data.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where}.url: not valid base64") from None
+    if not raw:
+        raise RequestError(f"{where}.url: the image is empty")
+    return raw
 
 
 def _calls(raw: Any, where: str) -> list[tuple[str, str, str]]:

@@ -96,6 +96,9 @@ class RuntimeConfig:
     use_mmap: bool = True
     pipeline_groups: int = 1  # N: contexts over the one model
     kv_unified: bool = False
+    # -mm/--mmproj: a multimodal projector (libmtmd) for image input; None: text only
+    mmproj: str | Path | None = None
+    mmproj_offload: bool = True  # --no-mmproj-offload: the projector stays on the CPU
     # the scheduling policy: a built-in name, "module:Class", "path/file.py:Class", a Policy
     # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
     scheduler: str | type[Policy] | Policy = "slo"
@@ -245,6 +248,8 @@ class RuntimeConfig:
         model = Path(self.model) if self.model else default_model_path()
         if not model.is_file():
             raise ConfigError(f"model file not found: {model}")
+        if self.mmproj is not None and not Path(self.mmproj).is_file():
+            raise ConfigError(f"--mmproj: multimodal projector file not found: {self.mmproj}")
         from llamactor.actors.policies import resolve_policy
         from llamactor.runtime.engine.rpc import parse_endpoint
 
@@ -397,7 +402,7 @@ def _wire_type() -> type:
     forms they cross in: a path as a string, a policy class as "module:Class", a policy
     instance as ``{"class": "module:Class", "state": {...}}`` (its attributes)."""
     hints = typing.get_type_hints(RuntimeConfig)
-    hints.update(model=str | None, scheduler=str | dict[str, Any])
+    hints.update(model=str | None, mmproj=str | None, scheduler=str | dict[str, Any])
     fields = []
     for f in dataclasses.fields(RuntimeConfig):
         default: Any = f.default

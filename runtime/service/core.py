@@ -35,6 +35,7 @@ from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.builtin_templates import builtin_template_names
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import LoadOptions, Model
+from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.service import live
 from llamactor.runtime.service.admission import Admission
 from llamactor.runtime.service.chat import ChatTemplate
@@ -129,6 +130,7 @@ class RuntimeCore:
         self.admission: Admission | None = None
         self.engine: EngineClient | None = None
         self.embeddings: EmbeddingService | None = None
+        self.vision: Vision | None = None  # --mmproj: the projector admission tokenizes images with
         self.adapters = LoraAdapters()  # LoRA adapters and their global scales
         self.started_at = 0.0
         self.draining = False  # drain(): no new requests, the ones in flight finish
@@ -180,6 +182,11 @@ class RuntimeCore:
         if cfg.replicas or self.isolate:  # admission needs the vocabulary only; the weights load elsewhere
             model = await anyio.to_thread.run_sync(Model, cfg.model, LoadOptions(vocab_only=True))
             stack.callback(model.close)
+            if cfg.mmproj is not None:  # tokenizing images needs the projector here too (on the CPU)
+                self.vision = await anyio.to_thread.run_sync(
+                    functools.partial(Vision, cfg.mmproj, model, use_gpu=False)
+                )
+                stack.callback(self.vision.close)
             admission = await self._admission(model)
             if cfg.replicas:  # on Ray Serve (an optional extra: imported only here)
                 from llamactor.runtime.service.replicas import ReplicaSet
@@ -190,6 +197,7 @@ class RuntimeCore:
         else:
             engine = inprocess = await stack.enter_async_context(InProcessEngine.open(cfg, hooks=self.hooks))
             model = inprocess.model
+            self.vision = inprocess.vision
             admission = await self._admission(model)
         self.model, self.admission, self.engine = model, admission, engine
         self.embeddings = EmbeddingService(model, engine.embedder, normalize=cfg.embd_normalize)
@@ -211,7 +219,7 @@ class RuntimeCore:
         self.adapters = LoraAdapters(cfg.lora, init_without_apply=cfg.lora_init_without_apply)
         self.chat_template = load_chat_template(cfg, model)
         log.info("chat_template", template=self.chat_template.name, source=self.chat_template.origin)
-        admission = Admission(model, cfg, self.chat_template, self.adapters)
+        admission = Admission(model, cfg, self.chat_template, self.adapters, self.vision)
         await admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
         return admission
 
@@ -281,6 +289,16 @@ class RuntimeCore:
         self._require_ready()
         assert self.admission is not None
         return await self.admission.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    async def count_prompt(self, turn: ChatTurn) -> int:
+        """The prompt tokens of a rendered chat (an image counts the positions it takes)."""
+        self._require_ready()
+        assert self.admission is not None
+        vision = self.admission.vision
+        if turn.media and vision is not None:
+            tokens, _ = await anyio.to_thread.run_sync(functools.partial(vision.tokenize, turn.prompt, turn.media))
+            return len(tokens)
+        return len(await self.tokenize(turn.prompt))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._require_ready()

@@ -42,6 +42,7 @@ from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NGRAM, SpecOptions
+from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service import live
 from llamactor.runtime.service.config import CACHE_TYPES, RuntimeConfig
@@ -102,6 +103,7 @@ class InProcessEngine:
         self.metrics = metrics
         self.embedder = embedder
         self.prompt_cache = prompt_cache  # the host-memory prompt cache the groups share (--cache-ram)
+        self.vision: Vision | None = None  # --mmproj: the projector the groups decode images with
         self.started_at = time.time()
 
     @classmethod
@@ -116,6 +118,9 @@ class InProcessEngine:
             for path, _ in cfg.lora:  # once per model, before any context exists
                 await anyio.to_thread.run_sync(model.load_adapter, path)
             spec = await _speculation(cfg, model, stack)
+            vision = await anyio.to_thread.run_sync(load_vision, cfg, model)
+            if vision is not None:
+                stack.callback(vision.close)  # after the groups stop (they are stopped before)
             ctx_opts = ContextOptions(
                 n_ctx=cfg.ctx_per_context,
                 n_batch=cfg.n_batch,
@@ -128,6 +133,7 @@ class InProcessEngine:
                 type_k=CACHE_TYPES[cfg.cache_type_k],
                 type_v=CACHE_TYPES[cfg.cache_type_v],
                 context_shift=cfg.context_shift,
+                vision=vision,
                 spec=spec,
             )
             n = cfg.pipeline_groups
@@ -207,7 +213,9 @@ class InProcessEngine:
                 await scope.start(actor)
                 embedder = LocalEmbedder(actor)
             log.info("engine_loaded", model=str(cfg.model), groups=n, pid=os.getpid())
-            yield cls(cfg, model, sup, coord, metrics, embedder, prompt_cache)
+            engine = cls(cfg, model, sup, coord, metrics, embedder, prompt_cache)
+            engine.vision = vision
+            yield engine
 
     # ---- EngineClient ---------------------------------------------------------------------
 
@@ -403,6 +411,15 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         devices=devices,
         graph_reuse=not concurrent,
     )
+
+
+def load_vision(cfg: RuntimeConfig, model: Model) -> Vision | None:
+    """--mmproj: the projector next to ``model`` (ConfigError, exit 2, when it does not fit it)."""
+    if cfg.mmproj is None:
+        return None
+    vision = Vision(cfg.mmproj, model, use_gpu=cfg.mmproj_offload, n_threads=cfg.threads_batch or cfg.threads)
+    log.info("mmproj", path=str(cfg.mmproj), vision=vision.vision, audio=vision.audio, marker=vision.marker)
+    return vision
 
 
 def concurrent_rpc_contexts(cfg: RuntimeConfig) -> bool:

@@ -1,0 +1,260 @@
+"""The multimodal projector (``--mmproj``): libmtmd next to the model, images into prompts.
+
+Two operations, each where llama-server does it:
+
+- ``Vision.tokenize`` (admission): a prompt text with media markers and the image files
+  become the prompt's token ids, with a stand-in token at every position an image takes
+  (``protocol.media``), and one ``MediaChunk`` per image. ``mtmd_tokenize`` does the work: it
+  decodes the files (png, jpeg, ... as stb_image reads them), preprocesses the images and
+  tokenizes the text around them (a model's image framing tokens are text tokens).
+- ``Vision.decode`` (a group's step, ``step.DecodeStep``): one image chunk is encoded by the
+  projector and its embeddings decoded into one slot's sequence at its positions, alone,
+  before that slot's next text goes into the shared batch (llama-server's process_chunk).
+  The engine gets an image as its file bytes and encodes it again from them, so a task that
+  crosses to the engine process, or is resumed by a new one, carries everything it needs.
+
+Stand-in values come from ``MediaKeys``: one per distinct image file (SHA-256) and chunk,
+never reused in this process, so two different images never compare equal. The isolated
+engine's API process loads a projector of its own, on the CPU and without warmup: libmtmd
+reads an image's token count from the projector's settings only with its weights loaded.
+
+Encoding is not thread-safe in libmtmd (one output buffer per context): decodes hold a lock,
+so the groups of one engine encode one image at a time. Tokenizing is thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+
+from llamactor.protocol.errors import ConfigError, RequestError
+from llamactor.protocol.media import NO_TOKEN, MediaChunk
+from llamactor.runtime.engine.model import Model, init_backend
+
+GGML_LOG_LEVEL_ERROR = 4
+GGML_LOG_LEVEL_CONT = 5
+KEYS_REMEMBERED = 65536  # distinct images whose stand-in is remembered (an image seen again after: a new one)
+
+_NO_CALLBACK = mtmd.mtmd_helper_post_decode_callback()  # a NULL function pointer
+_errors: deque[str] = deque(maxlen=8)  # libmtmd's last error lines (its log is otherwise dropped)
+_errors_lock = threading.Lock()
+
+
+@functools.cache
+def _log_callback() -> Any:
+    """libmtmd's log: dropped, but error lines are kept to say why a projector did not load."""
+    last = [0]
+
+    @llama_cpp.llama_log_callback
+    def _keep_errors(level: int, text: bytes, user_data: Any) -> None:
+        if level == GGML_LOG_LEVEL_CONT:
+            level = last[0]
+        last[0] = level
+        if level == GGML_LOG_LEVEL_ERROR:
+            line = text.decode("utf-8", "replace").strip()
+            if line:
+                with _errors_lock:
+                    _errors.append(line)
+
+    mtmd.mtmd_helper_log_set(_keep_errors, ctypes.c_void_p())
+    return _keep_errors
+
+
+def _last_errors() -> str:
+    with _errors_lock:
+        lines = list(_errors)
+        _errors.clear()
+    return "; ".join(line.replace("\n", " ") for line in lines)
+
+
+class MediaKeys:
+    """The stand-in token of each distinct image chunk (file SHA-256 and chunk number).
+
+    Values count down from -2 and are never given twice: an image forgotten (past
+    ``KEYS_REMEMBERED`` others) and seen again gets a new one, which only costs a cache miss.
+    """
+
+    def __init__(self, remembered: int = KEYS_REMEMBERED) -> None:
+        self.remembered = remembered
+        self._keys: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._next = NO_TOKEN - 1
+        self._lock = threading.Lock()
+
+    def standin(self, digest: str, part: int) -> int:
+        key = (digest, part)
+        with self._lock:
+            value = self._keys.get(key)
+            if value is None:
+                value = self._keys[key] = self._next
+                self._next -= 1
+                while len(self._keys) > self.remembered:
+                    self._keys.popitem(last=False)
+            else:
+                self._keys.move_to_end(key)
+            return value
+
+
+class Vision:
+    """A projector loaded next to ``model`` (the whole model, or its vocabulary only)."""
+
+    def __init__(self, path: str | Path, model: Model, *, use_gpu: bool = True, n_threads: int = 1) -> None:
+        init_backend()
+        _log_callback()
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"--mmproj: multimodal projector file not found: {path}")
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = max(1, n_threads)
+        params.print_timings = False
+        params.warmup = False
+        _last_errors()
+        ptr = mtmd.mtmd_init_from_file(str(path).encode(), model.ptr, params)
+        if not ptr:
+            why = _last_errors() or "not a multimodal projector GGUF"
+            raise ConfigError(f"--mmproj {path}: libmtmd could not load it for this model ({why})")
+        self.ptr: Any = ptr
+        self.path = path
+        self.model = model
+        self.marker: str = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
+        self.vision = bool(mtmd.mtmd_support_vision(ptr))
+        self.audio = bool(mtmd.mtmd_support_audio(ptr))
+        self.keys = MediaKeys()
+        self._encode_lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.ptr:
+            mtmd.mtmd_free(self.ptr)
+            self.ptr = None
+
+    # ---- admission ------------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, files: Sequence[bytes], *, add_special: bool = True, parse_special: bool = True
+    ) -> tuple[list[int], tuple[MediaChunk, ...]]:
+        """The tokens of ``text`` with each media marker replaced by the next file of
+        ``files``, and the images' chunks. RequestError names what is wrong with the input."""
+        markers = text.count(self.marker)
+        if markers != len(files):
+            raise RequestError(
+                f"the prompt has {markers} media marker{'s' if markers != 1 else ''} ({self.marker!r}) "
+                f"but {len(files)} image{'s were' if len(files) != 1 else ' was'} given: each image takes the "
+                "place of one marker"
+            )
+        bitmaps = [self._bitmap(data, i, len(files)) for i, data in enumerate(files)]
+        chunks = mtmd.mtmd_input_chunks_init()
+        try:
+            raw = text.encode("utf-8")
+            inp = mtmd.mtmd_input_text(raw, len(raw), add_special, parse_special)
+            array = (mtmd.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+            rc = mtmd.mtmd_tokenize(self.ptr, chunks, ctypes.byref(inp), array, len(bitmaps))
+            if rc != 0:
+                why = {1: "the media markers and the images do not pair up", 2: "an image could not be preprocessed"}
+                raise RequestError(f"the prompt with its images could not be tokenized: {why.get(rc, f'status {rc}')}")
+            return self._read(chunks, files)
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                mtmd.mtmd_bitmap_free(bitmap)
+
+    def _bitmap(self, data: bytes, index: int, count: int) -> Any:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False) if data else None
+        if not bitmap:
+            raise RequestError(
+                f"image {index + 1} of {count} is not an image libmtmd can read (png, jpeg, bmp, gif, ...): "
+                f"{len(data)} bytes starting {data[:8]!r}"
+            )
+        if mtmd.mtmd_bitmap_is_audio(bitmap):
+            mtmd.mtmd_bitmap_free(bitmap)
+            raise RequestError(f"image {index + 1} of {count} is audio: only image input is supported")
+        mtmd.mtmd_bitmap_set_id(bitmap, str(index).encode())
+        return bitmap
+
+    def _read(self, chunks: Any, files: Sequence[bytes]) -> tuple[list[int], tuple[MediaChunk, ...]]:
+        tokens: list[int] = []
+        media: list[MediaChunk] = []
+        parts: dict[int, int] = {}  # file index -> image chunks seen of it
+        digests: dict[int, str] = {}
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            kind = mtmd.mtmd_input_chunk_get_type(chunk)
+            if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                tokens.extend(ids[: n.value] if n.value else ())
+                continue
+            if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                raise RequestError("only image input is supported (this prompt has audio)")
+            index = int((mtmd.mtmd_input_chunk_get_id(chunk) or b"0").decode())
+            part = parts.get(index, 0)
+            parts[index] = part + 1
+            if index not in digests:
+                digests[index] = hashlib.sha256(files[index]).hexdigest()
+            n_pos = mtmd.mtmd_input_chunk_get_n_pos(chunk)
+            n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+            media.append(MediaChunk(pos=len(tokens), n_pos=n_pos, n_tokens=n_tokens, data=files[index], part=part))
+            tokens.extend([self.keys.standin(digests[index], part)] * n_pos)
+        if media and media[-1].end == len(tokens):
+            raise RequestError(
+                "the prompt ends with an image: put text after it (a chat template's turn end does), "
+                "the first token is sampled after the last prompt token"
+            )
+        return tokens, tuple(media)
+
+    # ---- a group's step -------------------------------------------------------------------
+
+    def decode(self, ctx: Any, chunk: MediaChunk, seq: int, n_batch: int) -> int:
+        """Encode ``chunk``'s image and decode its embeddings into sequence ``seq`` of ``ctx``
+        at positions ``[chunk.pos, chunk.end)``; returns llama_decode's status (0: done, 1: no
+        KV cells for them). RequestError when the image cannot be encoded (that request's
+        failure alone)."""
+        with self._encode_lock:
+            bitmap = self._bitmap(chunk.data, 0, 1)
+            chunks = mtmd.mtmd_input_chunks_init()
+            try:
+                image = self._image_chunk(chunks, bitmap, chunk)
+                if mtmd.mtmd_encode_chunk(self.ptr, image) != 0:
+                    raise RequestError("the multimodal projector could not encode the image")
+                embd = mtmd.mtmd_get_output_embd(self.ptr)
+                n_past = llama_cpp.llama_pos(0)
+                rc = mtmd.mtmd_helper_decode_image_chunk(
+                    self.ptr, ctx, image, embd, chunk.pos, seq, n_batch, ctypes.byref(n_past), _NO_CALLBACK, None
+                )
+                if rc == 0 and n_past.value != chunk.end:
+                    raise RequestError(f"the image took {n_past.value - chunk.pos} positions, not {chunk.n_pos}")
+                return int(rc)
+            finally:
+                mtmd.mtmd_input_chunks_free(chunks)
+                mtmd.mtmd_bitmap_free(bitmap)
+
+    def _image_chunk(self, chunks: Any, bitmap: Any, chunk: MediaChunk) -> Any:
+        """The image chunk ``chunk`` was admitted as, made again from its file alone."""
+        raw = self.marker.encode()
+        inp = mtmd.mtmd_input_text(raw, len(raw), False, True)
+        array = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        if mtmd.mtmd_tokenize(self.ptr, chunks, ctypes.byref(inp), array, 1) != 0:
+            raise RequestError("the image could not be preprocessed again")
+        seen = 0
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            c = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(c) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                continue
+            if seen == chunk.part:
+                if (
+                    mtmd.mtmd_input_chunk_get_n_pos(c) != chunk.n_pos
+                    or mtmd.mtmd_input_chunk_get_n_tokens(c) != chunk.n_tokens
+                ):
+                    break
+                return c
+            seen += 1
+        raise RequestError("the image does not make the chunk it was admitted with (another projector?)")

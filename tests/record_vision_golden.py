@@ -1,0 +1,164 @@
+"""Record llama-server's greedy answers to image requests on the tiny vision model.
+
+Usage::
+
+    .venv/bin/python tests/record_vision_golden.py [/path/to/llama-server]
+
+The default server is ``/tmp/llama-server-build/bin/llama-server``: llama-server of the llama.cpp
+that llama-cpp-python 0.3.36 vendors, built with its libmtmd (``--mmproj``). The script writes the
+tiny model and projector of ``tests/tinyvision.py`` (seed 0) to a temporary folder, starts
+llama-server on loopback with ``-m model.gguf --mmproj mmproj.gguf -t 1 -np 1 -c 2048`` and
+``LLAMA_MEDIA_MARKER=<__media__>`` (llama-server makes up a random media marker otherwise;
+llamactor's is libmtmd's default, ``<__media__>``), sends each of ``REQUESTS`` once and stores
+what it answered (the generated text, the prompt's token count, and on /completion the token
+ids) in ``tests/golden/llama_server_vision.json``, under this machine's CPU class
+(``tinymodel.cpu_class``: ggml's AVX-512 and AVX2 kernels round the tiny model's nearly flat
+logits differently). ``tests/test_vision.py`` sends the same requests to llamactor and
+compares; it skips on a CPU class nothing was recorded for. Run it again after changing the
+tiny model, the projector or a request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import tinyvision
+from tinymodel import cpu_class
+
+OUT = pathlib.Path(__file__).resolve().parent / "golden" / "llama_server_vision.json"
+DEFAULT_SERVER = "/tmp/llama-server-build/bin/llama-server"
+N = 16  # tokens generated per request
+
+IMAGE = tinyvision.png_bytes(40, 24, seed=0)
+OTHER_IMAGE = tinyvision.png_bytes(64, 48, seed=3)
+
+
+def data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+# name -> (path, body); greedy, so the slot count and the cache cannot change the answer
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "You describe pictures."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is in this image?"},
+                        {"type": "image_url", "image_url": {"url": data_url(IMAGE)}},
+                        {"type": "text", "text": "Be brief."},
+                    ],
+                },
+            ],
+            "max_tokens": N,
+            "temperature": 0,
+        },
+    ),
+    "completion": (
+        "/completion",
+        {
+            "prompt": {
+                "prompt_string": "First <__media__> then <__media__> so the two differ by",
+                "multimodal_data": [base64.b64encode(IMAGE).decode(), base64.b64encode(OTHER_IMAGE).decode()],
+            },
+            "n_predict": N,
+            "temperature": 0,
+            "return_tokens": True,
+        },
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {
+            "model": "tiny",
+            "max_tokens": N,
+            "temperature": 0,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": base64.b64encode(OTHER_IMAGE).decode(),
+                            },
+                        },
+                        {"type": "text", "text": "What is this?"},
+                    ],
+                }
+            ],
+        },
+    ),
+}
+
+
+def answer(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What a response says, in the form the golden keeps (the same for both servers)."""
+    if name == "chat":
+        return {"text": body["choices"][0]["message"]["content"], "prompt_tokens": body["usage"]["prompt_tokens"]}
+    if name == "completion":
+        return {"text": body["content"], "prompt_tokens": body["tokens_evaluated"], "tokens": body["tokens"]}
+    usage = body["usage"]
+    return {
+        "text": "".join(b["text"] for b in body["content"] if b["type"] == "text"),
+        "prompt_tokens": usage["input_tokens"] + usage.get("cache_read_input_tokens", 0),
+    }
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def main(server: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        model, mmproj = tinyvision.write_tiny_vision(tmp)
+        argv = [server, "-m", str(model), "--mmproj", str(mmproj), "-t", "1", "-np", "1", "-c", "2048"]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        env = {**os.environ, "LLAMA_MEDIA_MARKER": "<__media__>"}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"llama-server did not start ({' '.join(argv)})")
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    time.sleep(0.1)
+            props = json.loads(urllib.request.urlopen(url + "/props", timeout=5).read())
+            assert props["modalities"]["vision"], "this llama-server loaded no vision projector"
+            recorded = {name: answer(name, post(url + path, body)) for name, (path, body) in REQUESTS.items()}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    golden = json.loads(OUT.read_text()) if OUT.exists() else {}
+    golden[cpu_class()] = recorded
+    OUT.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
+    print(f"recorded {', '.join(recorded)} for {cpu_class()} in {OUT}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SERVER)
