@@ -96,6 +96,15 @@ def test_without_ray_the_error_names_the_extra(make_config, monkeypatch):
         anyio.run(main)
 
 
+async def test_a_replica_that_cannot_start_fails_the_start_with_its_error(local_ray, make_config):
+    """What a replica's engine said when it could not start is the startup error (once: Ray does
+    not retry it for a minute)."""
+    cfg = _replicas(make_config, replicas="1", engine_hooks=f"{HOOKS}:NoSuchHooks")
+    with anyio.fail_after(60), pytest.raises(ConfigError, match="replicas did not start.*NoSuchHooks"):
+        async with Runtime.open(cfg):
+            pass
+
+
 async def test_a_killed_replica_resumes_every_stream_byte_for_byte(local_ray, make_config):
     cfg = _replicas(make_config, engine_hooks=f"{HOOKS}:Slower", scheduler=GATHER)
     async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:

@@ -161,7 +161,8 @@ class ReplicaSet:
                     )
                 )
             except Exception as exc:
-                raise ConfigError(f"the replicas did not start: {_first_line(exc)}") from None
+                why = await anyio.to_thread.run_sync(_deploy_failure, serve, app)
+                raise ConfigError(f"the replicas did not start: {why or _first_line(exc)}") from None
             self = cls(config, handle, app)
             await self._meet(lo)
             log.info("replicas_ready", replicas=len(self._pids), router=config.replica_router, app=app)
@@ -600,11 +601,24 @@ def _deployment(serve: Any, rep: Any, config: RuntimeConfig, lo: int, hi: int) -
         request_router_config=RequestRouterConfig(
             request_router_class=rep.ROUTER_CLASSES[config.replica_router],
         ),
+        max_constructor_retry_count=1,  # a replica that cannot start its engine fails the start, with its error
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=5.0,
         **scaling,
     )
+
+
+def _deploy_failure(serve: Any, app: str) -> str:
+    """The replicas' own error when they did not start (Ray Serve keeps it in the app's status)."""
+    try:
+        status = serve.status().applications[app]
+    except Exception:
+        return ""
+    for deployment in status.deployments.values():
+        if deployment.message:
+            return _first_line(Exception(deployment.message))
+    return ""
 
 
 def _stop(serve: Any, ray: Any, app: str, started_ray: bool) -> None:
