@@ -100,3 +100,17 @@ def test_equally_loaded_the_replica_holding_less_takes_a_new_prompt():
     loads = _loads(a=(SYSTEM, 0), b=([], 0))  # a holds one prompt already, b nothing
     new = Route(1, tuple(block_hashes(list(range(9000, 9000 + 2 * BLOCK)))))
     assert choose(new, loads, 2.0, random.Random(0))[0] == ["b"]
+
+
+def test_a_request_that_ended_frees_its_slot_before_the_next_report():
+    """A conversation's next turn, sent as its last one ends, finds its replica with a slot free
+    (the report saying so comes later): it stays on the replica holding its cache."""
+    route = Route(1, tuple(block_hashes(SYSTEM + [9] * 70)))
+    loads = _loads(a=(SYSTEM + [9] * 70, 2), b=([], 1))  # a: both slots busy, b: one free
+    loads["a"].in_flight = 2
+    assert choose(route, loads, 2.0, random.Random(0))[0] == ["b"]
+    loads["a"].ended()
+    assert choose(route, loads, 2.0, random.Random(0))[0] == ["a"]
+    loads["a"].queued = 1
+    loads["a"].ended()  # a waiting request takes the freed slot: as many busy, one fewer waiting
+    assert loads["a"].busy == 1 and loads["a"].queued == 0 and loads["a"].in_flight == 0

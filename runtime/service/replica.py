@@ -452,7 +452,7 @@ class CacheRouter(_Targeted, RequestRouter):
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
         rid = self.where.pop(internal_request_id, None)
         if rid is not None and rid in self.loads:
-            self.loads[rid].in_flight = max(0, self.loads[rid].in_flight - 1)
+            self.loads[rid].ended()
 
     def on_replica_actor_died(self, replica_id: Any) -> None:
         super().on_replica_actor_died(replica_id)

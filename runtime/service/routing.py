@@ -105,6 +105,15 @@ class ReplicaLoad:
         self.loras = tuple(stats.get("loras", ()))
         self._forget(now)
 
+    def ended(self) -> None:
+        """A request this router sent here ended: one fewer there from now, not only from the
+        next report on (a conversation's next turn, sent at once, would find its replica full)."""
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.queued:
+            self.queued -= 1  # a waiting one takes the slot
+        else:
+            self.busy = max(0, self.busy - 1)
+
     def sent(self, blocks: tuple[int, ...], now: float) -> None:
         self.recent.append((now, frozenset(blocks)))
 
