@@ -57,8 +57,12 @@ _apps = itertools.count()
 # A local Ray instance started here runs quieter than Ray's defaults (measured idle, one replica:
 # 11.6 CPU ticks a second in Ray's processes, 7.0 with these): its controller reconciles once a
 # second instead of ten times, metrics are exported every second, Ray's own metrics collection is
-# off (its dashboard is off anyway). Each is an environment variable: one set already wins.
+# off (its dashboard is off anyway). And its workers run at the ingress's priority: Ray starts them
+# at nice 15, and a replica's engine is the work itself (behind nice 15, any other process on the
+# machine, the ingress included, takes its cores first). Each is an environment variable: one set
+# already wins.
 QUIET_RAY = {
+    "RAY_worker_niceness": "0",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
     "RAY_enable_metrics_collection": "0",
