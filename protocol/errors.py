@@ -11,6 +11,7 @@
     ├── Overloaded         a bounded queue or mailbox is full: HTTP 503 with Retry-After
     ├── Unavailable        loading, or a group is down past its restart limit: HTTP 503
     ├── EngineError        llama.cpp failed while serving a request: HTTP 500
+    ├── ModelLoadFailed    the model a request names could not be loaded (router mode): HTTP 500
     └── Closed             the runtime is shutting down or closed: HTTP 503
 
 Foreign errors (msgspec validation, anyio stream errors, OS errors) are mapped to these at
@@ -84,6 +85,13 @@ class Unavailable(LlamactorError):
 
 
 class EngineError(LlamactorError):
+    status = 500
+    kind = "server_error"
+
+
+class ModelLoadFailed(LlamactorError):
+    """The router mode: the model a request named failed to load; the message is the loader's."""
+
     status = 500
     kind = "server_error"
 

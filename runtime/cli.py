@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
@@ -25,8 +25,9 @@ import structlog
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
-from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.logging import configure_logging
+from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
 
 log = structlog.get_logger("llamactor.cli")
 
@@ -114,6 +115,21 @@ class ServeOptions:
     list_devices: bool = False
     version: bool = False
     ignored: tuple[tuple[str, str], ...] = ()  # (flag as given, why): one log line each
+    # the router mode (many models): without -m, the models of --models-dir and --models-preset
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: int = DEFAULT_MODELS_MAX
+    models_autoload: bool = True
+    given: cliargs.Parsed = field(default_factory=cliargs.Parsed)  # as given: each model's flags go under it
+    argv: tuple[str, ...] = ()  # serve's words as given (the router shows them with each model's flags)
+
+    @property
+    def router(self) -> bool:
+        """Whether the server runs in router mode: no -m, and a models folder or preset file."""
+        return self.config.model is None and bool(self.models_dir or self.models_preset)
+
+
+ROUTER_OPTIONS = ("models_dir", "models_preset", "models_max", "models_autoload")
 
 
 def serve_options(a: argparse.Namespace) -> ServeOptions:
@@ -134,7 +150,33 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
             raise ConfigError(f"--host {host}: UNIX sockets are not supported; give IP addresses to listen on")
     if len(hosts) > 1 and process.get("port") == 0:
         raise ConfigError("--port 0 is not supported with several --host addresses")  # as llama-server
-    return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(parsed.ignored), **process)
+    ignored = list(parsed.ignored)
+    if kw.get("model") is not None or not (process.get("models_dir") or process.get("models_preset")):
+        for name in ROUTER_OPTIONS:  # one model: the router's flags mean nothing (llama-server's too)
+            if name in process:
+                del process[name]
+                why = "only for the router mode (--models-dir or --models-preset, without -m)"
+                ignored.append((parsed.spelled[name], why))
+    return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(ignored), given=parsed, **process)
+
+
+def router_models(opts: ServeOptions) -> ModelSet:
+    """The router mode's models (ConfigError for a folder or preset that cannot be read, a flag a
+    model's preset gives that is refused, a model whose flags are invalid); logs each flag a
+    preset gives that is ignored."""
+    from llamactor.runtime import presets
+
+    route_prefix(opts.config.api_prefix)  # the router's own: a bad one stops startup here
+    found = presets.load_models(opts.models_dir, opts.models_preset, opts.given, opts.argv)
+    for name, flag, why in found.ignored:
+        log.info("flag_ignored", model=name, flag=flag, reason=why)
+    for spec in found.specs:
+        if spec.config.model is not None and os.path.isfile(spec.config.model):  # a missing file fails its load
+            try:
+                spec.config.validated()
+            except ConfigError as exc:
+                raise ConfigError(f"model {spec.name}: {exc}") from None
+    return ModelSet(found.specs, models_max=opts.models_max, autoload=opts.models_autoload)
 
 
 def _gpu_layers_ignored(cfg: RuntimeConfig) -> bool:
@@ -192,17 +234,20 @@ async def serve(
     port: int,
     ssl: tuple[str, str] | None = None,
     listeners: Sequence[socket.socket] = (),
+    models: ModelSet | None = None,
 ) -> int:
     """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads. ``listeners``
     (``bind_listeners``) are the bound sockets to serve on; without them Hypercorn binds each
-    of ``hosts``."""
+    of ``hosts``. With ``models`` (the router mode) it serves those, each loaded when used,
+    and ``cfg`` is the command line's (the server's own settings: keys, CORS, prefix)."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     from llamactor.runtime.api import Runtime
     from llamactor.runtime.http.app import build_app
+    from llamactor.runtime.http.router import build_router_app
 
-    rt = Runtime(cfg)
+    rt: Runtime | ModelSet = Runtime(cfg) if models is None else models
     stop = anyio.Event()
     failed: list[BaseException] = []
 
@@ -257,8 +302,14 @@ async def serve(
     if ssl is not None:
         hc.certfile, hc.keyfile = ssl
     for host, bound in addresses:
-        log.info("listening", host=host, port=bound, model=str(cfg.model))
-    app: Any = build_app(rt, lifespan=lifespan)  # an ASGI app; hypercorn's stub names its own scope types
+        if models is None:
+            log.info("listening", host=host, port=bound, model=str(cfg.model))
+        else:
+            log.info("listening", host=host, port=bound, models=len(models.views()), mode="router")
+    # an ASGI app; hypercorn's stub names its own scope types
+    app: Any = (
+        build_app(rt, lifespan=lifespan) if isinstance(rt, Runtime) else build_router_app(rt, cfg, lifespan=lifespan)
+    )
     await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
     if any(isinstance(exc, ConfigError) for exc in failed):
         return 2  # found only while loading (a model or LoRA file llama.cpp refuses): as a bad flag
@@ -290,14 +341,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(args)
     cliargs.apply_env(serve_parser, args, cliflags.GROUPS)
     try:
-        opts = serve_options(args)
+        words = list(sys.argv[1:] if argv is None else argv)
+        opts = replace(serve_options(args), argv=tuple(words[words.index("serve") + 1 :]))
         if opts.version:
             print(
                 f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})"
             )
             return 0
         configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
-        cfg = opts.config.validated()
+        models = router_models(opts) if opts.router else None
+        cfg = opts.config if models is not None else opts.config.validated()  # the router loads no model itself
         for flag, why in opts.ignored:
             log.info("flag_ignored", flag=flag, reason=why)
         if _gpu_layers_ignored(cfg):
@@ -318,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2
     ssl = (opts.ssl_cert_file, opts.ssl_key_file) if opts.ssl_cert_file and opts.ssl_key_file else None
-    return anyio.run(serve, cfg, opts.hosts, opts.port, ssl, listeners)
+    return anyio.run(serve, cfg, opts.hosts, opts.port, ssl, listeners, models)
 
 
 if __name__ == "__main__":

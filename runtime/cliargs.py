@@ -174,6 +174,7 @@ class Parsed:
     process: dict[str, Any] = field(default_factory=dict)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (spelling, why)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)  # field -> the flag (or variable) that set it
 
 
 def read(namespace: Any, groups: Sequence[Group]) -> Parsed:
@@ -185,7 +186,7 @@ def read(namespace: Any, groups: Sequence[Group]) -> Parsed:
     out = Parsed()
     spelled: dict[str, str] = namespace.__dict__.get("_spelled", {})
     by_dest = {_dest(g, o): (g, o) for g, o in entries(groups)}
-    setters: dict[str, str] = {}
+    setters = out.spelled
     for dest, spelling in spelled.items():
         (group, spec), value = by_dest[dest], getattr(namespace, dest)
         why = group.why + (f" ({spec.help})" if spec.help else "")

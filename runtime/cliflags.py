@@ -32,6 +32,7 @@ from typing import Any
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
+from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride, parse_kv_override
 from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
@@ -174,6 +175,14 @@ def _auto_int(text: str) -> int | None:
     return None if n <= 0 else n
 
 
+def _sleep_seconds(text: str) -> int:
+    """``--sleep-idle-seconds``: -1 (never) or a positive number of seconds, as llama-server reads it."""
+    n = int(text)
+    if n == 0 or n < -1:
+        raise argparse.ArgumentTypeError("cannot be 0 or less than -1")
+    return n
+
+
 def _ctx_size(text: str) -> int:
     n = int(text)
     if n == 0:
@@ -210,6 +219,66 @@ def _lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
     return tuple(out)
+
+
+def _csv_row(text: str) -> list[str]:
+    """llama-server's ``parse_csv_row``: comma-separated fields, a field quoted from its start
+    may hold commas (``""`` in it is a quote), a quote anywhere else is a plain character;
+    fields are not stripped and an empty one is kept."""
+    fields, field, quoted, i = [], "", False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"' and not quoted and not field:
+            quoted = True
+        elif ch == '"' and quoted:
+            if text[i + 1 : i + 2] == '"':
+                field += '"'
+                i += 1
+            else:
+                quoted = False
+        elif ch == "," and not quoted:
+            fields.append(field)
+            field = ""
+        else:
+            field += ch
+        i += 1
+    fields.append(field)
+    return fields
+
+
+def _kv_overrides(text: str) -> tuple[KvOverride, ...]:
+    """``--override-kv KEY=TYPE:VALUE[,...]``, each as llama-server's ``string_parse_kv_override``."""
+    try:
+        return tuple(parse_kv_override(item) for item in _csv_row(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _control_vectors(text: str) -> tuple[tuple[str, float], ...]:
+    """``--control-vector FNAME[,FNAME...]``: files at scale 1."""
+    return tuple((path, 1.0) for path in _csv_row(text))
+
+
+def _control_vectors_scaled(text: str) -> tuple[tuple[str, float], ...]:
+    """``--control-vector-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
+    out = []
+    for item in _csv_row(text):
+        parts = item.split(":")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
+        try:
+            out.append((parts[0], float(parts[1])))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
+    return tuple(out)
+
+
+def _rope_scale(text: str) -> float:
+    """``--rope-scale N``: the context expanded N times, llama-server's rope_freq_scale = 1/N."""
+    n = float(text)
+    if n == 0:
+        raise argparse.ArgumentTypeError("must not be 0 (the context is expanded N times)")
+    return 1.0 / n
 
 
 def _key_file(path: str) -> tuple[str, ...]:
@@ -592,6 +661,124 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
+        "Model overrides",
+        Use.CONFIG,
+        "as in llama-server: --override-kv wherever the model loads (the draft model and the API "
+        "process's vocabulary too); the RoPE/YaRN values in every context (groups, draft, embedding)",
+        (
+            opt(
+                "--rope-scaling",
+                field="rope_scaling",
+                value="{none,linear,yarn}",
+                env="LLAMA_ARG_ROPE_SCALING_TYPE",
+                parse=_choice(*ROPE_SCALING_TYPES),
+                help="RoPE frequency scaling method (default: the model's, else linear)",
+            ),
+            opt(
+                "--rope-scale",
+                field="rope_freq_scale",
+                env="LLAMA_ARG_ROPE_SCALE",
+                parse=_rope_scale,
+                help="RoPE context scaling factor: expands the context N times (--rope-freq-scale 1/N)",
+            ),
+            opt(
+                "--rope-freq-base",
+                field="rope_freq_base",
+                env="LLAMA_ARG_ROPE_FREQ_BASE",
+                parse=float,
+                help="RoPE base frequency (default: the model's)",
+            ),
+            opt(
+                "--rope-freq-scale",
+                field="rope_freq_scale",
+                env="LLAMA_ARG_ROPE_FREQ_SCALE",
+                parse=float,
+                help="RoPE frequency scaling factor: expands the context 1/N times (default: the model's)",
+            ),
+            opt(
+                "--yarn-orig-ctx",
+                field="yarn_orig_ctx",
+                env="LLAMA_ARG_YARN_ORIG_CTX",
+                parse=int,
+                help="YaRN: the model's original context (0: its training context)",
+            ),
+            opt(
+                "--yarn-ext-factor",
+                field="yarn_ext_factor",
+                env="LLAMA_ARG_YARN_EXT_FACTOR",
+                parse=float,
+                help="YaRN: extrapolation mix factor (0.0: full interpolation; -1: the model's)",
+            ),
+            opt(
+                "--yarn-attn-factor",
+                field="yarn_attn_factor",
+                env="LLAMA_ARG_YARN_ATTN_FACTOR",
+                parse=float,
+                help="YaRN: scale sqrt(t) or attention magnitude (-1: the model's)",
+            ),
+            opt(
+                "--yarn-beta-slow",
+                field="yarn_beta_slow",
+                env="LLAMA_ARG_YARN_BETA_SLOW",
+                parse=float,
+                help="YaRN: high correction dim or alpha (-1: the model's)",
+            ),
+            opt(
+                "--yarn-beta-fast",
+                field="yarn_beta_fast",
+                env="LLAMA_ARG_YARN_BETA_FAST",
+                parse=float,
+                help="YaRN: low correction dim or beta (-1: the model's)",
+            ),
+            opt(
+                "--override-kv",
+                field="kv_overrides",
+                value="KEY=TYPE:VALUE,...",
+                parse=_kv_overrides,
+                many=True,
+                convert=_flatten,
+                help="model metadata read instead of the GGUF's; types int, float, bool, str "
+                "(comma-separated, repeatable), e.g. tokenizer.ggml.add_bos_token=bool:false",
+            ),
+        ),
+    ),
+    Group(
+        "Control vectors",
+        Use.CONFIG,
+        "as in llama-server: the files' direction vectors, each times its scale, summed into one and "
+        "set on every context of the model; server-wide (llama-server has none per request)",
+        (
+            opt(
+                "--control-vector",
+                field="control_vectors",
+                value="FNAME",
+                parse=_control_vectors,
+                many=True,
+                convert=_flatten,
+                shared="control_vectors",
+                help="control vector files, scale 1 (comma-separated, repeatable)",
+            ),
+            opt(
+                "--control-vector-scaled",
+                field="control_vectors",
+                value="FNAME:SCALE,...",
+                parse=_control_vectors_scaled,
+                many=True,
+                convert=_flatten,
+                shared="control_vectors",
+                help="control vector files with their scales (repeatable)",
+            ),
+            opt(
+                "--control-vector-layer-range",
+                field="control_vector_layers",
+                value="START END",
+                parse=int,
+                convert=tuple,
+                help="the layers the control vector applies to, both included (default: all)",
+            ),
+        ),
+    ),
+    Group(
         "Speculative decoding",
         Use.CONFIG,
         "per group: ngram-simple (prompt lookup) or a draft model "
@@ -780,6 +967,59 @@ GROUPS: tuple[Group, ...] = (
             switch("--version", field="version", help="print the version and exit"),
         ),
     ),
+    Group(
+        "Many models (router mode)",
+        Use.PROCESS,
+        "llama-server's router mode: started without -m, the server serves every model of --models-dir "
+        "and --models-preset, each in an engine process of its own, routed by the request's model field "
+        "(with -m these are logged and ignored)",
+        (
+            opt(
+                "--models-dir",
+                field="models_dir",
+                value="PATH",
+                env="LLAMA_ARG_MODELS_DIR",
+                help="a folder of models: each .gguf file, and each subfolder holding one, is a model named after it",
+            ),
+            opt(
+                "--models-preset",
+                field="models_preset",
+                value="PATH",
+                env="LLAMA_ARG_MODELS_PRESET",
+                help="an INI file: a [section] per model, its keys llama-server's flags (model = FILE)",
+            ),
+            opt(
+                "--models-max",
+                field="models_max",
+                env="LLAMA_ARG_MODELS_MAX",
+                parse=int,
+                help="models loaded at once (default 4, 0 = no limit); past it the least recently used idle "
+                "model is unloaded",
+            ),
+            switch(
+                "--models-autoload",
+                neg=("--no-models-autoload",),
+                field="models_autoload",
+                env="LLAMA_ARG_MODELS_AUTOLOAD",
+                help="load a model on its first request (default on; ?autoload= overrides per request)",
+            ),
+        ),
+    ),
+    Group(
+        "Sleeping on idle",
+        Use.CONFIG,
+        "as in llama-server: an idle engine unloads its model (here its process exits) and the next request "
+        "loads it again; /props says is_sleeping",
+        (
+            opt(
+                "--sleep-idle-seconds",
+                field="sleep_idle_seconds",
+                value="SECONDS",
+                parse=_sleep_seconds,
+                help="seconds without a request before the engine sleeps (default -1: never)",
+            ),
+        ),
+    ),
     # ---- accepted, with one log line ----------------------------------------------------
     Group(
         "Thread placement",
@@ -936,12 +1176,10 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "Router and sampling backends",
+        "Sampling backends",
         Use.IGNORE,
-        "only meaningful for llama-server's router or GPU sampling",
+        "only meaningful for GPU sampling",
         (
-            opt("--models-max", env="LLAMA_ARG_MODELS_MAX"),
-            switch("--models-autoload", neg=("--no-models-autoload",), env="LLAMA_ARG_MODELS_AUTOLOAD"),
             switch("-bs", "--backend-sampling", env="LLAMA_ARG_BACKEND_SAMPLING", help="sampling runs on the CPU"),
             opt("--adaptive-decay", parse=float, help="used only by --adaptive-target, which is refused"),
         ),
@@ -1046,16 +1284,6 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "Control vectors",
-        Use.REFUSE,
-        "control vectors are not built",
-        (
-            opt("--control-vector", value="FNAME"),
-            opt("--control-vector-scaled", value="FNAME:SCALE,..."),
-            opt("--control-vector-layer-range", value="START END"),
-        ),
-    ),
-    Group(
         "Multimodal sources",
         Use.REFUSE,
         "llamactor downloads nothing and reads no media files: a projector is a local file (--mmproj), "
@@ -1094,25 +1322,10 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "Model overrides",
+        "Placement overrides",
         Use.REFUSE,
-        "not built: the GGUF's own values are used",
+        "not built: the weights go where -ngl, -dev and -ts put them, the KV where -kvu says",
         (
-            opt("--rope-scaling", value="TYPE", env="LLAMA_ARG_ROPE_SCALING_TYPE"),
-            *(
-                opt(f"--{name}", env=f"LLAMA_ARG_{env}")
-                for name, env in (
-                    ("rope-scale", "ROPE_SCALE"),
-                    ("rope-freq-base", "ROPE_FREQ_BASE"),
-                    ("rope-freq-scale", "ROPE_FREQ_SCALE"),
-                    ("yarn-orig-ctx", "YARN_ORIG_CTX"),
-                    ("yarn-ext-factor", "YARN_EXT_FACTOR"),
-                    ("yarn-attn-factor", "YARN_ATTN_FACTOR"),
-                    ("yarn-beta-slow", "YARN_BETA_SLOW"),
-                    ("yarn-beta-fast", "YARN_BETA_FAST"),
-                )
-            ),
-            opt("--override-kv", value="KEY=TYPE:VALUE"),
             opt("-ot", "--override-tensor", value="PATTERN=TYPE", env="LLAMA_ARG_OVERRIDE_TENSOR"),
             switch("-cmoe", "--cpu-moe", env="LLAMA_ARG_CPU_MOE"),
             opt("-ncmoe", "--n-cpu-moe", env="LLAMA_ARG_N_CPU_MOE", parse=int, ok=_is(0)),
@@ -1129,7 +1342,6 @@ GROUPS: tuple[Group, ...] = (
             opt("--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", parse=int, ok=_is(0)),
             opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
             switch("-sp", "--special", help="special tokens render empty in generated text"),
-            opt("--sleep-idle-seconds", value="SECONDS", parse=int, ok=_is(-1)),
             opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
             opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
             opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
@@ -1137,8 +1349,6 @@ GROUPS: tuple[Group, ...] = (
             opt("--mcp-servers-json", value="JSON", env="LLAMA_ARG_MCP_SERVERS_JSON"),
             switch("-ag", "--agent", neg=("-no-ag", "--no-agent"), env="LLAMA_ARG_AGENT", ok=_off),
             switch("--completion-bash"),
-            opt("--models-dir", value="PATH", env="LLAMA_ARG_MODELS_DIR", help="the router mode"),
-            opt("--models-preset", value="PATH", env="LLAMA_ARG_MODELS_PRESET", help="the router mode"),
         ),
     ),
     # ---- llamactor's own ----------------------------------------------------------------

@@ -114,6 +114,9 @@ _SAMPLE_VALUES = {
     "--dry-sequence-breaker": "x",
     "--seed": "7",
     "--lora-scaled": "a.gguf:0.5",
+    "--rope-scaling": "yarn",
+    "--override-kv": "general.name=str:x",
+    "--control-vector-scaled": "a.gguf:0.5",
     "--spec-type": "ngram-simple",
 }
 
@@ -158,6 +161,17 @@ def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
         assert flag in str(info.value)
     opts = _parse(["--spec-type", "none", "-ncmoe", "0", "--cache-reuse", "0", "--no-webui"])
     assert opts.ignored == () and opts.config.webui is False
+
+
+def test_router_mode_and_sleep_flags_are_built():
+    """llama-server's router mode and sleeping flags are built (tests/test_router_mode.py): none
+    is refused; without -m they make the server a router, with -m the router's are ignored."""
+    argv = ["--models-dir", "d", "--models-preset", "p.ini", "--models-max", "2", "--no-models-autoload"]
+    opts = _parse([*argv, "--sleep-idle-seconds", "30"], {"LLAMA_ARG_MODELS_AUTOLOAD": "1"})
+    assert opts.router and opts.ignored == () and opts.config.sleep_idle_seconds == 30
+    assert (opts.models_dir, opts.models_preset, opts.models_max, opts.models_autoload) == ("d", "p.ini", 2, False)
+    single = _parse(["-m", "x.gguf", *argv])
+    assert not single.router and [flag for flag, _ in single.ignored] == argv[::2]  # each flag, not its value
 
 
 def test_variables_and_command_line_precedence():
@@ -346,8 +360,8 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
     message naming it (and its variable, when that is how it came)."""
     cases = [
         (
-            ["--control-vector", "a.gguf", "--hf-repo-draft", "org/draft"],
-            ["--control-vector is not supported", "--hf-repo-draft is not supported"],
+            ["--override-tensor", "exps=CPU", "--hf-repo-draft", "org/draft"],
+            ["--override-tensor is not supported", "--hf-repo-draft is not supported"],
         ),
         (["--cache-reuse", "256"], ["--cache-reuse is not supported"]),
         (["-hf", "org/model"], ["-hf is not supported: llamactor never downloads models"]),
@@ -361,9 +375,9 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
         [*LLAMACTOR, "serve", "-m", str(tiny_model)],
         capture_output=True,
         timeout=60,
-        env={**os.environ, "LLAMA_ARG_MMPROJ": "m.gguf"},
+        env={**os.environ, "LLAMA_ARG_MMPROJ_URL": "http://host/m.gguf"},
     )
-    assert proc.returncode == 2 and "LLAMA_ARG_MMPROJ is not supported" in proc.stderr.decode()
+    assert proc.returncode == 2 and "LLAMA_ARG_MMPROJ_URL is not supported" in proc.stderr.decode()
     proc = subprocess.run([*LLAMACTOR, "serve", "--version"], capture_output=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.decode().startswith("llamactor ")
 

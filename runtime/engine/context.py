@@ -27,12 +27,14 @@ import numpy as np
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.plan import StepPlan
 from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, Blackbox, engine_blackbox
+from llamactor.runtime.engine.controlvector import ControlVector
 from llamactor.runtime.engine.draftmodel import make_drafter
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.kv import SequenceKV
 from llamactor.runtime.engine.logits import RowSampler
 from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.output import Output, StepResult
+from llamactor.runtime.engine.overrides import RopeOptions
 from llamactor.runtime.engine.profiler import GroupProfile
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.engine.sampling import argmax_biases, build_chain
@@ -60,6 +62,8 @@ class ContextOptions:
     context_shift: bool = False  # a generation at the end of its context drops old tokens
     spec: SpecOptions | None = None  # speculative decoding; None: off, and the step pays nothing
     vision: Vision | None = None  # --mmproj: the projector a prompt's images are decoded with (shared)
+    rope: RopeOptions = RopeOptions()  # --rope-*/--yarn-*: the model's own unless set (its draft context too)
+    control_vector: ControlVector | None = None  # --control-vector: set on this context when it is made
 
 
 class Context:
@@ -81,7 +85,14 @@ class Context:
             flash_attn_type=opts.flash_attn,
             type_k=opts.type_k,
             type_v=opts.type_v,
+            **opts.rope.settings(),
         )
+        if opts.control_vector is not None:
+            try:
+                opts.control_vector.apply(self.ptr)
+            except BaseException:
+                self.close()
+                raise
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ptr)
         # this group's draft source (a draft model gets its own context here, one per group)
         self.drafter: Drafter | None = None

@@ -93,6 +93,7 @@ class DraftContext:
             n_threads_batch=ctx_opts.n_threads_batch,
             kv_unified=ctx_opts.kv_unified,
             flash_attn_type=ctx_opts.flash_attn,
+            **ctx_opts.rope.settings(),  # as llama-server's draft context (no control vector: another model)
         )
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = llama_cpp.llama_n_batch(self.ptr)

@@ -28,8 +28,6 @@ Called from one worker thread at a time (the owning ``EmbeddingActor``); never f
 
 from __future__ import annotations
 
-import mmap
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,10 @@ import numpy as np
 
 from llamactor.protocol.errors import ConfigError, EngineError
 from llamactor.runtime.engine.batch import OwnedBatch
+from llamactor.runtime.engine.controlvector import ControlVector
+from llamactor.runtime.engine.gguffile import gguf_tensor_names
 from llamactor.runtime.engine.model import Model, open_context
+from llamactor.runtime.engine.overrides import RopeOptions
 
 POOLING_CODES = {
     "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
@@ -60,6 +61,8 @@ class EmbeddingOptions:
     n_threads: int
     pooling: str = ""  # "" = the model's own (llama.cpp: none for generative models)
     flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    rope: RopeOptions = RopeOptions()  # --rope-*/--yarn-*, as the groups' contexts
+    control_vector: ControlVector | None = None  # --control-vector, as the groups' contexts
 
 
 class EmbeddingContext:
@@ -84,7 +87,14 @@ class EmbeddingContext:
             embeddings=True,
             pooling_type=pooling,
             flash_attn_type=opts.flash_attn,
+            **opts.rope.settings(),
         )
+        if opts.control_vector is not None:
+            try:
+                opts.control_vector.apply(self.ptr)
+            except BaseException:
+                self.close()
+                raise
         self.memory = llama_cpp.llama_get_memory(self.ptr)  # NULL for encoder-only models (BERT)
         self.pooling = POOLING_NAMES[llama_cpp.llama_pooling_type(self.ptr)]
         if self.pooling == "rank" and not has_classifier_head(model.path):
@@ -195,52 +205,6 @@ def rerank_tokens(model: Model, query: str, document: str) -> list[int]:
     if add_eos:
         out.append(eos)
     return out
-
-
-# ---- GGUF header (which tensors the file holds: llama.cpp offers no API for it) -----------
-
-_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # type -> bytes
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def gguf_tensor_names(path: str | Path) -> list[str]:
-    """The tensor names in a GGUF file's header (v2/v3, little-endian), skipping the metadata."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ConfigError(f"{path} is not a GGUF file")
-        n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
-        off = 24
-
-        def string(at: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, at)
-            return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", "replace"), at + 8 + n
-
-        def skip(kind: int, at: int) -> int:
-            if kind in _GGUF_SCALAR:
-                return at + _GGUF_SCALAR[kind]
-            if kind == _GGUF_STRING:
-                return at + 8 + struct.unpack_from("<Q", buf, at)[0]
-            if kind == _GGUF_ARRAY:
-                inner, count = struct.unpack_from("<IQ", buf, at)
-                at += 12
-                if inner in _GGUF_SCALAR:
-                    return at + count * _GGUF_SCALAR[inner]
-                for _ in range(count):
-                    at = skip(inner, at)
-                return at
-            raise ConfigError(f"{path}: unknown GGUF metadata type {kind}")
-
-        for _ in range(n_kv):
-            _, off = string(off)
-            (kind,) = struct.unpack_from("<I", buf, off)
-            off = skip(kind, off + 4)
-        names = []
-        for _ in range(n_tensors):
-            name, off = string(off)
-            (n_dims,) = struct.unpack_from("<I", buf, off)
-            off += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
-            names.append(name)
-        return names
 
 
 def has_classifier_head(path: str | Path) -> bool:

@@ -19,20 +19,39 @@ from typing import Any
 import llama_cpp
 
 from llamactor.protocol.errors import ConfigError, EngineError, RequestError
+from llamactor.runtime.engine.overrides import KvOverride, kv_override_array
 
 PIECE_BUFFER_BYTES = 256
+GGML_LOG_LEVEL_ERROR = 4
 _backend_lock = threading.Lock()
 _backend_ready = False
+# The error lines llama.cpp logs while this thread loads a model (None: not loading). The log
+# callback runs on the thread that called into llama.cpp, so each load sees its own lines.
+_load_errors = threading.local()
 
 
 @functools.cache
 def _silent_log_callback():
-    # llama.cpp logs every load detail to stderr; keep the callback object alive forever.
+    # llama.cpp logs every load detail to stderr; keep the callback object alive forever. Its
+    # errors during a model load are kept: they say why the load failed.
     @llama_cpp.llama_log_callback
     def _drop(level, text, user_data):
+        lines = getattr(_load_errors, "lines", None)
+        if lines is not None and level == GGML_LOG_LEVEL_ERROR:
+            lines.append(text.decode("utf-8", "replace").strip())
         return None
 
     return _drop
+
+
+def _load_error(lines: list[str]) -> str:
+    """llama.cpp's reason for a failed load, from its error lines ("" when it logged none):
+    its "error loading model: ..." line, else its first error line."""
+    for line in lines:
+        _, found, why = line.partition("error loading model: ")
+        if found:
+            return why
+    return lines[0] if lines else ""
 
 
 def init_backend(*, quiet: bool = True) -> None:
@@ -58,6 +77,7 @@ class LoadOptions:
     devices: ctypes.Array[Any] | None = None
     vocab_only: bool = False  # the tokenizer and metadata without weights (the API process of an isolated engine)
     graph_reuse: bool = True  # False: its contexts get llama.cpp's graph reuse off (see open_context)
+    kv_overrides: tuple[KvOverride, ...] = ()  # --override-kv: metadata read instead of the file's
 
 
 @dataclass(frozen=True)
@@ -91,11 +111,20 @@ class Model:
         if options.devices is not None:
             self._devices = options.devices  # keep the array alive as long as the model
             params.devices = ctypes.cast(options.devices, ctypes.c_void_p)
+        if options.kv_overrides:
+            self._kv_overrides = kv_override_array(options.kv_overrides)  # alive as long as the model
+            params.kv_overrides = ctypes.cast(self._kv_overrides, ctypes.POINTER(llama_cpp.llama_model_kv_override))
         self.path = path
         self.graph_reuse = options.graph_reuse
-        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        _load_errors.lines = []
+        try:
+            self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        finally:
+            errors, _load_errors.lines = _load_errors.lines, None
         if not self.ptr:
-            raise ConfigError(f"llama.cpp could not load the model: {path}")
+            why = " (with the --override-kv values given)" if options.kv_overrides else ""
+            reason = _load_error(errors)
+            raise ConfigError(f"llama.cpp could not load the model: {path}{why}" + (f": {reason}" if reason else ""))
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +62,7 @@ from llamactor.runtime.http.responses import (
     generation_settings,
 )
 from llamactor.runtime.http.slots import slot_action_json, slots_json
-from llamactor.runtime.service.config import MAX_BODY_BYTES, route_prefix
+from llamactor.runtime.service.config import MAX_BODY_BYTES, RuntimeConfig, route_prefix
 from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.service.infill import check_fim
@@ -221,7 +221,7 @@ class Api:
             "bos_token": model.token_text(model.bos) if model.bos >= 0 else "",
             "eos_token": model.token_text(model.eos) if model.eos >= 0 else "",
             "build_info": "llamactor",
-            "is_sleeping": False,
+            "is_sleeping": self.rt.engine_status().state == "sleeping",  # --sleep-idle-seconds
             "cors_proxy_enabled": False,
             "infill": model.fim_tokens().mid >= 0,  # llamactor's: /infill serves this model
         }
@@ -501,72 +501,74 @@ def _anthropic_error_frame(exc: BaseException) -> bytes:
     return named_frame(("error", anthropic_error_body(exc)))
 
 
-def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
-    """The app of ``rt``; every route is under ``config.api_prefix`` (llama-server prepends its
-    --api-prefix to each path, the page's included; the page asks for the rest by relative URLs)."""
-    api = Api(rt)
-    prefix = route_prefix(rt.config.api_prefix)
+# The routes of one model: (path, the ``Api`` method that serves it, its HTTP methods). The
+# router mode serves the same table, each request sent to the Api of the model it names
+# (``runtime.http.router``).
+MODEL_ROUTES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("/health", "health", ("GET",)),
+    ("/v1/health", "health", ("GET",)),
+    ("/v1/models", "models", ("GET",)),
+    ("/models", "models", ("GET",)),
+    ("/props", "props", ("GET",)),
+    ("/props", "set_props", ("POST",)),
+    ("/lora-adapters", "lora_adapters", ("GET",)),
+    ("/lora-adapters", "set_lora_adapters", ("POST",)),
+    ("/infill", "infill", ("POST",)),
+    ("/completion", "completion", ("POST",)),
+    ("/completions", "completion", ("POST",)),
+    ("/v1/completions", "completions", ("POST",)),
+    ("/v1/chat/completions", "chat", ("POST",)),
+    ("/chat/completions", "chat", ("POST",)),
+    ("/v1/responses", "responses", ("POST",)),
+    ("/responses", "responses", ("POST",)),
+    ("/v1/messages", "messages", ("POST",)),
+    ("/v1/messages/count_tokens", "count_tokens", ("POST",)),
+    ("/apply-template", "apply_template", ("POST",)),
+    ("/v1/chat/completions/input_tokens", "chat_input_tokens", ("POST",)),
+    ("/chat/completions/input_tokens", "chat_input_tokens", ("POST",)),
+    ("/v1/responses/input_tokens", "responses_input_tokens", ("POST",)),
+    ("/responses/input_tokens", "responses_input_tokens", ("POST",)),
+    ("/tokenize", "tokenize", ("POST",)),
+    ("/detokenize", "detokenize", ("POST",)),
+    ("/slots", "slots", ("GET",)),
+    ("/slots/{id}", "slot_action", ("POST",)),
+    ("/metrics", "metrics", ("GET",)),
+    ("/v1/embeddings", "embeddings_oai", ("POST",)),
+    ("/embeddings", "embeddings_native", ("POST",)),
+    ("/embedding", "embeddings_native", ("POST",)),
+    ("/rerank", "rerank", ("POST",)),
+    ("/reranking", "rerank", ("POST",)),
+    ("/v1/rerank", "rerank", ("POST",)),
+    ("/v1/reranking", "rerank", ("POST",)),
+    ("/live", "live", ("GET",)),
+)
 
-    def route(path: str, fn: Any, methods: list[str]) -> Route:
-        errors = errors_for(path)
 
-        async def endpoint(request: Request) -> Response:
-            placement: list[str] = []
-            token = served_by.set(placement)  # a replica set writes the replica that serves
-            try:
-                response = await fn(request)
-            except Exception as exc:
-                return errors(exc)
-            finally:
-                served_by.reset(token)
-            if placement:
-                response.headers["x-llamactor-replica"] = placement[0]
-            return response
+def make_route(prefix: str, path: str, fn: Callable[[Request], Awaitable[Response]], methods: Sequence[str]) -> Route:
+    """``fn`` served at ``prefix + path``: any error it raises answered in the path's shape
+    (``errors_for``), and the replica that served it (a replica set's) in a response header."""
+    errors = errors_for(path)
 
-        return Route(prefix + path, endpoint, methods=methods)
+    async def endpoint(request: Request) -> Response:
+        placement: list[str] = []
+        token = served_by.set(placement)  # a replica set writes the replica that serves
+        try:
+            response = await fn(request)
+        except Exception as exc:
+            return errors(exc)
+        finally:
+            served_by.reset(token)
+        if placement:
+            response.headers["x-llamactor-replica"] = placement[0]
+        return response
 
-    routes = [
-        route("/health", api.health, ["GET"]),
-        route("/v1/health", api.health, ["GET"]),
-        route("/v1/models", api.models, ["GET"]),
-        route("/models", api.models, ["GET"]),
-        route("/props", api.props, ["GET"]),
-        route("/props", api.set_props, ["POST"]),
-        route("/lora-adapters", api.lora_adapters, ["GET"]),
-        route("/lora-adapters", api.set_lora_adapters, ["POST"]),
-        route("/infill", api.infill, ["POST"]),
-        route("/completion", api.completion, ["POST"]),
-        route("/completions", api.completion, ["POST"]),
-        route("/v1/completions", api.completions, ["POST"]),
-        route("/v1/chat/completions", api.chat, ["POST"]),
-        route("/chat/completions", api.chat, ["POST"]),
-        *(route(path, api.responses, ["POST"]) for path in ("/v1/responses", "/responses")),
-        route("/v1/messages", api.messages, ["POST"]),
-        route("/v1/messages/count_tokens", api.count_tokens, ["POST"]),
-        route("/apply-template", api.apply_template, ["POST"]),
-        *(
-            route(path, api.chat_input_tokens, ["POST"])
-            for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens")
-        ),
-        *(
-            route(path, api.responses_input_tokens, ["POST"])
-            for path in ("/v1/responses/input_tokens", "/responses/input_tokens")
-        ),
-        route("/tokenize", api.tokenize, ["POST"]),
-        route("/detokenize", api.detokenize, ["POST"]),
-        route("/slots", api.slots, ["GET"]),
-        route("/slots/{id}", api.slot_action, ["POST"]),
-        route("/metrics", api.metrics, ["GET"]),
-        route("/v1/embeddings", api.embeddings_oai, ["POST"]),
-        route("/embeddings", api.embeddings_native, ["POST"]),
-        route("/embedding", api.embeddings_native, ["POST"]),
-        *(route(path, api.rerank, ["POST"]) for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
-        route("/live", api.live, ["GET"]),
-    ]
-    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server
-        page = Page()
-        routes += [route(path, page.index, ["GET"]) for path in PAGE_PATHS]
-        routes.append(route(ASSET_PATH, page.asset, ["GET"]))
+    return Route(prefix + path, endpoint, methods=list(methods))
+
+
+def app_around(config: RuntimeConfig, routes: list[Route], *, lifespan: Any = None) -> Starlette:
+    """A Starlette app of ``routes`` with the server's middleware (CORS, the API key) and its
+    404/405 answers, as ``config`` (--cors-*, --api-key, --api-prefix) asks."""
+    prefix = route_prefix(config.api_prefix)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         path = request.url.path
@@ -582,13 +584,26 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         middleware=[  # CORS first: a preflight needs no key, and a 401 still carries Allow-Origin
             Middleware(
                 Cors,
-                origins=rt.config.cors_origins,
-                methods=rt.config.cors_methods,
-                headers=rt.config.cors_headers,
-                credentials=rt.config.cors_credentials,
+                origins=config.cors_origins,
+                methods=config.cors_methods,
+                headers=config.cors_headers,
+                credentials=config.cors_credentials,
             ),
-            Middleware(_ApiKey, key=rt.config.api_key, more=rt.config.api_keys, prefix=prefix),
+            Middleware(_ApiKey, key=config.api_key, more=config.api_keys, prefix=prefix),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )
+
+
+def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
+    """The app of ``rt``; every route is under ``config.api_prefix`` (llama-server prepends its
+    --api-prefix to each path, the page's included; the page asks for the rest by relative URLs)."""
+    api = Api(rt)
+    prefix = route_prefix(rt.config.api_prefix)
+    routes = [make_route(prefix, path, getattr(api, name), methods) for path, name, methods in MODEL_ROUTES]
+    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server
+        page = Page()
+        routes += [make_route(prefix, path, page.index, ["GET"]) for path in PAGE_PATHS]
+        routes.append(make_route(prefix, ASSET_PATH, page.asset, ["GET"]))
+    return app_around(rt.config, routes, lifespan=lifespan)

