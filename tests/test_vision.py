@@ -113,6 +113,18 @@ def test_props_say_vision(server: str):
     assert props["media_marker"] == "<__media__>"
 
 
+def test_token_counts_count_the_image_positions(server: str):
+    """The token counters render and tokenize as a request does: an image counts its positions."""
+    _, body = REQUESTS["anthropic"]
+    counted = _post(server, "/v1/messages/count_tokens", {"model": "m", "messages": body["messages"]})
+    assert counted.status_code == 200, counted.text
+    usage = _post(server, "/v1/messages", body).json()["usage"]
+    assert counted.json()["input_tokens"] == usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    _, chat = REQUESTS["chat"]
+    n = _post(server, "/v1/chat/completions/input_tokens", {"messages": chat["messages"]}).json()
+    assert n["input_tokens"] == _post(server, "/v1/chat/completions", chat).json()["usage"]["prompt_tokens"]
+
+
 # ---- the prompt cache --------------------------------------------------------------------------
 
 
@@ -214,8 +226,9 @@ def test_a_projector_for_another_model_stops_startup(vision_files: tuple[Path, P
     done = subprocess.run(argv, capture_output=True, timeout=STARTUP_TIMEOUT_S)
     assert done.returncode == 2, done.stderr.decode()
     assert "mismatch between text model (n_embd = 64) and mmproj (n_embd = 48)" in done.stderr.decode()
-    missing = subprocess.run([*argv[:-4], "--mmproj", str(tmp_path / "nope.gguf")], capture_output=True, timeout=30)
-    assert missing.returncode == 2 and "--mmproj" in missing.stderr.decode()
+    argv = [*LLAMACTOR, "serve", "-m", str(model), "--mmproj", str(tmp_path / "nope.gguf"), "--port", str(free_port())]
+    missing = subprocess.run(argv, capture_output=True, timeout=30)
+    assert missing.returncode == 2 and "--mmproj: multimodal projector file not found" in missing.stderr.decode()
 
 
 # ---- stand-ins and the prefix rule -----------------------------------------------------------------

@@ -125,7 +125,7 @@ class Vision:
         self.ptr: Any = ptr
         self.path = path
         self.model = model
-        self.marker: str = (mtmd.mtmd_default_marker() or b"<__media__>").decode()
+        self.marker: str = (mtmd.mtmd_get_marker(ptr) or mtmd.mtmd_default_marker()).decode()
         self.vision = bool(mtmd.mtmd_support_vision(ptr))
         self.audio = bool(mtmd.mtmd_support_audio(ptr))
         self.keys = MediaKeys()
@@ -139,10 +139,18 @@ class Vision:
     # ---- admission ------------------------------------------------------------------------
 
     def tokenize(
-        self, text: str, files: Sequence[bytes], *, add_special: bool = True, parse_special: bool = True
+        self,
+        text: str,
+        files: Sequence[bytes],
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+        n_ubatch: int = 0,
     ) -> tuple[list[int], tuple[MediaChunk, ...]]:
         """The tokens of ``text`` with each media marker replaced by the next file of
-        ``files``, and the images' chunks. RequestError names what is wrong with the input."""
+        ``files``, and the images' chunks. RequestError names what is wrong with the input.
+        ``n_ubatch``: the contexts' physical batch, which an image decoded with non-causal
+        attention (Gemma 3's) must fit in whole (0: not checked)."""
         markers = text.count(self.marker)
         if markers != len(files):
             raise RequestError(
@@ -150,9 +158,11 @@ class Vision:
                 f"but {len(files)} image{'s were' if len(files) != 1 else ' was'} given: each image takes the "
                 "place of one marker"
             )
-        bitmaps = [self._bitmap(data, i, len(files)) for i, data in enumerate(files)]
+        bitmaps: list[Any] = []
         chunks = mtmd.mtmd_input_chunks_init()
         try:
+            for i, data in enumerate(files):
+                bitmaps.append(self._bitmap(data, i, len(files)))
             raw = text.encode("utf-8")
             inp = mtmd.mtmd_input_text(raw, len(raw), add_special, parse_special)
             array = (mtmd.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
@@ -160,7 +170,7 @@ class Vision:
             if rc != 0:
                 why = {1: "the media markers and the images do not pair up", 2: "an image could not be preprocessed"}
                 raise RequestError(f"the prompt with its images could not be tokenized: {why.get(rc, f'status {rc}')}")
-            return self._read(chunks, files)
+            return self._read(chunks, files, n_ubatch)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             for bitmap in bitmaps:
@@ -180,7 +190,7 @@ class Vision:
         mtmd.mtmd_bitmap_set_id(bitmap, str(index).encode())
         return bitmap
 
-    def _read(self, chunks: Any, files: Sequence[bytes]) -> tuple[list[int], tuple[MediaChunk, ...]]:
+    def _read(self, chunks: Any, files: Sequence[bytes], n_ubatch: int) -> tuple[list[int], tuple[MediaChunk, ...]]:
         tokens: list[int] = []
         media: list[MediaChunk] = []
         parts: dict[int, int] = {}  # file index -> image chunks seen of it
@@ -202,6 +212,11 @@ class Vision:
                 digests[index] = hashlib.sha256(files[index]).hexdigest()
             n_pos = mtmd.mtmd_input_chunk_get_n_pos(chunk)
             n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+            if 0 < n_ubatch < n_tokens and mtmd.mtmd_decode_use_non_causal(self.ptr, chunk):
+                raise RequestError(
+                    f"image {index + 1} makes {n_tokens} embeddings, decoded at once (non-causal attention): "
+                    f"more than the physical batch, --ubatch-size {n_ubatch}"
+                )
             media.append(MediaChunk(pos=len(tokens), n_pos=n_pos, n_tokens=n_tokens, data=files[index], part=part))
             tokens.extend([self.keys.standin(digests[index], part)] * n_pos)
         if media and media[-1].end == len(tokens):

@@ -189,7 +189,7 @@ class Admission:
             raise RequestError("multimodal_data: images go with a text prompt holding their media markers")
         vision = self.vision
         tokens, media = await anyio.to_thread.run_sync(
-            lambda: vision.tokenize(prompt, files, add_special=req.add_special)
+            lambda: vision.tokenize(prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch)
         )
         self.check_length(tokens)
         return tokens, media
