@@ -164,6 +164,7 @@ class ReplicaServer:
             self._runner.result()
             raise RuntimeError("the engine stopped before it was ready")
         self._mux = _Mux()
+        self._serving: dict[int, Any] = {}  # the prompts of the requests in it (their slots hold them)
         self._me = serve.get_replica_context().replica_id.unique_id
         self._stats: dict[str, Any] = {}
         self._changed = asyncio.Event()
@@ -200,10 +201,11 @@ class ReplicaServer:
         wire = _wire_task.decode(task)
         sink: Any = _Sink(self._mux, wire.id)
         spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
+        self._serving[wire.id] = prompt = wire.tokens()
 
         def submit() -> None:
             try:
-                engine.submit(Task(prompt=wire.tokens(), sink=sink, arrived=time.perf_counter(), **spec))
+                engine.submit(Task(prompt=prompt, sink=sink, arrived=time.perf_counter(), **spec))
             except LlamactorError as exc:
                 sink.send_nowait(Failed.of(exc))
                 sink.close()
@@ -212,6 +214,7 @@ class ReplicaServer:
         try:
             await sink.finished.wait()
         finally:
+            del self._serving[wire.id]
             if not sink.finished.is_set():
                 self._mux.forget(wire.id)
                 self._loop.call_soon_threadsafe(engine.cancel, wire.id)
@@ -291,7 +294,9 @@ class ReplicaServer:
             return {}
         snap = engine.supervisor.snapshot()
         blocks: list[int] = []
-        for tokens in reversed(engine.held_prompts()):
+        # the prompts of the requests in it (their slots' tokens are known only once each ends),
+        # then what its slots and its RAM cache hold, the newest first
+        for tokens in [*list(self._serving.values()), *reversed(engine.held_prompts())]:
             blocks += block_hashes(tokens)
             if len(blocks) >= MAX_HELD_BLOCKS:
                 break
@@ -395,6 +400,8 @@ class CacheRouter(_Targeted, RequestRouter):
         self.loads: dict[str, ReplicaLoad] = {}
         self.rng = random.Random(kwargs.get("seed"))
         self.where: dict[str, str] = {}  # Ray's request id -> the replica it went to, until it ends
+        self.requests: dict[int, str] = {}  # submission id (``Route.task_id``) -> Ray's request id
+        self.lock = threading.Lock()  # the ingress says when a request ended, from its own loop
         self.guessed: dict[str, tuple[str, float]] = {}  # Ray's request id -> (replica chosen first, when)
         self.reported: dict[str, dict[str, Any]] = {}  # replica id -> its latest stats (the ingress writes)
         self._register()
@@ -428,7 +435,8 @@ class CacheRouter(_Targeted, RequestRouter):
             if request_id not in self.guessed:
                 first = ranks[0][0]
                 loads[first].sent(route.blocks, now)
-                loads[first].in_flight += 1
+                with self.lock:
+                    loads[first].in_flight += 1
                 self.guessed[request_id] = (first, now)
         return [[by_id[rid] for rid in rank] for rank in ranks]
 
@@ -439,20 +447,31 @@ class CacheRouter(_Targeted, RequestRouter):
         request_id = pending_request.metadata.internal_request_id
         guess, at = self.guessed.pop(request_id, ("", 0.0))
         rid = replica_id.unique_id
-        self.where[request_id] = rid
-        if guess == rid:
-            return
-        if guess in self.loads:
-            self.loads[guess].unsent(at)
-            self.loads[guess].in_flight = max(0, self.loads[guess].in_flight - 1)
-        load = self.loads.setdefault(rid, ReplicaLoad())
-        load.sent(route.blocks, time.time())
-        load.in_flight += 1
+        with self.lock:
+            self.where[request_id] = rid
+            self.requests[route.task_id] = request_id
+            if guess == rid:
+                return
+            if guess in self.loads:
+                self.loads[guess].unsent(at)
+                self.loads[guess].ended()
+            load = self.loads.setdefault(rid, ReplicaLoad())
+            load.sent(route.blocks, time.time())
+            load.in_flight += 1
 
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
-        rid = self.where.pop(internal_request_id, None)
-        if rid is not None and rid in self.loads:
-            self.loads[rid].ended()
+        with self.lock:
+            rid = self.where.pop(internal_request_id, None)
+            if rid is not None and rid in self.loads:
+                self.loads[rid].ended()
+
+    def finished(self, sid: int) -> None:
+        """Submission ``sid`` ended (the ingress says so as its last events arrive: Ray hears of
+        it only with the answer to its call, which may come after the client sent its next turn)."""
+        with self.lock:
+            request_id = self.requests.pop(sid, None)
+        if request_id is not None:
+            self.on_request_completed(None, request_id)
 
     def on_replica_actor_died(self, replica_id: Any) -> None:
         super().on_replica_actor_died(replica_id)

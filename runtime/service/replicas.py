@@ -300,6 +300,7 @@ class ReplicaSet:
                         )
                         return
                     lost = _first_line(exc)
+            self._finished(sid)  # (its Ray call ended too: the router's own count agrees)
             if sub.scope.cancel_called:
                 lost = sub.lost  # the replica's events stream was lost (else: the client left)
             if not lost:
@@ -345,6 +346,12 @@ class ReplicaSet:
             sub.lost = why
             sub.scope.cancel()
 
+    def _finished(self, sid: int) -> None:
+        """The router counts submission ``sid`` as ended (its slot is free for the next turn)."""
+        finished = getattr(self._router(), "finished", None)
+        if finished is not None:
+            finished(sid)
+
     def _placed(self, sub: _Sub, replica: str, epoch: int) -> None:
         """Where ``sub`` is served, known (the response header names it)."""
         sub.replica, sub.epoch = replica, epoch
@@ -366,6 +373,7 @@ class ReplicaSet:
         for sid in msg.ended:
             sub = self._subs.pop(sid, None)
             if sub is not None:
+                self._finished(sid)
                 sub.ended.set()
                 ended.append(sub.entry.task.id)
         deliveries, resumed = self.journal.deliver(link.Events(tuple(events)), time.perf_counter())

@@ -30,7 +30,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-BLOCK = 64  # tokens per hashed block
+BLOCK = 16  # tokens per hashed block (vLLM's default KV block): a chat turn of ~80 tokens spans
+# several, so the blocks that tell two conversations apart are whole (at 64 a turn's own tokens
+# mostly sat in a partial block, and conversations sharing a system prompt looked alike)
 RECENT_S = 10.0  # what the router sent to a replica counts as cached there at most this long
 SETTLE_S = 2.0  # ... and until a report taken this long after it (it is in the replica's slots by then)
 
@@ -106,13 +108,8 @@ class ReplicaLoad:
         self._forget(now)
 
     def ended(self) -> None:
-        """A request this router sent here ended: one fewer there from now, not only from the
-        next report on (a conversation's next turn, sent at once, would find its replica full)."""
+        """A request this router sent here ended."""
         self.in_flight = max(0, self.in_flight - 1)
-        if self.queued:
-            self.queued -= 1  # a waiting one takes the slot
-        else:
-            self.busy = max(0, self.busy - 1)
 
     def sent(self, blocks: tuple[int, ...], now: float) -> None:
         self.recent.append((now, frozenset(blocks)))
@@ -140,9 +137,11 @@ class ReplicaLoad:
 
     @property
     def requests(self) -> int:
-        """Requests there: those this router has in flight there (exact, for one ingress) or
-        those the replica reported (other ingresses' too), whichever is more."""
-        return max(self.busy + self.queued, self.in_flight)
+        """Requests there: those this router has in flight there. Exact: a replica set's
+        replicas serve its one ingress, and the router hears of each request's start and end at
+        once (a report is up to half a second old: taken as a turn starts, it still showed the
+        replica full when the conversation's next turn came)."""
+        return self.in_flight
 
     @property
     def held(self) -> int:
