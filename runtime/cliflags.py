@@ -1150,9 +1150,17 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Multimodal",
         Use.CONFIG,
-        "image input: image_url parts, Anthropic image blocks, the native prompt's multimodal_data",
+        "image input: image_url parts (data:, http(s):// and, with --media-path, file:// URLs), Anthropic "
+        "image blocks, Responses input_image parts, the native prompt's multimodal_data",
         (
             opt("-mm", "--mmproj", field="mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
+            opt(
+                "--media-path",
+                field="media_path",
+                value="PATH",
+                help="directory file:// image URLs are read from (paths relative to it, never out of it); "
+                "default: file:// URLs refused",
+            ),
             switch(
                 "--mmproj-offload",
                 neg=("--no-mmproj-offload",),
@@ -1286,12 +1294,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Multimodal sources",
         Use.REFUSE,
-        "llamactor downloads nothing and reads no media files: a projector is a local file (--mmproj), "
-        "images come in the request",
-        (
-            opt("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL"),
-            opt("--media-path", value="PATH"),
-        ),
+        "llamactor downloads no projector: a projector is a local file (--mmproj)",
+        (opt("-mmu", "--mmproj-url", value="URL", env="LLAMA_ARG_MMPROJ_URL"),),
     ),
     Group(
         "Model sources",

@@ -139,7 +139,11 @@ BAD = [
     ),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "input[0].content[0]: only input_text and text parts are supported",
+        "image input needs a multimodal projector: this server was started without --mmproj",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+        "input[0].content[0]: only input_text, text and input_image parts are supported, got 'input_file'",
     ),
     (
         {"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},

@@ -164,7 +164,11 @@ def test_bad_image_input_is_a_400_and_the_server_goes_on(server: str):
     png = base64.b64encode(IMAGE).decode()
     cases = [
         (_chat(server, [_image_part(b"this is not an image"), {"type": "text", "text": "?"}]), "not an image"),
-        (_chat(server, [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]), "data: URLs"),
+        (_chat(server, [{"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}]), "file:// URLs"),
+        (
+            _chat(server, [{"type": "image_url", "image_url": {"url": "file://a.png"}}]),
+            "not allowed unless --media-path is specified",
+        ),
         (_chat(server, [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]), "base64"),
         (
             _post(

@@ -146,11 +146,13 @@ class Vision:
         add_special: bool = True,
         parse_special: bool = True,
         n_ubatch: int = 0,
+        names: Sequence[str] = (),
     ) -> tuple[list[int], tuple[MediaChunk, ...]]:
         """The tokens of ``text`` with each media marker replaced by the next file of
         ``files``, and the images' chunks. RequestError names what is wrong with the input.
         ``n_ubatch``: the contexts' physical batch, which an image decoded with non-causal
-        attention (Gemma 3's) must fit in whole (0: not checked)."""
+        attention (Gemma 3's) must fit in whole (0: not checked). ``names``: where each file
+        came from (its URL; "" for none), said in errors."""
         markers = text.count(self.marker)
         if markers != len(files):
             raise RequestError(
@@ -162,7 +164,7 @@ class Vision:
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             for i, data in enumerate(files):
-                bitmaps.append(self._bitmap(data, i, len(files)))
+                bitmaps.append(self._bitmap(data, i, len(files), names[i] if i < len(names) else ""))
             raw = text.encode("utf-8")
             inp = mtmd.mtmd_input_text(raw, len(raw), add_special, parse_special)
             array = (mtmd.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
@@ -176,17 +178,18 @@ class Vision:
             for bitmap in bitmaps:
                 mtmd.mtmd_bitmap_free(bitmap)
 
-    def _bitmap(self, data: bytes, index: int, count: int) -> Any:
+    def _bitmap(self, data: bytes, index: int, count: int, name: str = "") -> Any:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False) if data else None
+        which = f"image {index + 1} of {count}" + (f" ({name})" if name else "")
         if not bitmap:
             raise RequestError(
-                f"image {index + 1} of {count} is not an image libmtmd can read (png, jpeg, bmp, gif, ...): "
+                f"{which} is not an image libmtmd can read (png, jpeg, bmp, gif, ...): "
                 f"{len(data)} bytes starting {data[:8]!r}"
             )
         if mtmd.mtmd_bitmap_is_audio(bitmap):
             mtmd.mtmd_bitmap_free(bitmap)
-            raise RequestError(f"image {index + 1} of {count} is audio: only image input is supported")
+            raise RequestError(f"{which} is audio: only image input is supported")
         mtmd.mtmd_bitmap_set_id(bitmap, str(index).encode())
         return bitmap
 

@@ -165,14 +165,17 @@ def _message(m: Any, where: str, seen_calls: set[str]) -> list[dict[str, Any]]:
 
 
 def _image_url(source: Any, where: str) -> str:
-    """An image block's ``source`` as an ``image_url`` part's URL (a base64 data URL)."""
+    """An image block's ``source`` as an ``image_url`` part's URL (a base64 data URL, or the
+    ``url`` source's URL, fetched at admission as an ``image_url`` part's is)."""
     if not isinstance(source, Mapping) or source.get("type") not in ("base64", "url"):
-        raise RequestError(f'{where} must be {{"type": "base64", "media_type": ..., "data": ...}}')
+        raise RequestError(
+            f'{where} must be {{"type": "base64", "media_type": ..., "data": ...}} or {{"type": "url", "url": ...}}'
+        )
     if source["type"] == "url":
         url = source.get("url")
         if not isinstance(url, str):
             raise RequestError(f"{where}.url must be a string")
-        return url  # refused unless a data: URL (llamactor downloads nothing)
+        return url
     media_type, data = source.get("media_type", "image/jpeg"), source.get("data")
     if not isinstance(media_type, str) or not isinstance(data, str):
         raise RequestError(f"{where}: media_type and data must be strings")

@@ -3,7 +3,8 @@
 A Responses request is converted into a chat completions request as llama-server's
 ``server_chat_convert_responses_to_chatcmpl`` does: ``instructions`` become a system message,
 ``input`` (a string, or message / function_call / function_call_output / reasoning items)
-becomes the messages, function ``tools`` stay (other tool types are skipped, as there),
+becomes the messages (``input_image`` parts become ``image_url`` parts), function ``tools``
+stay (other tool types are skipped, as there),
 ``max_output_tokens`` is ``max_tokens`` and ``reasoning.effort`` is ``reasoning_effort``;
 ``previous_response_id`` is refused (nothing is stored). Beyond llama-server,
 ``text.format`` (json_schema / json_object) becomes ``response_format`` and a named
@@ -130,6 +131,43 @@ def _text_parts(content: Any, where: str, allowed: tuple[str, ...]) -> str:
     return "".join(parts)
 
 
+def _input_content(
+    content: Any, where: str, allowed: tuple[str, ...] = ("input_text", "text")
+) -> str | list[dict[str, Any]]:
+    """A user, system or developer message's content (or a function call's output): its text,
+    or, with ``input_image`` parts, chat content parts: text parts and ``image_url`` parts, as
+    llama-server converts them (the image's ``detail`` is not used)."""
+    if not isinstance(content, list):
+        return _text_parts(content, where, allowed)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "input_image":
+            parts.append({"type": "image_url", "image_url": {"url": _input_image_url(part, f"{where}[{j}]")}})
+        elif kind in allowed and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            raise RequestError(
+                f"{where}[{j}]: only {', '.join(allowed)} and input_image parts are supported, got {kind!r}"
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _input_image_url(part: Mapping[str, Any], where: str) -> str:
+    url = part.get("image_url")
+    if isinstance(url, Mapping):  # the chat shape, {"url": ...}, taken too
+        url = url.get("url")
+    if isinstance(url, str) and url:
+        return url
+    if part.get("file_id") is not None:
+        raise RequestError(
+            f"{where}.file_id: this server stores no files; send image_url (a data:, http(s):// or file:// URL)"
+        )
+    raise RequestError(f"{where}.image_url is required (a data:, http(s):// or file:// URL)")
+
+
 def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
     """Append one input item to ``messages`` (assistant pieces merge into one message)."""
     if not isinstance(item, Mapping):
@@ -137,8 +175,7 @@ def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
     kind, role = item.get("type"), item.get("role")
     last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
     if role in ROLES_IN and kind in (None, "message"):
-        text = _text_parts(item.get("content"), f"{where}.content", ("input_text", "text"))
-        messages.append({"role": role, "content": text})
+        messages.append({"role": role, "content": _input_content(item.get("content"), f"{where}.content")})
     elif role == "assistant" and kind in (None, "message"):
         text = _text_parts(item.get("content"), f"{where}.content", ("output_text", "input_text", "text"))
         if last is not None and not last.get("tool_calls"):
@@ -161,7 +198,7 @@ def _item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
     elif kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise RequestError(f"{where}.call_id must be a string")
-        output = _text_parts(item.get("output"), f"{where}.output", ("input_text", "output_text", "text"))
+        output = _input_content(item.get("output"), f"{where}.output", ("input_text", "output_text", "text"))
         messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
     elif kind == "reasoning":
         text = _reasoning_text(item.get("content"), f"{where}.content")

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -45,6 +46,7 @@ from llamactor.runtime.service.chatturn import ChatTurn, prepare_chat
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.infill import infill_tokens
 from llamactor.runtime.service.lora import LoraAdapters
+from llamactor.runtime.service.mediafetch import ImageURL, MediaFetcher
 
 MAX_N_PREDICT = 1 << 24  # a larger max_tokens means as many as the context holds (llama-server takes any)
 EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
@@ -77,6 +79,8 @@ class Admission:
         self.template = template
         self.adapters = adapters if adapters is not None else LoraAdapters()
         self.vision = vision  # --mmproj: prompts with images are tokenized with it
+        media_path = Path(config.media_path) if config.media_path is not None else None
+        self.fetcher = MediaFetcher(media_path, config.media_fetch_max_bytes, config.media_fetch_timeout_s)
         self._ids = itertools.count(1)
 
     async def admit(self, request: GenerationRequest) -> Admitted:
@@ -177,8 +181,8 @@ class Admission:
         at each position an image takes, ``protocol.media``)."""
         if turn is not None and req.multimodal_data:
             raise RequestError("multimodal_data goes with a text prompt: a chat's images are its image_url parts")
-        files = turn.media if turn is not None else tuple(req.multimodal_data)
-        if not files:
+        refs = turn.media if turn is not None else tuple(req.multimodal_data)
+        if not refs:
             return await self.prompt_tokens(req, turn), ()
         if self.vision is None:
             raise RequestError(
@@ -188,8 +192,12 @@ class Admission:
         if req.infill is not None or not isinstance(prompt, str):
             raise RequestError("multimodal_data: images go with a text prompt holding their media markers")
         vision = self.vision
+        files = await self.fetcher.fetch_images(refs)
+        names = media_names(refs)
         tokens, media = await anyio.to_thread.run_sync(
-            lambda: vision.tokenize(prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch)
+            lambda: vision.tokenize(
+                prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch, names=names
+            )
         )
         self.check_length(tokens)
         return tokens, media
@@ -293,3 +301,8 @@ def schema_grammar(schema: Mapping[str, Any]) -> str:
         return str(json_schema_to_gbnf(json.dumps(schema)))
     except Exception as exc:
         raise RequestError(f"json_schema: unsupported JSON schema: {exc}") from None
+
+
+def media_names(refs: tuple[bytes | ImageURL, ...]) -> tuple[str, ...]:
+    """How an error names each image: the field and URL it was fetched by, else nothing."""
+    return tuple(f"{ref.where}.url: {ref.url}" if isinstance(ref, ImageURL) else "" for ref in refs)

