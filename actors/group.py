@@ -315,7 +315,9 @@ class GroupActor(Actor[GroupMsg]):
             self._refuse(task, members, exc)
             return
         parent.children = members[1:]
-        keep = self.engine.reuse_prefix(parent, prompt, task.cache_prompt, self.prompt_cache, task.lora)
+        keep = self.engine.reuse_prefix(
+            parent, prompt, task.cache_prompt, self.prompt_cache, task.lora, task.n_cache_reuse, self.slots
+        )
         if task.cache_prompt:
             keep = self._share(parent, keep)
         parent.n_past = parent.n_cached = keep

@@ -65,6 +65,7 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     cache_prompt: bool = True
     ignore_eos: bool = False
     n_keep: int = 0  # context shift: prompt tokens kept at the start (-1: the whole prompt)
+    n_cache_reuse: int = 0  # cache reuse: min chunk of the slot's cache moved into place past the prefix (0: off)
     lora: LoraSet = NO_LORA  # the adapters its decode steps apply
     # --mmproj: the prompt's images, by position (their positions in the prompt hold stand-in
     # tokens, ``protocol.media``); each is decoded when the slot's prefill reaches it

@@ -113,6 +113,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     id_slot: int = -1  # pin a slot (-1: any)
     n_keep: int | None = None  # context shift: prompt tokens kept (-1: all); None: the server's --keep
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
+    # past the common prefix, chunks of at least this many tokens of the slot's cache are reused
+    # by shifting their KV (0: off); None: the server's --cache-reuse
+    n_cache_reuse: int | None = None
     lora: Sequence[LoraScale] | None = None  # adapters and scales; None or empty: the global scales
     return_progress: bool = False  # Progress events while the prompt is processed
 

@@ -63,6 +63,7 @@ class _Generation(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     n_keep: int | None = None  # context shift: prompt tokens kept; -1 all; None: the server's --keep
     n_discard: int | None = None  # tokens dropped per shift; 0/None: half of what is not kept
+    n_cache_reuse: int | None = None  # min chunk reused from the slot's cache by KV shifting; None: --cache-reuse
     # streaming knobs, as llama-server has them
     sse_ping_interval: int | None = (
         None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval

@@ -12,7 +12,7 @@ exactly one group below. A group says what ``llamactor serve`` does with its opt
 - ``REFUSE``   a feature llamactor has not built: startup stops with exit code 2 naming it.
 
 An IGNORE or REFUSE option may accept some values silently (``ok``): those that are already
-what llamactor does (``--spec-type none``, ``--cache-reuse 0``, ``-ncmoe 0``). A flag given
+what llamactor does (``--spec-type none``, ``-ncmoe 0``). A flag given
 on the command line wins over its variable, as in llama-server. llamactor's own flags
 (pipeline groups, schedulers) are a CONFIG group of their own at the end.
 
@@ -405,6 +405,14 @@ GROUPS: tuple[Group, ...] = (
                 "--context-shift", neg=("--no-context-shift",), field="context_shift", env="LLAMA_ARG_CONTEXT_SHIFT"
             ),
             opt("--keep", field="n_keep", parse=int, help="prompt tokens a context shift keeps (-1 all)"),
+            opt(
+                "--cache-reuse",
+                field="cache_reuse",
+                env="LLAMA_ARG_CACHE_REUSE",
+                parse=int,
+                help="min chunk size to reuse from a slot's cache past the common prefix, by shifting "
+                "its KV (0 off; default of the request field n_cache_reuse)",
+            ),
             opt(
                 "-cram",
                 "--cache-ram",
@@ -1343,7 +1351,6 @@ GROUPS: tuple[Group, ...] = (
         Use.REFUSE,
         "not built in llamactor",
         (
-            opt("--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", parse=int, ok=_is(0)),
             opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
             switch("-sp", "--special", help="special tokens render empty in generated text"),
             opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),

@@ -153,6 +153,7 @@ SAMPLING = {
     "return_progress": st.booleans(),
     "n_keep": usually(st.integers(-1, 64), small_ints),
     "n_discard": usually(st.integers(0, 64), small_ints),
+    "n_cache_reuse": usually(st.integers(0, 32), small_ints),
     # llama-server's streaming knobs (pings only past 30 s: fuzzed streams are short)
     "sse_ping_interval": st.one_of(st.none(), st.sampled_from([-1, 0, 30]), st.just("x")),
     "t_max_predict_ms": usually(st.integers(-1, 50), small_ints),

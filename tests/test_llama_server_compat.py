@@ -154,12 +154,12 @@ def test_every_llama_server_option_parses_and_is_sorted(tmp_path: Path):
 
 def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
     """Flags for features not built are refused by name; their "off" values
-    (``--spec-type none``, ``-ncmoe 0``, ``--cache-reuse 0``) are what llamactor does."""
+    (``--spec-type none``, ``-ncmoe 0``, ``-ncffn 0``) are what llamactor does."""
     with pytest.raises(cli.ConfigError) as info:
         _parse(["--override-tensor", "exps=CPU", "-hfd", "org/d", "-lcs", "c.bin", "--mmproj-url", "http://m.gguf"])
     for flag in ("--override-tensor", "-hfd", "-lcs", "--mmproj-url"):
         assert flag in str(info.value)
-    opts = _parse(["--spec-type", "none", "-ncmoe", "0", "--cache-reuse", "0", "--no-webui"])
+    opts = _parse(["--spec-type", "none", "-ncmoe", "0", "-ncffn", "0", "--no-webui"])
     assert opts.ignored == () and opts.config.webui is False
 
 
@@ -363,7 +363,7 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
             ["--override-tensor", "exps=CPU", "--hf-repo-draft", "org/draft"],
             ["--override-tensor is not supported", "--hf-repo-draft is not supported"],
         ),
-        (["--cache-reuse", "256"], ["--cache-reuse is not supported"]),
+        (["--adaptive-target", "0.5"], ["--adaptive-target is not supported"]),
         (["-hf", "org/model"], ["-hf is not supported: llamactor never downloads models"]),
     ]
     for flags, messages in cases:

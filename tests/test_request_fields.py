@@ -169,12 +169,14 @@ SIMPLE = {
     "id_slot": 1,
     "n_keep": 5,
     "n_discard": 2,
+    "n_cache_reuse": 16,
 }
 for _name, _value in SIMPLE.items():
     FIELDS[_name] = (_value, {api: {_name: _value} for api in COMPLETION_APIS})
 FIELDS["id_slot"] = (1, {api: {"id_slot": 1} for api in NATIVE_LIKE})
 FIELDS["n_keep"] = (5, {api: {"n_keep": 5} for api in NATIVE_LIKE})
 FIELDS["n_discard"] = (2, {api: {"n_discard": 2} for api in NATIVE_LIKE})
+FIELDS["n_cache_reuse"] = (16, {api: {"n_cache_reuse": 16} for api in NATIVE_LIKE})
 
 
 def test_the_table_names_every_field():

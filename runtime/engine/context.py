@@ -18,6 +18,7 @@ start at construction; an unhooked context binds the plain functions and pays no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,9 +196,12 @@ class Context:
         cache_prompt: bool,
         prompt_cache: PromptCache | None = None,
         lora: LoraSet = NO_LORA,
+        reuse_min: int = 0,
+        others: Sequence[Slot] = (),
     ) -> int:
-        """Keep the longest reusable prefix of the slot's KV for ``prompt`` (``SequenceKV.reuse_prefix``)."""
-        return self.kv.reuse_prefix(slot, prompt, cache_prompt, prompt_cache, lora)
+        """Keep the longest reusable prefix of the slot's KV for ``prompt``, and with ``reuse_min``
+        chunks of its cache past it (``SequenceKV.reuse_prefix``)."""
+        return self.kv.reuse_prefix(slot, prompt, cache_prompt, prompt_cache, lora, reuse_min, others)
 
     def share_prefix(self, dst: Slot, src: Slot, n: int) -> int:
         """Prefix sharing: ``dst`` gets the KV of ``src``'s first ``n`` tokens (``SequenceKV.share_prefix``)."""

@@ -18,6 +18,7 @@ Never for another group's context.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp
@@ -54,6 +55,8 @@ class SequenceKV:
         cache_prompt: bool,
         prompt_cache: PromptCache | None = None,
         lora: LoraSet = NO_LORA,
+        reuse_min: int = 0,
+        others: Sequence[Slot] = (),
     ) -> int:
         """Keep the longest common prefix of the slot's KV and ``prompt``; return its length.
 
@@ -64,6 +67,8 @@ class SequenceKV:
         (llama-server clears a slot's cache when its adapters change).
         At least the last prompt token is always decoded again, so its logits exist, and a
         prefix never ends inside an image (``media_floor``).
+        With ``reuse_min`` > 0, later chunks of the slot's KV are kept too (``reuse_chunks``;
+        ``others``: the group's other slots, whose cells a unified KV may share).
         """
         same = slot.lora == lora
         if cache_prompt and prompt_cache is not None:
@@ -80,6 +85,8 @@ class SequenceKV:
             # at most len(prompt) - 1: the last prompt token is decoded again for its logits
             keep = common_prefix(np.asarray(slot.cache, dtype=np.int32), prompt[: len(prompt) - 1])
             keep = media_floor(prompt, keep)
+            if reuse_min > 0:
+                keep = self.reuse_chunks(slot, prompt, keep, reuse_min, others)
         if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1) or not self.window_kept(slot, keep):
             # Some memories (recurrent) cannot cut a sequence in the middle; a sliding window
             # may have lost what the kept prefix needs.
@@ -87,6 +94,52 @@ class SequenceKV:
             keep = 0
         del slot.cache[keep:]
         return keep
+
+    def reuse_chunks(self, slot: Slot, prompt: np.ndarray, keep: int, n_min: int, others: Sequence[Slot]) -> int:
+        """llama-server's cache reuse (``--cache-reuse``, ``n_cache_reuse``): past the common
+        prefix of ``keep`` tokens, walk the slot's cache for runs of at least ``n_min`` tokens
+        that continue the new prompt where it has got to, and move each run's cells down to its
+        place in the prompt (``llama_memory_seq_rm`` of the gap, ``llama_memory_seq_add`` of the
+        run) instead of decoding it again; return the tokens the slot now holds for ``prompt``.
+
+        Only where the memory can shift (not M-RoPE, not recurrent). A run is text only: it never
+        holds or cuts an image's stand-in tokens, and never takes the last prompt token (decoded
+        again for its logits). With a unified KV the cells of a prefix copied to or from another
+        slot are shared (``share_prefix``, ``copy_all``): moving one would move it for that slot
+        too, so runs start past every other slot's common prefix with this one."""
+        cache = np.asarray(slot.cache, dtype=np.int32)
+        if keep >= len(cache) or not llama_cpp.llama_memory_can_shift(self.memory):
+            return keep
+        head_c = keep
+        if self.kv_unified:
+            for o in others:
+                if o is not slot and o.cache:
+                    head_c = max(head_c, common_prefix(cache, np.asarray(o.cache, dtype=np.int32)))
+        # the prompt's reusable part: before its last token and before its first image after ``keep``
+        want = prompt[: len(prompt) - 1]
+        images = np.flatnonzero(want[keep:] < 0)
+        if len(images):
+            want = want[: keep + int(images[0])]
+        head_p = keep
+        moved: list[int] = []
+        while head_c < len(cache) and head_p < len(want):
+            starts = np.flatnonzero(cache[head_c:] == want[head_p])
+            if not len(starts):
+                break
+            head_c += int(starts[0])
+            n = common_prefix(cache[head_c:], want[head_p:])
+            if n < n_min:
+                head_c += 1
+                continue
+            if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, head_p, head_c):
+                break  # a memory that cannot cut in the middle: keep what is in place
+            llama_cpp.llama_memory_seq_add(self.memory, slot.local, head_c, head_c + n, head_p - head_c)
+            moved.extend(cache[head_c : head_c + n].tolist())
+            head_c += n
+            head_p += n
+        if moved:
+            slot.cache[keep:] = moved
+        return head_p
 
     def window_kept(self, slot: Slot, keep: int) -> bool:
         """With a sliding-window (SWA) cache, llama.cpp reuses the cells of positions that fell

@@ -117,6 +117,7 @@ def _request(body: Body, **fields: Any) -> GenerationRequest:
         ignore_eos=body.ignore_eos,
         n_keep=body.n_keep,
         n_discard=body.n_discard or 0,
+        n_cache_reuse=body.n_cache_reuse,
         return_progress=body.return_progress and body.stream,
         lora=lora,
         priority=body.priority,

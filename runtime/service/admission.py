@@ -102,6 +102,8 @@ class Admission:
             raise RequestError(
                 f"n_keep must be >= -1 and n_discard >= 0, got n_keep={req.n_keep}, n_discard={req.n_discard}"
             )
+        if req.n_cache_reuse is not None and req.n_cache_reuse < 0:
+            raise RequestError(f"n_cache_reuse must be >= 0, got {req.n_cache_reuse}")
         if req.id_slot >= cfg.parallel or req.id_slot < -1:
             raise NotFound(f"id_slot: slot {req.id_slot} does not exist (0..{cfg.parallel - 1})")
         lora = self.adapters.resolve(req.lora)
@@ -120,6 +122,7 @@ class Admission:
             cache_prompt=cfg.cache_prompt if req.cache_prompt is None else req.cache_prompt,
             ignore_eos=cfg.ignore_eos if req.ignore_eos is None else req.ignore_eos,
             n_keep=cfg.n_keep if req.n_keep is None else req.n_keep,
+            n_cache_reuse=cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse,
             lora=lora,
             prompt=np.asarray(tokens, dtype=np.int32),
             media=media,

@@ -179,6 +179,9 @@ class RuntimeConfig:
     cache_type_v: str = "f16"  # -ctv: of V; a quantized V needs flash attention (llama.cpp refuses it otherwise)
     context_shift: bool = False  # --context-shift: off by default, as in llama-server
     n_keep: int = 0  # --keep: default of the request field n_keep (context shift keeps these prompt tokens)
+    # --cache-reuse: default of the request field n_cache_reuse; past a new prompt's common prefix with
+    # a slot's cache, chunks of at least this many cached tokens are moved into place (0: off)
+    cache_reuse: int = 0
     cache_ram_mib: int = 8192  # --cache-ram: host-memory prompt cache in MiB; 0 off, -1 no limit
     cache_idle_slots: bool = True  # --cache-idle-slots: save a slot's KV there before any of it is lost
     # LoRA adapters: (file, global scale) in id order, from --lora (scale 1) and --lora-scaled
@@ -253,6 +256,8 @@ class RuntimeConfig:
                 f"--batch-size ({self.n_batch}) must be at least the slots of one group ({p // n}): "
                 f"every slot may need a row in one step"
             )
+        if self.cache_reuse < 0:
+            raise ConfigError(f"--cache-reuse must be >= 0 (0: off), got {self.cache_reuse}")
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         if self.queue_size < 0:
