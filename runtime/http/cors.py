@@ -8,13 +8,16 @@ needed (browsers send none on a preflight): 200, an empty text/html body and the
 Allow-Credentials/-Methods/-Headers headers. Starlette's CORSMiddleware cannot say this (it
 answers only preflights with Access-Control-Request-Method and refuses unknown origins), so
 this is a small ASGI middleware of its own.
+
+Header names go out in llama-server's casing (``Access-Control-Allow-Origin``), not lowercased:
+HTTP says names are case-insensitive, but clients that copy the headers into a plain dict (as
+llama.cpp's own server tests do) look them up by that exact spelling.
 """
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOCALHOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -39,9 +42,9 @@ class Cors:
         self.app = app
         self.origins = origins
         self.preflight = [
-            (b"access-control-allow-credentials", b"true" if credentials else b"false"),
-            (b"access-control-allow-methods", methods.encode("latin-1")),
-            (b"access-control-allow-headers", headers.encode("latin-1")),
+            (b"Access-Control-Allow-Credentials", b"true" if credentials else b"false"),
+            (b"Access-Control-Allow-Methods", methods.encode("latin-1")),
+            (b"Access-Control-Allow-Headers", headers.encode("latin-1")),
         ]
         self.credentials = credentials
 
@@ -58,9 +61,9 @@ class Cors:
             await self.app(scope, receive, send)
             return
         allow = self.allow_origin(scope)
-        extra = [] if allow is None else [(b"access-control-allow-origin", allow.encode("latin-1"))]
+        extra = [] if allow is None else [(b"Access-Control-Allow-Origin", allow.encode("latin-1"))]
         if scope["method"] == "OPTIONS":
-            headers = [*extra, *self.preflight, (b"content-type", b"text/html"), (b"content-length", b"0")]
+            headers = [*extra, *self.preflight, (b"Content-Type", b"text/html"), (b"Content-Length", b"0")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
@@ -70,7 +73,8 @@ class Cors:
 
         async def send_with_origin(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).append("Access-Control-Allow-Origin", extra[0][1].decode("latin-1"))
+                # Appended raw: MutableHeaders.append would lowercase the name.
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         await self.app(scope, receive, send_with_origin)
