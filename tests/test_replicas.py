@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
-from conftest import serve_runtime, wait_until
+from conftest import free_port, serve_runtime, wait_until
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime
@@ -83,6 +85,66 @@ def test_unreachable_ray_address_is_a_config_error(make_config):
 
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster at --ray-address 127.0.0.1:1"):
         anyio.run(main)
+
+
+_HEAD = """
+import sys, ray
+ray.init(num_cpus=2, include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes it
+ray.shutdown()
+"""
+
+
+def test_serve_joins_a_ray_cluster_started_elsewhere(tiny_model, tmp_path):
+    """``llamactor serve --ray-address`` runs its replicas on a Ray cluster another process started
+    (with token authentication on, Ray's default), and leaves that cluster running."""
+    head = subprocess.Popen([sys.executable, "-c", _HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert ":" in address, address
+        port = free_port()
+        log = tmp_path / "serve.log"
+        argv = ["serve", "-m", str(tiny_model), "--port", str(port), "-c", "512", "-np", "1", "-t", "1"]
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llamactor.runtime.cli",
+                    *argv,
+                    "--replicas",
+                    "1",
+                    "--replica-cpus",
+                    "0.5",
+                    "--ray-address",
+                    address,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                deadline = time.monotonic() + 90
+                while True:
+                    assert proc.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the server did not start"
+                    try:
+                        if client.get("/health").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        time.sleep(0.2)
+                r = client.post("/completion", json={"prompt": "hi", "n_predict": 4})
+                assert r.status_code == 200 and r.headers["x-llamactor-replica"], r.text
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        assert head.poll() is None  # the cluster it joined is still up
+    finally:
+        head.stdin.close()
+        head.wait(timeout=60)
+        head.stdout.close()
 
 
 def test_without_ray_the_error_names_the_extra(make_config, monkeypatch):

@@ -582,6 +582,13 @@ def _init_ray(ray: Any, config: RuntimeConfig, most: int) -> None:
                 raise ConfigError(
                     f"cannot reach the Ray cluster at --ray-address {config.ray_address}: {exc}"
                 ) from None
+        try:  # a cluster started with `ray start` or ray.init() wants the token Ray saved; a driver
+            # that joins sends it only when told to (it was refused, and retried for a minute)
+            from ray._private.authentication import authentication_token_setup as auth
+
+            auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        except (ImportError, AttributeError):  # another Ray: its own rules
+            pass
         try:
             ray.init(address=config.ray_address, **kwargs)
         except Exception as exc:
