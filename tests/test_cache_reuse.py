@@ -22,9 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
+import tinyvision
 from conftest import free_port
 
-from llamactor.runtime import Runtime
+from llamactor.protocol.request import GenerationRequest
+from llamactor.runtime import Runtime, RuntimeConfig
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 STARTUP_TIMEOUT_S = 60
@@ -146,3 +148,50 @@ async def test_cells_shared_with_another_slot_stay_in_place(make_config):
         await rt.complete([7] * 64, id_slot=1, **greedy)
         await rt.complete(FIRST, id_slot=0, **greedy)
         assert (await rt.complete(REMOVED, id_slot=0, **greedy)).n_cached == len(P) + len(Y) - 1
+
+
+async def test_runs_around_images_are_text_only(tmp_path: Path):
+    """With ``--mmproj`` (where llama-server turns cache reuse off) the text between images is
+    reused; an image is never part of a moved run: one removed with its text goes, one the new
+    prompt has where the slot's cache differs is decoded again, at its new place."""
+    model, mmproj = tinyvision.write_tiny_vision(tmp_path)
+    image = tinyvision.png_bytes(48, 32, seed=11)
+    p = " ".join(f"p{i}" for i in range(12))
+    x = " " + " ".join(f"x{i}" for i in range(12))
+    y = " " + " ".join(f"y{i}" for i in range(16))
+    t = " tail words"
+    cfg = RuntimeConfig(
+        model=model, mmproj=mmproj, n_ctx=2048, parallel=1, threads=1, isolate=False, cache_ram_mib=0, cache_reuse=16
+    )
+    async with Runtime.open(cfg) as rt:
+
+        async def run(prompt: str, n_images: int) -> tuple[int, list[int], tuple[int, ...]]:
+            """``n_cached``, the prompt's tokens and the continuation of one request."""
+            files = [image] * n_images
+            assert rt.admission is not None
+            admitted = await rt.admission.admit(GenerationRequest(prompt=prompt, multimodal_data=files, max_tokens=2))
+            tokens = admitted.task.prompt.tolist()
+            admitted.task.sink.close()
+            admitted.events.close()
+            out = await rt.complete(prompt, multimodal_data=files, max_tokens=4, temperature=0, ignore_eos=True)
+            return out.n_cached, tokens, out.choices[0].tokens
+
+        def image_at(tokens: list[int]) -> int:
+            return next(i for i, tok in enumerate(tokens) if tok < 0)
+
+        # the image in the prefix: the run after it is moved
+        await run(p + " <__media__>" + x + y, 1)
+        n_cached, tokens, _ = await run(p + " <__media__>" + y, 1)
+        assert n_cached == len(tokens) - 1
+        # the image in the removed part goes with it
+        await run(p + x + " <__media__>" + y, 1)
+        n_cached, tokens, _ = await run(p + y, 0)
+        assert n_cached == len(tokens) - 1
+        # the image where the new prompt parts from the cache: decoded again, nothing moved
+        await run(p + x + " <__media__>" + y, 1)
+        n_cached, tokens, _ = await run(p + " <__media__>" + y, 1)
+        assert n_cached == image_at(tokens)
+        # a run stops before an image: the image is decoded again at its new place, then the text
+        await run(p + x + y + " <__media__>" + t, 1)
+        n_cached, tokens, out = await run(p + y + " <__media__>" + t, 1)
+        assert n_cached == image_at(tokens) and n_cached > len(p.split()) + 16 and len(out) == 4
