@@ -327,9 +327,8 @@ async def test_families_stay_on_their_replica_and_prefill_less_than_power_of_two
     for router in ("cache", "pow2"):
         async with Runtime.open(_replicas(make_config, replica_router=router, **sizes)) as rt, serve_runtime(rt) as url:
             async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-                results[router] = await _families(
-                    client, rounds=16
-                )  # the cache router prefills each family once; power of two misses at random
+                # the cache router prefills each family once; power of two misses at random
+                results[router] = await _families(client, rounds=16)
     served, processed = results["cache"]
     assert all(len(s) == 1 for s in served.values()), served
     assert processed <= 0.4 * results["pow2"][1], (processed, results["pow2"][1])
