@@ -6,6 +6,8 @@ No network beyond loopback, no downloads: the model is written at test time (tin
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -51,6 +53,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, health_url: str, timeout_s: float) -> None:
+    """Wait until a server process answers 200 at ``health_url``; fail with its stderr if it exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+        assert time.monotonic() < deadline, "server did not become ready"
+        try:
+            if httpx.get(health_url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
 
 
 @asynccontextmanager

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import tinyvision
-from conftest import free_port
+from conftest import free_port, wait_healthy
 
 from llamactor.protocol.request import GenerationRequest
 from llamactor.runtime import Runtime, RuntimeConfig
@@ -57,16 +56,7 @@ def _serve(tiny_model: Path, *flags: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            assert time.monotonic() < deadline, "server did not become ready"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        wait_healthy(proc, url + "/health", STARTUP_TIMEOUT_S)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)

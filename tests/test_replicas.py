@@ -13,14 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
-from conftest import free_port, serve_runtime, wait_until
+from conftest import free_port, serve_runtime, wait_healthy, wait_until
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime
@@ -125,15 +124,7 @@ def test_serve_joins_a_ray_cluster_started_elsewhere(tiny_model, tmp_path):
             )
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                deadline = time.monotonic() + 90
-                while True:
-                    assert proc.poll() is None, log.read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the server did not start"
-                    try:
-                        if client.get("/health").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        time.sleep(0.2)
+                wait_healthy(proc, f"http://127.0.0.1:{port}/health", 90)
                 r = client.post("/completion", json={"prompt": "hi", "n_predict": 4})
                 assert r.status_code == 200 and r.headers["x-llamactor-replica"], r.text
         finally:

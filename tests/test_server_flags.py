@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import free_port, open_server
+from conftest import free_port, open_server, wait_healthy
 from serveargs import parse_serve as _parse
 
 from llamactor.protocol.errors import ConfigError
@@ -210,16 +209,7 @@ def _serve(argv: list[str], ready_url: str, env: dict[str, str] | None = None) -
     )
     log: list[str] = []
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            assert time.monotonic() < deadline, "server did not become ready"
-            try:
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        wait_healthy(proc, ready_url, STARTUP_TIMEOUT_S)
         yield log
     finally:
         proc.send_signal(signal.SIGTERM)

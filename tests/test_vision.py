@@ -18,7 +18,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import httpx
 import numpy as np
 import pytest
 import tinyvision
-from conftest import TEST_THREADS, free_port
+from conftest import TEST_THREADS, free_port, wait_healthy
 from record_vision_golden import IMAGE, OTHER_IMAGE, REQUESTS, answer, data_url
 from tinymodel import cpu_class
 
@@ -56,16 +55,7 @@ def server(vision_files: tuple[Path, Path]) -> Iterator[str]:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            assert time.monotonic() < deadline, "server did not become ready"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        wait_healthy(proc, url + "/health", STARTUP_TIMEOUT_S)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
