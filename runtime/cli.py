@@ -25,6 +25,7 @@ import structlog
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
+from llamactor.runtime.http.tools import localhost_cors
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.logging import configure_logging
 from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
@@ -139,6 +140,7 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
     if parsed.refused:
         raise ConfigError("; ".join(f"{flag} is not supported: {why}" for flag, why in parsed.refused))
     kw = dict(parsed.config)
+    localhost_cors(kw)  # tools or MCP servers on: CORS for localhost unless --cors-origins says
     if parsed.sampling:
         kw["sampling"] = msgspec.structs.replace(SamplingParams(), **parsed.sampling)
     process = dict(parsed.process)

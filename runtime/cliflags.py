@@ -34,6 +34,7 @@ from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride, parse_kv_override
 from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.http import tools as agent_tools
 from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
 # ---- value parsers (a ValueError or ArgumentTypeError becomes argparse's "invalid value") ----
@@ -1131,13 +1132,6 @@ GROUPS: tuple[Group, ...] = (
         (
             opt("--ui-config", "--webui-config", value="JSON", env="LLAMA_ARG_UI_CONFIG"),
             opt("--ui-config-file", "--webui-config-file", value="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
-            switch(
-                "--ui-mcp-proxy",
-                "--webui-mcp-proxy",
-                neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
-                env="LLAMA_ARG_UI_MCP_PROXY",
-                ok=_off,
-            ),
         ),
     ),
     Group(
@@ -1347,6 +1341,64 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
+        "Agent tools, MCP servers, CORS proxy",
+        Use.CONFIG,
+        "experimental, as in llama-server: never where untrusted clients reach the server; with "
+        "tools or MCP servers on, --cors-origins defaults to localhost",
+        (
+            opt(
+                "--tools",
+                field="server_tools",
+                value="TOOL1,TOOL2,...",
+                env="LLAMA_ARG_TOOLS",
+                parse=agent_tools.tools_flag,
+                help="built-in tools served at /tools, or all: " + ", ".join(agent_tools.TOOL_NAMES),
+            ),
+            opt(
+                "--tools-runtime",
+                field="tools_runtime",
+                value="OPTION",
+                env="LLAMA_ARG_TOOLS_RUNTIME",
+                parse=agent_tools.tools_runtime_flag,
+                help="run the tools in docker:IMAGE, podman:IMAGE, docker-container:ID, podman-container:ID or "
+                "ssh:TARGET (default: the host)",
+            ),
+            opt(
+                "--mcp-servers-config",
+                field="mcp_servers_config",
+                value="PATH",
+                env="LLAMA_ARG_MCP_SERVERS_CONFIG",
+                parse=agent_tools.mcp_config_file_flag,
+                help="JSON file of MCP servers (Cursor's mcpServers format): their tools at /tools",
+            ),
+            opt(
+                "--mcp-servers-json",
+                field="mcp_servers_json",
+                value="JSON",
+                env="LLAMA_ARG_MCP_SERVERS_JSON",
+                parse=agent_tools.mcp_config_json_flag,
+                help="the same, inline",
+            ),
+            switch(
+                "--ui-mcp-proxy",
+                "--webui-mcp-proxy",
+                neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
+                field="ui_mcp_proxy",
+                env="LLAMA_ARG_UI_MCP_PROXY",
+                help="/cors-proxy forwards requests (403 when off)",
+            ),
+            switch(
+                "-ag",
+                "--agent",
+                neg=("-no-ag", "--no-agent"),
+                field="server_tools",
+                env="LLAMA_ARG_AGENT",
+                convert=lambda on: Sets({"server_tools": ("all",) if on else (), "ui_mcp_proxy": on}),
+                help="all the tools and the CORS proxy",
+            ),
+        ),
+    ),
+    Group(
         "Server features",
         Use.REFUSE,
         "not built in llamactor",
@@ -1354,11 +1406,6 @@ GROUPS: tuple[Group, ...] = (
             opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
             switch("-sp", "--special", help="special tokens render empty in generated text"),
             opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
-            opt("--tools", value="TOOL1,TOOL2,...", env="LLAMA_ARG_TOOLS", help="built-in agent tools"),
-            opt("--tools-runtime", value="OPTION", env="LLAMA_ARG_TOOLS_RUNTIME"),
-            opt("--mcp-servers-config", value="PATH", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
-            opt("--mcp-servers-json", value="JSON", env="LLAMA_ARG_MCP_SERVERS_JSON"),
-            switch("-ag", "--agent", neg=("-no-ag", "--no-agent"), env="LLAMA_ARG_AGENT", ok=_off),
             switch("--completion-bash"),
         ),
     ),

@@ -42,6 +42,7 @@ from llamactor.protocol.wire import (
     TokenizeRequest,
 )
 from llamactor.runtime.http import anthropic, embeddings, responses_api
+from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.chat_api import ChatShaper, named_frame
 from llamactor.runtime.http.cors import Cors
 from llamactor.runtime.http.disconnect import until_disconnect
@@ -222,7 +223,7 @@ class Api:
             "eos_token": model.token_text(model.eos) if model.eos >= 0 else "",
             "build_info": "llamactor",
             "is_sleeping": self.rt.engine_status().state == "sleeping",  # --sleep-idle-seconds
-            "cors_proxy_enabled": False,
+            "cors_proxy_enabled": cfg.ui_mcp_proxy,  # --ui-mcp-proxy: /cors-proxy forwards
             "infill": model.fim_tokens().mid >= 0,  # llamactor's: /infill serves this model
         }
 
@@ -606,4 +607,6 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         page = Page()
         routes += [make_route(prefix, path, page.index, ["GET"]) for path in PAGE_PATHS]
         routes.append(make_route(prefix, ASSET_PATH, page.asset, ["GET"]))
-    return app_around(rt.config, routes, lifespan=lifespan)
+    agent = Agent(rt.config)  # /tools and /cors-proxy (403 when off)
+    routes += agent.routes(prefix, make_route)
+    return app_around(rt.config, routes, lifespan=agent.lifespan(lifespan))

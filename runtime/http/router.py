@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from llamactor.protocol.errors import RequestError, Unavailable
+from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.app import MODEL_ROUTES, Api, _body, _json, app_around, make_route
 from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import error_response
@@ -235,4 +236,6 @@ def build_router_app(models: ModelSet, config: RuntimeConfig, *, lifespan: Any =
     for path, method, verbs in MODEL_ROUTES:
         handler = own.get((path, verbs[0])) or router.to_model(method, body="POST" in verbs)
         routes.append(make_route(prefix, path, handler, verbs))
-    return app_around(config, routes, lifespan=lifespan)
+    agent = Agent(config)  # /tools and /cors-proxy: the server's, not a model's
+    routes += agent.routes(prefix, make_route)
+    return app_around(config, routes, lifespan=agent.lifespan(lifespan))

@@ -159,6 +159,12 @@ class RuntimeConfig:
     cors_credentials: bool = True  # with origins "*": the request's Origin is echoed back
     endpoint_props: bool = False  # --props: POST /props is allowed
     endpoint_slots: bool = True  # --no-slots: GET /slots answers 501, as llama-server's
+    # llama-server's agent features (runtime.http.tools, .mcp, .corsproxy): off by default
+    server_tools: tuple[str, ...] = ()  # --tools: built-in tool names, or "all"; POST/GET /tools
+    tools_runtime: str = ""  # --tools-runtime: the isolate the tools run in ("": the host)
+    mcp_servers_config: str = ""  # --mcp-servers-config: a Cursor-style mcpServers JSON file
+    mcp_servers_json: str = ""  # --mcp-servers-json: the same, inline
+    ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards requests (403 when off)
     api_prefix: str = ""  # --api-prefix: every route (the page too) is served under this path
     # the model's names, as llama-server's --alias set: its id in responses is ``alias``, else
     # the first of ``aliases`` in sorted order, else the file name (``model_name``)

@@ -1,0 +1,153 @@
+"""``/cors-proxy`` (``--ui-mcp-proxy``, or ``--agent``): llama-server's CORS proxy for the web
+UI's MCP clients, a 403 when off.
+
+``GET|POST /cors-proxy?url=http(s)://host[:port]/path`` sends the same method and body to
+``url`` (redirects followed, 600 s timeouts) and streams back its status, headers and body.
+Only the request headers named ``X-Llama-Server-Proxy-Header-<name>`` go along, as ``<name>``
+(never Accept-Encoding, Transfer-Encoding or Content-Length). The response loses Server,
+Transfer-Encoding, Content-Length, Keep-Alive and the Access-Control-* headers (this server's
+CORS headers are the ones that count). A URL with no scheme, another scheme, no host or a
+password is a 500 naming it; a target that cannot be reached answers 500 with the body
+``proxy error: <why>``, as llama-server does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+log = structlog.get_logger("llamactor.cors_proxy")
+
+HEADER_PREFIX = "x-llama-server-proxy-header-"
+STRIPPED_REQUEST = frozenset({"accept-encoding", "transfer-encoding", "content-length"})
+STRIPPED_RESPONSE = frozenset({"server", "transfer-encoding", "content-length", "keep-alive"})
+TIMEOUT_S = 600.0
+
+
+class ProxyUrlError(Exception):
+    pass
+
+
+def parse_url(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path with query) of a target URL, as llama.cpp's URL parser."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ProxyUrlError("invalid URL: no scheme")
+    if scheme not in ("http", "https"):
+        raise ProxyUrlError(f"unsupported URL scheme: {scheme}")
+    auth, at, after = rest.partition("@")
+    password = ""
+    if at:
+        password = auth.partition(":")[2]
+        rest = after
+    host, slash, path = rest.partition("/")
+    path = slash + path if slash else "/"
+    port_text = ""
+    if host.startswith("["):
+        close = host.find("]")
+        if close < 0:
+            raise ProxyUrlError(f"invalid IPv6 URL authority: {host}")
+        after_host = host[close + 1 :]
+        port_text = after_host[1:] if after_host.startswith(":") else ""
+        host = host[1:close]
+    elif ":" in host:
+        host, _, port_text = host.partition(":")
+    try:
+        port = int(port_text) if port_text else (443 if scheme == "https" else 80)
+    except ValueError:
+        raise ProxyUrlError(f"invalid port in target URL: {port_text}") from None
+    if not host:
+        raise ProxyUrlError("invalid target URL: missing host")
+    if password:
+        raise ProxyUrlError("authentication in target URL is not supported")
+    return scheme, host, port, path
+
+
+def _server_error(message: str) -> Response:
+    body = {"error": {"code": 500, "message": message, "type": "server_error"}}
+    return Response(json.dumps(body), status_code=500, media_type="application/json")
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    """httplib's words for a failed request (what llama-server puts after "proxy error: ")."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "Connection timed out"
+    if isinstance(exc, httpx.ConnectError):
+        return "Could not establish connection"
+    if isinstance(exc, httpx.TimeoutException):
+        return "Read timed out"
+    if isinstance(exc, httpx.TooManyRedirects):
+        return "Too many redirects"
+    return "Failed to read connection"
+
+
+class CorsProxy:
+    def __init__(self) -> None:
+        self.client: httpx.AsyncClient | None = None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(
+                follow_redirects=True, timeout=httpx.Timeout(TIMEOUT_S), trust_env=False, headers={}
+            )
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            scheme, host, port, path = parse_url(request.query_params.get("url", ""))
+        except ProxyUrlError as exc:
+            return _server_error(str(exc))
+        shown = f"[{host}]" if ":" in host else host
+        log.info("proxying", method=request.method, url=f"{scheme}://{shown}:{port}{path}")
+        headers = {}
+        for key, value in request.headers.items():  # lowercased by the ASGI server
+            if not key.startswith(HEADER_PREFIX) or len(key) == len(HEADER_PREFIX):
+                continue
+            name = key[len(HEADER_PREFIX) :]
+            if name in STRIPPED_REQUEST:
+                continue
+            if name == "host":
+                default = (scheme, port) in (("http", 80), ("https", 443))
+                value = shown if default else f"{shown}:{port}"
+            headers[name] = value
+        headers.setdefault("accept-encoding", "identity")  # the body goes back as it comes
+        body = await request.body()
+        client = self._client()
+        upstream = client.build_request(
+            request.method, f"{scheme}://{shown}:{port}{path}", headers=headers, content=body or None
+        )
+        try:
+            response = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("proxy_failed", error=str(exc) or type(exc).__name__)
+            return Response(f"proxy error: {_why(exc)}", status_code=500, media_type="application/json")
+        out_headers = {
+            k: v
+            for k, v in response.headers.items()
+            if k not in STRIPPED_RESPONSE and not k.startswith("access-control-") and k != "content-type"
+        }
+        media_type = response.headers.get("content-type")
+        if response.status_code in (204, 304) or request.method == "HEAD":
+            await response.aclose()
+            return Response(status_code=response.status_code, headers=out_headers, media_type=media_type)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                log.warning("proxy_failed", error=str(exc) or type(exc).__name__)
+            finally:
+                await response.aclose()
+
+        return StreamingResponse(chunks(), status_code=response.status_code, headers=out_headers, media_type=media_type)

@@ -1,0 +1,432 @@
+"""MCP servers (``--mcp-servers-config``, ``--mcp-servers-json``) as llama-server runs them.
+
+The configuration is Cursor's ``{"mcpServers": {"<name>": {"command", "args", "env", "cwd",
+"timeout_ms"}}}``; an entry without a command is skipped, a name given twice keeps the first.
+Each server is a child process speaking JSON-RPC 2.0 over stdio, one JSON message a line
+(MCP's stdio transport, protocol version 2024-11-05, the one transport llama-server has).
+
+At startup every server is started once, initialized, asked for its tools (``tools/list``, at
+most 10 s each) and stopped: its tools are listed by ``GET /tools`` as ``<server>_<tool>``.
+A call starts the server again if it is not running (a server that fails to start is not
+tried again for 5 s), sends ``tools/call`` and answers, as llama-server does,
+``{"plain_text_response"}`` (the result's text parts joined by newlines) or ``{"error"}`` (an
+RPC error, ``isError``, a timeout after the server's ``timeout_ms``, a server that died). Calls
+to one server wait for each other; a reply whose id is not the request's (a notification, a
+late reply) is skipped. The child's stderr is drained and its last 4 KiB kept for the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("llamactor.mcp")
+
+PROTOCOL_VERSION = "2024-11-05"
+COOLDOWN_S = 5.0
+WARMUP_TIMEOUT_S = 10.0
+MAX_LINE = 8 * 1024 * 1024
+ERR_TAIL_MAX = 4096
+QUEUE_MAX = 65536
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    name: str
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # merged over the server's own environment
+    cwd: str = ""
+    timeout_ms: int = 30000  # per call
+
+
+def _typed(value: Any, type_: type, default: Any) -> Any:
+    if value is None:
+        return default
+    if type_ is int and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    return value if isinstance(value, type_) and not (type_ is int and isinstance(value, bool)) else default
+
+
+def parse_config(text: str, *, warn: bool = True) -> list[McpServerConfig]:
+    """The servers of one JSON text (ValueError naming what is wrong). A text without an
+    ``mcpServers`` object has none."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"failed to parse MCP config JSON: {exc}") from None
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        return []
+    out = []
+    for name, cfg in servers.items():
+        if not isinstance(cfg, dict):
+            raise ValueError(f"failed to parse MCP config JSON: server {name!r} must be an object")
+        args = cfg.get("args")
+        env = cfg.get("env")
+        if isinstance(args, list) and not all(isinstance(a, str) for a in args):
+            raise ValueError(f"failed to parse MCP config JSON: server {name!r}: args must be strings")
+        if isinstance(env, dict) and not all(isinstance(v, str) for v in env.values()):
+            raise ValueError(f"failed to parse MCP config JSON: server {name!r}: env values must be strings")
+        command = _typed(cfg.get("command"), str, "")
+        if not command:
+            if warn:
+                log.warning("mcp_server_skipped", server=name, reason="it has no command")
+            continue
+        out.append(
+            McpServerConfig(
+                name=name,
+                command=command,
+                args=tuple(args) if isinstance(args, list) else (),
+                env=tuple(env.items()) if isinstance(env, dict) else (),
+                cwd=_typed(cfg.get("cwd"), str, ""),
+                timeout_ms=_typed(cfg.get("timeout_ms"), int, 30000),
+            )
+        )
+    return out
+
+
+def read_config_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise ValueError(f"failed to open MCP config file: {path}") from None
+
+
+def load_configs(config_path: str, config_json: str) -> list[McpServerConfig]:
+    """The servers of the file, then of the inline JSON; a name already taken is skipped."""
+    configs: list[McpServerConfig] = []
+    for text in (read_config_file(config_path) if config_path else None, config_json or None):
+        if text is None:
+            continue
+        parsed = parse_config(text)
+        if not parsed:
+            log.warning("mcp_config_empty", reason="no servers found in JSON")
+        for cfg in parsed:
+            if any(c.name == cfg.name for c in configs):
+                log.warning("mcp_server_skipped", server=cfg.name, reason="duplicate server name")
+                continue
+            configs.append(cfg)
+    return configs
+
+
+def _rpc_error_message(resp: dict[str, Any]) -> str:
+    err = resp.get("error")
+    if isinstance(err, dict):
+        message = err.get("message", "unknown error")
+        return message if isinstance(message, str) else "unknown error"
+    if isinstance(err, str):
+        return err
+    return "unknown error"
+
+
+def result_to_response(result: Any) -> dict[str, Any]:
+    """A ``tools/call`` result as /tools answers it: the text parts joined, or the error."""
+    parts = result.get("content") if isinstance(result, dict) else None
+    texts = [
+        p.get("text", "") if isinstance(p.get("text", ""), str) else ""
+        for p in (parts if isinstance(parts, list) else [])
+        if isinstance(p, dict) and p.get("type") == "text"
+    ]
+    text = "\n".join(texts)
+    if isinstance(result, dict) and result.get("isError") is True:
+        return {"error": text or "MCP tool returned an error"}
+    return {"plain_text_response": text}
+
+
+class StdioTransport:
+    """One MCP server process and its JSON-RPC session."""
+
+    def __init__(self, cfg: McpServerConfig, stopping: asyncio.Event) -> None:
+        self.cfg = cfg
+        self.stopping = stopping
+        self.proc: asyncio.subprocess.Process | None = None
+        self.frames: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_MAX)
+        self.lock = asyncio.Lock()  # one RPC at a time, held across the wait for its reply
+        self.next_id = 1
+        self.initialized = False
+        self.last_error = ""
+        self.err_tail = ""
+        self.tasks: list[asyncio.Task[None]] = []
+        self.running = False
+
+    async def start(self) -> bool:
+        env = None
+        if self.cfg.env:
+            env = {**os.environ, **dict(self.cfg.env)}
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.cfg.command,
+                *self.cfg.args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cfg.cwd or None,
+                env=env,
+                start_new_session=True,  # its children go with it when it is stopped
+            )
+        except (OSError, ValueError) as exc:
+            self.last_error = f"failed to spawn '{self.cfg.command}': {exc}"
+            return False
+        self.running = True
+        self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._drain_stderr())]
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self.running and self.proc is not None and self.proc.returncode is None
+
+    def diagnostics(self) -> str:
+        out = self.last_error
+        if self.err_tail:
+            out += ("; " if out else "") + "last stderr: " + self.err_tail
+        return out
+
+    async def _lines(self, stream: asyncio.StreamReader) -> Any:
+        buf, skipping = b"", False
+        while True:
+            chunk = await stream.read(4096)
+            if not chunk:
+                return
+            buf += chunk
+            if skipping:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    buf = b"" if len(buf) > MAX_LINE else buf
+                    continue
+                buf, skipping = buf[nl + 1 :], False
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                line = line.rstrip(b"\r")
+                if line:
+                    yield line.decode("utf-8", "replace")
+            if len(buf) > MAX_LINE:
+                log.warning("mcp_line_dropped", server=self.cfg.name, reason=f"a line longer than {MAX_LINE} bytes")
+                buf, skipping = b"", True
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            async for line in self._lines(self.proc.stdout):
+                if self.frames.full():
+                    continue  # unsolicited notifications must not grow it without bound
+                self.frames.put_nowait(line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.running = False
+            with contextlib.suppress(asyncio.QueueFull):
+                self.frames.put_nowait(None)  # end of stream: a waiting call returns
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            async for line in self._lines(self.proc.stderr):
+                log.debug("mcp_stderr", server=self.cfg.name, line=line)
+                self.err_tail = (self.err_tail + line + "\n")[-ERR_TAIL_MAX:]
+
+    async def _send(self, message: dict[str, Any]) -> bool:
+        if not self.alive:
+            return False
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            await self.proc.stdin.drain()
+        except (OSError, RuntimeError):
+            return False
+        return True
+
+    async def _rpc(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+        def failure(message: str) -> dict[str, Any]:
+            return {"error": {"code": -32603, "message": message}}
+
+        if not await self._send(request):
+            return failure("transport closed")
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return failure("request timed out")
+                get = asyncio.ensure_future(self.frames.get())
+                done, _ = await asyncio.wait((get, stop), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    return failure("cancelled" if stop in done else "request timed out")
+                frame = get.result()
+                if frame is None:
+                    with contextlib.suppress(asyncio.QueueFull):
+                        self.frames.put_nowait(None)  # stays at the end for the next caller
+                    return failure("transport closed")
+                try:
+                    reply = json.loads(frame)
+                except ValueError:
+                    continue  # a malformed frame is skipped
+                if not isinstance(reply, dict):
+                    continue
+                if "id" not in request or reply.get("id") == request["id"]:
+                    return reply
+                # a notification, or a late reply to a request that timed out
+        finally:
+            stop.cancel()
+
+    def _request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        req: dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
+        self.next_id += 1
+        if params is not None:
+            req["params"] = params
+        return req
+
+    async def _ensure_init(self, deadline: float) -> bool:
+        if self.initialized:
+            return True
+        params = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "llama.cpp", "version": "1.0"},
+        }
+        resp = await self._rpc(self._request("initialize", params), deadline)
+        if "result" not in resp:
+            self.last_error = "initialize failed: " + _rpc_error_message(resp)
+            return False
+        await self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.initialized = True
+        return True
+
+    def _deadline(self, limit_s: float | None = None) -> float:
+        timeout = self.cfg.timeout_ms / 1000
+        return time.monotonic() + (min(timeout, limit_s) if limit_s is not None else timeout)
+
+    async def list_tools(self, limit_s: float) -> list[tuple[str, str, str, Any]]:
+        async with self.lock:
+            if not await self._ensure_init(self._deadline(limit_s)):
+                return []
+            resp = await self._rpc(self._request("tools/list"), self._deadline(limit_s))
+            if "result" not in resp:
+                self.last_error = "tools/list failed: " + _rpc_error_message(resp)
+                return []
+            result = resp["result"]
+            tools = result.get("tools") if isinstance(result, dict) else None
+            out = []
+            for t in tools if isinstance(tools, list) else []:
+                if not isinstance(t, dict):
+                    continue
+                name = t.get("name", "")
+                description = t.get("description", "")
+                out.append(
+                    (
+                        self.cfg.name,
+                        name if isinstance(name, str) else "",
+                        description if isinstance(description, str) else "",
+                        t.get("inputSchema"),
+                    )
+                )
+            return out
+
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        async with self.lock:
+            if not await self._ensure_init(self._deadline()):
+                return {"error": self.last_error}
+            params = {"name": tool, "arguments": arguments}
+            resp = await self._rpc(self._request("tools/call", params), self._deadline())
+            if "error" in resp:
+                return {"error": _rpc_error_message(resp)}
+            if "result" in resp:
+                return result_to_response(resp["result"])
+            return {"error": "invalid response from MCP server"}
+
+    async def close(self) -> None:
+        self.running = False
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # and any child that holds its pipes
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                await proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+
+
+@dataclass
+class McpManager:
+    configs: list[McpServerConfig] = field(default_factory=list)
+    registry: list[tuple[str, str, str, Any]] = field(default_factory=list)  # (server, tool, description, schema)
+    transports: dict[str, StdioTransport] = field(default_factory=dict)
+    dead_until: dict[str, float] = field(default_factory=dict)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one start of a server at a time
+
+    @classmethod
+    def from_config(cls, config_path: str, config_json: str) -> McpManager:
+        return cls(configs=load_configs(config_path, config_json))
+
+    def __bool__(self) -> bool:
+        return bool(self.configs)
+
+    async def start(self) -> None:
+        """Start each server once, list its tools, stop it (a server that fails is logged)."""
+        for cfg in self.configs:
+            t = StdioTransport(cfg, self.stopping)
+            if not await t.start():
+                log.warning("mcp_warmup_failed", server=cfg.name, error=t.diagnostics())
+                continue
+            tools = await t.list_tools(WARMUP_TIMEOUT_S)
+            if not tools and t.last_error:
+                log.warning("mcp_warmup_failed", server=cfg.name, error=t.diagnostics())
+            log.info("mcp_warmup", server=cfg.name, tools=len(tools))
+            self.registry += tools
+            await t.close()
+
+    async def _transport(self, name: str) -> StdioTransport | None:
+        if self.stopping.is_set():
+            return None
+        now = time.monotonic()
+        if self.dead_until.get(name, 0) > now:
+            return None
+        self.dead_until.pop(name, None)
+        t = self.transports.get(name)
+        if t is not None:
+            if t.alive:
+                return t
+            log.warning("mcp_server_died", server=name, error=t.diagnostics())
+            del self.transports[name]
+            await t.close()
+        cfg = next((c for c in self.configs if c.name == name), None)
+        if cfg is None:
+            return None
+        fresh = StdioTransport(cfg, self.stopping)
+        if await fresh.start() and fresh.alive:
+            self.transports[name] = fresh
+            return fresh
+        log.warning("mcp_start_failed", server=name, error=fresh.diagnostics())
+        await fresh.close()
+        self.dead_until[name] = now + COOLDOWN_S
+        return None
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        async with self.lock:
+            transport = await self._transport(server)
+        if transport is None:
+            return {"error": f"MCP server unavailable: {server}"}
+        return await transport.call_tool(tool, arguments)
+
+    async def close(self) -> None:
+        self.stopping.set()
+        transports, self.transports = list(self.transports.values()), {}
+        for t in transports:
+            await t.close()
