@@ -1,25 +1,29 @@
-"""The multimodal projector (``--mmproj``): libmtmd next to the model, images into prompts.
+"""The multimodal projector (``--mmproj``): libmtmd next to the model, images and audio into prompts.
 
 Two operations, each where llama-server does it:
 
-- ``Vision.tokenize`` (admission): a prompt text with media markers and the image files
-  become the prompt's token ids, with a stand-in token at every position an image takes
-  (``protocol.media``), and one ``MediaChunk`` per image. ``mtmd_tokenize`` does the work: it
-  decodes the files (png, jpeg, ... as stb_image reads them), preprocesses the images and
-  tokenizes the text around them (a model's image framing tokens are text tokens).
-- ``Vision.decode`` (a group's step, ``step.DecodeStep``): one image chunk is encoded by the
+- ``Vision.tokenize`` (admission): a prompt text with media markers and the media files
+  become the prompt's token ids, with a stand-in token at every position an image or a clip
+  of audio takes (``protocol.media``), and one ``MediaChunk`` per media chunk.
+  ``mtmd_tokenize`` does the work: libmtmd's helper decodes the files (images: png, jpeg, ...
+  as stb_image reads them; audio: wav, mp3 and flac, resampled to the projector's rate, as
+  miniaudio reads them), preprocesses them and tokenizes the text around them (a model's
+  media framing tokens are text tokens). A projector has an image encoder, an audio encoder
+  or both (``vision``, ``audio``); a file of the other kind is a RequestError naming it.
+- ``Vision.decode`` (a group's step, ``step.DecodeStep``): one media chunk is encoded by the
   projector and its embeddings decoded into one slot's sequence at its positions, alone,
   before that slot's next text goes into the shared batch (llama-server's process_chunk).
-  The engine gets an image as its file bytes and encodes it again from them, so a task that
+  The engine gets a medium as its file bytes and encodes it again from them, so a task that
   crosses to the engine process, or is resumed by a new one, carries everything it needs.
+  Audio is cut into 30 s chunks (Whisper-style encoders): a longer clip is several chunks.
 
-Stand-in values come from ``MediaKeys``: one per distinct image file (SHA-256) and chunk,
-never reused in this process, so two different images never compare equal. The isolated
-engine's API process loads a projector of its own, on the CPU and without warmup: libmtmd
-reads an image's token count from the projector's settings only with its weights loaded.
+Stand-in values come from ``MediaKeys``: one per distinct file (SHA-256) and chunk, never
+reused in this process, so two different files never compare equal. The isolated engine's
+API process loads a projector of its own, on the CPU and without warmup: libmtmd reads a
+medium's token count from the projector's settings only with its weights loaded.
 
 Encoding is not thread-safe in libmtmd (one output buffer per context): decodes hold a lock,
-so the groups of one engine encode one image at a time. Tokenizing is thread-safe.
+so the groups of one engine encode one medium at a time. Tokenizing is thread-safe.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from llamactor.runtime.engine.model import Model, init_backend
 
 GGML_LOG_LEVEL_ERROR = 4
 GGML_LOG_LEVEL_CONT = 5
-KEYS_REMEMBERED = 65536  # distinct images whose stand-in is remembered (an image seen again after: a new one)
+KEYS_REMEMBERED = 65536  # distinct files whose stand-in is remembered (a file seen again after: a new one)
+IMAGE_FORMATS = "png, jpeg, bmp, gif, ..."
+AUDIO_FORMATS = "wav, mp3, flac"
 
 _NO_CALLBACK = mtmd.mtmd_helper_post_decode_callback()  # a NULL function pointer
 _errors: deque[str] = deque(maxlen=8)  # libmtmd's last error lines (its log is otherwise dropped)
@@ -67,6 +73,19 @@ def _log_callback() -> Any:
 
     mtmd.mtmd_helper_log_set(_keep_errors, ctypes.c_void_p())
     return _keep_errors
+
+
+def looks_like_audio(data: bytes) -> bool:
+    """Whether libmtmd's helper takes ``data`` for audio (its ``is_audio_file``: a RIFF/WAVE,
+    ID3 or MPEG-frame, or fLaC header) and decodes it as such, not as an image."""
+    if len(data) < 12:
+        return False
+    return (
+        (data[:4] == b"RIFF" and data[8:12] == b"WAVE")
+        or data[:3] == b"ID3"
+        or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+        or data[:4] == b"fLaC"
+    )
 
 
 def _last_errors() -> str:
@@ -126,10 +145,20 @@ class Vision:
         self.path = path
         self.model = model
         self.marker: str = (mtmd.mtmd_get_marker(ptr) or mtmd.mtmd_default_marker()).decode()
-        self.vision = bool(mtmd.mtmd_support_vision(ptr))
-        self.audio = bool(mtmd.mtmd_support_audio(ptr))
+        self.vision = bool(mtmd.mtmd_support_vision(ptr))  # takes images
+        self.audio = bool(mtmd.mtmd_support_audio(ptr))  # takes audio
         self.keys = MediaKeys()
         self._encode_lock = threading.Lock()
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The kinds of media it takes: "image", "audio"."""
+        return (("image",) if self.vision else ()) + (("audio",) if self.audio else ())
+
+    @property
+    def takes(self) -> str:
+        """What it takes, as errors say it."""
+        return " and ".join(k if k == "audio" else "images" for k in self.modalities)
 
     def close(self) -> None:
         if self.ptr:
@@ -149,15 +178,16 @@ class Vision:
         names: Sequence[str] = (),
     ) -> tuple[list[int], tuple[MediaChunk, ...]]:
         """The tokens of ``text`` with each media marker replaced by the next file of
-        ``files``, and the images' chunks. RequestError names what is wrong with the input.
-        ``n_ubatch``: the contexts' physical batch, which an image decoded with non-causal
-        attention (Gemma 3's) must fit in whole (0: not checked). ``names``: where each file
-        came from (its URL; "" for none), said in errors."""
+        ``files``, and the media chunks. RequestError names what is wrong with the input.
+        ``n_ubatch``: the contexts' physical batch, which media decoded with non-causal
+        attention (Gemma 3's images) must fit in whole (0: not checked). ``names``: where each
+        file came from (its URL; "" for none), said in errors."""
         markers = text.count(self.marker)
         if markers != len(files):
+            noun = "image" if not self.audio else "audio file" if not self.vision else "media file"
             raise RequestError(
                 f"the prompt has {markers} media marker{'s' if markers != 1 else ''} ({self.marker!r}) "
-                f"but {len(files)} image{'s were' if len(files) != 1 else ' was'} given: each image takes the "
+                f"but {len(files)} {noun}{'s were' if len(files) != 1 else ' was'} given: each {noun} takes the "
                 "place of one marker"
             )
         bitmaps: list[Any] = []
@@ -170,8 +200,8 @@ class Vision:
             array = (mtmd.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
             rc = mtmd.mtmd_tokenize(self.ptr, chunks, ctypes.byref(inp), array, len(bitmaps))
             if rc != 0:
-                why = {1: "the media markers and the images do not pair up", 2: "an image could not be preprocessed"}
-                raise RequestError(f"the prompt with its images could not be tokenized: {why.get(rc, f'status {rc}')}")
+                why = {1: "the media markers and the files do not pair up", 2: "a file could not be preprocessed"}
+                raise RequestError(f"the prompt with its media could not be tokenized: {why.get(rc, f'status {rc}')}")
             return self._read(chunks, files, n_ubatch)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
@@ -179,24 +209,42 @@ class Vision:
                 mtmd.mtmd_bitmap_free(bitmap)
 
     def _bitmap(self, data: bytes, index: int, count: int, name: str = "") -> Any:
+        """The file decoded (an image's pixels, audio's samples), or a RequestError saying
+        why not: a kind this projector has no encoder for, or bytes libmtmd cannot decode."""
+        audio = looks_like_audio(data)
+        kind = "image" if not self.audio else "audio file" if not self.vision else "file"  # what it takes
+        which = f"{kind} {index + 1} of {count}" + (f" ({name})" if name else "")
+        if audio and not self.audio:
+            raise RequestError(
+                f"{which} is audio ({AUDIO_FORMATS}): audio input is not supported by this multimodal projector "
+                f"(--mmproj), it has no audio encoder: it takes {self.takes} only"
+            )
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False) if data else None
-        which = f"image {index + 1} of {count}" + (f" ({name})" if name else "")
         if not bitmap:
+            start = f"{len(data)} bytes starting {data[:8]!r}"
+            if audio:
+                raise RequestError(f"{which} is not audio libmtmd can decode ({AUDIO_FORMATS}): {start}")
+            if not self.audio:
+                raise RequestError(f"{which} is not an image libmtmd can read ({IMAGE_FORMATS}): {start}")
+            if not self.vision:
+                raise RequestError(f"{which} is not audio libmtmd can decode ({AUDIO_FORMATS}): {start}")
             raise RequestError(
-                f"{which} is not an image libmtmd can read (png, jpeg, bmp, gif, ...): "
-                f"{len(data)} bytes starting {data[:8]!r}"
+                f"{which} is neither an image ({IMAGE_FORMATS}) nor audio ({AUDIO_FORMATS}) libmtmd can read: {start}"
             )
-        if mtmd.mtmd_bitmap_is_audio(bitmap):
+        if not mtmd.mtmd_bitmap_is_audio(bitmap) and not self.vision:
             mtmd.mtmd_bitmap_free(bitmap)
-            raise RequestError(f"{which} is audio: only image input is supported")
+            raise RequestError(
+                f"{which} is an image: image input is not supported by this multimodal projector (--mmproj), "
+                f"it has no vision encoder: it takes {self.takes} only"
+            )
         mtmd.mtmd_bitmap_set_id(bitmap, str(index).encode())
         return bitmap
 
     def _read(self, chunks: Any, files: Sequence[bytes], n_ubatch: int) -> tuple[list[int], tuple[MediaChunk, ...]]:
         tokens: list[int] = []
         media: list[MediaChunk] = []
-        parts: dict[int, int] = {}  # file index -> image chunks seen of it
+        parts: dict[int, int] = {}  # file index -> media chunks seen of it
         digests: dict[int, str] = {}
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
@@ -206,8 +254,7 @@ class Vision:
                 ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 tokens.extend(ids[: n.value] if n.value else ())
                 continue
-            if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                raise RequestError("only image input is supported (this prompt has audio)")
+            noun = "audio" if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO else "image"
             index = int((mtmd.mtmd_input_chunk_get_id(chunk) or b"0").decode())
             part = parts.get(index, 0)
             parts[index] = part + 1
@@ -217,24 +264,24 @@ class Vision:
             n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
             if 0 < n_ubatch < n_tokens and mtmd.mtmd_decode_use_non_causal(self.ptr, chunk):
                 raise RequestError(
-                    f"image {index + 1} makes {n_tokens} embeddings, decoded at once (non-causal attention): "
+                    f"{noun} {index + 1} makes {n_tokens} embeddings, decoded at once (non-causal attention): "
                     f"more than the physical batch, --ubatch-size {n_ubatch}"
                 )
             media.append(MediaChunk(pos=len(tokens), n_pos=n_pos, n_tokens=n_tokens, data=files[index], part=part))
             tokens.extend([self.keys.standin(digests[index], part)] * n_pos)
         if media and media[-1].end == len(tokens):
             raise RequestError(
-                "the prompt ends with an image: put text after it (a chat template's turn end does), "
-                "the first token is sampled after the last prompt token"
+                f"the prompt ends with {'audio' if noun == 'audio' else 'an image'}: put text after it (a chat "
+                "template's turn end does), the first token is sampled after the last prompt token"
             )
         return tokens, tuple(media)
 
     # ---- a group's step -------------------------------------------------------------------
 
     def decode(self, ctx: Any, chunk: MediaChunk, seq: int, n_batch: int) -> int:
-        """Encode ``chunk``'s image and decode its embeddings into sequence ``seq`` of ``ctx``
-        at positions ``[chunk.pos, chunk.end)``; returns llama_decode's status (0: done, 1: no
-        KV cells for them). RequestError when the image cannot be encoded (that request's
+        """Encode ``chunk``'s image or audio and decode its embeddings into sequence ``seq`` of
+        ``ctx`` at positions ``[chunk.pos, chunk.end)``; returns llama_decode's status (0: done,
+        1: no KV cells for them). RequestError when it cannot be encoded (that request's
         failure alone)."""
         with self._encode_lock:
             bitmap = self._bitmap(chunk.data, 0, 1)
@@ -242,30 +289,30 @@ class Vision:
             try:
                 image = self._image_chunk(chunks, bitmap, chunk)
                 if mtmd.mtmd_encode_chunk(self.ptr, image) != 0:
-                    raise RequestError("the multimodal projector could not encode the image")
+                    raise RequestError("the multimodal projector could not encode the image or audio")
                 embd = mtmd.mtmd_get_output_embd(self.ptr)
                 n_past = llama_cpp.llama_pos(0)
                 rc = mtmd.mtmd_helper_decode_image_chunk(
                     self.ptr, ctx, image, embd, chunk.pos, seq, n_batch, ctypes.byref(n_past), _NO_CALLBACK, None
                 )
                 if rc == 0 and n_past.value != chunk.end:
-                    raise RequestError(f"the image took {n_past.value - chunk.pos} positions, not {chunk.n_pos}")
+                    raise RequestError(f"the media took {n_past.value - chunk.pos} positions, not {chunk.n_pos}")
                 return int(rc)
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
                 mtmd.mtmd_bitmap_free(bitmap)
 
     def _image_chunk(self, chunks: Any, bitmap: Any, chunk: MediaChunk) -> Any:
-        """The image chunk ``chunk`` was admitted as, made again from its file alone."""
+        """The image or audio chunk ``chunk`` was admitted as, made again from its file alone."""
         raw = self.marker.encode()
         inp = mtmd.mtmd_input_text(raw, len(raw), False, True)
         array = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
         if mtmd.mtmd_tokenize(self.ptr, chunks, ctypes.byref(inp), array, 1) != 0:
-            raise RequestError("the image could not be preprocessed again")
+            raise RequestError("the media file could not be preprocessed again")
         seen = 0
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             c = mtmd.mtmd_input_chunks_get(chunks, i)
-            if mtmd.mtmd_input_chunk_get_type(c) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            if mtmd.mtmd_input_chunk_get_type(c) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 continue
             if seen == chunk.part:
                 if (
@@ -275,4 +322,4 @@ class Vision:
                     break
                 return c
             seen += 1
-        raise RequestError("the image does not make the chunk it was admitted with (another projector?)")
+        raise RequestError("the media file does not make the chunk it was admitted with (another projector?)")

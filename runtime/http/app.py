@@ -212,7 +212,11 @@ class Api:
         assert model is not None
         media = {"media_marker": vision.marker} if vision is not None else {}  # --mmproj: the marker prompts use
         return {
-            "modalities": {"vision": vision is not None and vision.vision, "video": False, "audio": False},
+            "modalities": {
+                "vision": vision is not None and vision.vision,
+                "video": False,
+                "audio": vision is not None and vision.audio,
+            },
             **media,
             "endpoint_slots": cfg.endpoint_slots,
             "endpoint_props": cfg.endpoint_props,

@@ -151,6 +151,7 @@ class Admission:
             chat_template_kwargs=kwargs,
             add_generation_prompt=add_generation_prompt,
             media_marker=self.vision.marker if self.vision is not None else None,
+            media_kinds=self.vision.modalities if self.vision is not None else (),
         )
 
     async def sampling(self, req: GenerationRequest, turn: ChatTurn | None = None) -> SamplingParams:
@@ -183,17 +184,20 @@ class Admission:
         """The prompt's tokens and its images (``prompt_tokens``; with images, a stand-in token
         at each position an image takes, ``protocol.media``)."""
         if turn is not None and req.multimodal_data:
-            raise RequestError("multimodal_data goes with a text prompt: a chat's images are its image_url parts")
+            raise RequestError(
+                "multimodal_data goes with a text prompt: a chat's media are its image_url and input_audio parts"
+            )
         refs = turn.media if turn is not None else tuple(req.multimodal_data)
         if not refs:
             return await self.prompt_tokens(req, turn), ()
         if self.vision is None:
             raise RequestError(
-                "multimodal_data: image input needs a multimodal projector: this server was started without --mmproj"
+                "multimodal_data: image and audio input need a multimodal projector: this server was started "
+                "without --mmproj"
             )
         prompt = turn.prompt if turn is not None else req.prompt
         if req.infill is not None or not isinstance(prompt, str):
-            raise RequestError("multimodal_data: images go with a text prompt holding their media markers")
+            raise RequestError("multimodal_data: media files go with a text prompt holding their media markers")
         vision = self.vision
         files = await self.fetcher.fetch_images(refs)
         names = media_names(refs)

@@ -58,6 +58,10 @@ ROLES_AS_SYSTEM = frozenset({"developer"})  # llama.cpp maps OpenAI's developer 
 _AFTER_THINK = ("", "\n", "\n\n", " ")
 
 
+MEDIA_PARTS = {"image_url": "image", "input_audio": "audio"}  # content part type -> medium
+AUDIO_FILES = "wav, mp3 or flac"
+
+
 @dataclass(frozen=True)
 class ChatTurn:
     """A rendered chat request. ``syntax`` is None when no call is to be parsed."""
@@ -71,7 +75,7 @@ class ChatTurn:
     grammar_triggers: tuple[str, ...] = ()
     reasoning_format: str = "none"
     thinking_open: bool = False  # the prompt ends inside <think>: the answer starts as reasoning
-    # the image files of its image parts, one media marker each in ``prompt``; an image named
+    # the files of its image and audio parts, one media marker each in ``prompt``; a file named
     # by an http(s):// or file:// URL is fetched at admission (``mediafetch``)
     media: tuple[bytes | ImageURL, ...] = ()
 
@@ -141,11 +145,14 @@ def prepare_chat(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
     media_marker: str | None = None,
+    media_kinds: Sequence[str] = ("image", "audio"),
 ) -> ChatTurn:
     """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field.
 
-    ``media_marker``: with a multimodal projector (--mmproj), each ``image_url`` part becomes
-    this marker in the prompt and its file one of the turn's ``media``; None refuses them."""
+    ``media_marker``: with a multimodal projector (--mmproj), each ``image_url`` and
+    ``input_audio`` part becomes this marker in the prompt and its file one of the turn's
+    ``media``; None refuses them. ``media_kinds``: what the projector takes ("image",
+    "audio"); a part of another kind is refused, naming it."""
     if reasoning_format not in REASONING_FORMATS:
         raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     specs = parse_tools(tools)
@@ -155,7 +162,7 @@ def prepare_chat(
     syntax = SYNTAX[fmt]
     extra = template_vars(reasoning_effort, chat_template_kwargs)
     media: list[bytes | ImageURL] = []
-    rows = template_messages(messages, syntax, media_marker=media_marker, media=media)
+    rows = template_messages(messages, syntax, media_marker=media_marker, media=media, media_kinds=media_kinds)
     if specs and syntax.native:
         extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
     elif specs and choice.mode != "none":
@@ -217,11 +224,13 @@ def template_messages(
     *,
     media_marker: str | None = None,
     media: list[bytes | ImageURL] | None = None,
+    media_kinds: Sequence[str] = ("image", "audio"),
 ) -> list[dict[str, Any]]:
     """OpenAI-shaped messages as the template sees them.
 
-    Checked here: content is text (or, with ``media_marker``, text and ``image_url`` parts:
-    each image becomes the marker and its file is appended to ``media``), an assistant's
+    Checked here: content is text (or, with ``media_marker``, text, ``image_url`` and
+    ``input_audio`` parts of the ``media_kinds`` the projector takes: each becomes the marker
+    and its file is appended to ``media``), an assistant's
     ``tool_calls`` are well-formed with JSON-object
     arguments, and every ``role: "tool"`` message answers an earlier call by ``tool_call_id``.
     Templates of a tool family get ``tool_calls`` (arguments as objects, as llama.cpp passes
@@ -244,7 +253,7 @@ def template_messages(
         role = "system" if role in ROLES_AS_SYSTEM else role
         row: dict[str, Any] = {
             "role": role,
-            "content": _text(m.get("content"), f"{where}.content", media_marker, media),
+            "content": _text(m.get("content"), f"{where}.content", media_marker, media, media_kinds),
         }
         if isinstance(m.get("name"), str):
             row["name"] = m["name"]
@@ -288,11 +297,15 @@ def template_messages(
 
 
 def _text(
-    content: Any, where: str, media_marker: str | None = None, media: list[bytes | ImageURL] | None = None
+    content: Any,
+    where: str,
+    media_marker: str | None = None,
+    media: list[bytes | ImageURL] | None = None,
+    media_kinds: Sequence[str] = ("image", "audio"),
 ) -> str:
-    """A message's content as text. Text parts are joined; with an ``image_url`` part, as
-    llama-server joins them: text parts on lines of their own, the media marker glued to
-    what is next to it."""
+    """A message's content as text. Text parts are joined; with an ``image_url`` or
+    ``input_audio`` part, as llama-server joins them: text parts on lines of their own, the
+    media marker glued to what is next to it."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -303,16 +316,29 @@ def _text(
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append((False, part["text"]))
-            elif kind == "image_url":
+            elif kind in MEDIA_PARTS:
+                medium = MEDIA_PARTS[kind]
                 if media_marker is None or media is None:
                     raise RequestError(
-                        f"{where}[{k}]: image input needs a multimodal projector: this server was started "
+                        f"{where}[{k}]: {medium} input needs a multimodal projector: this server was started "
                         "without --mmproj"
                     )
-                media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
+                if medium not in media_kinds:
+                    has = "vision" if medium == "image" else "audio"
+                    takes = " and ".join("images" if m == "image" else m for m in media_kinds)
+                    raise RequestError(
+                        f"{where}[{k}]: {medium} input is not supported: the multimodal projector (--mmproj) has "
+                        f"no {has} encoder, it takes {takes} only"
+                    )
+                if kind == "image_url":
+                    media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
+                else:
+                    media.append(audio_bytes(part.get("input_audio"), f"{where}[{k}].input_audio"))
                 parts.append((True, media_marker))
             else:
-                allowed = "text and image_url parts are" if media_marker is not None else "only text parts are"
+                allowed = (
+                    "text, image_url and input_audio parts are" if media_marker is not None else "only text parts are"
+                )
                 raise RequestError(f"{where}[{k}]: {kind!r} parts are not supported ({allowed})")
         if not any(is_media for is_media, _ in parts):
             return "".join(text for _, text in parts)
@@ -347,6 +373,31 @@ def image_bytes(image_url: Any, where: str) -> bytes | ImageURL:
         raise RequestError(f"{where}.url: not valid base64") from None
     if not raw:
         raise RequestError(f"{where}.url: the image is empty")
+    return raw
+
+
+def audio_bytes(input_audio: Any, where: str) -> bytes | ImageURL:
+    """The file of an ``input_audio`` part: its ``data`` (or ``url``, as llama-server reads
+    it), base64 or a ``data:audio/...;base64,`` URL; an http(s):// or file:// URL is left to
+    fetch at admission. ``format`` ("wav", "mp3") is not checked: the file's bytes say what it
+    is (llama-server does not read it either)."""
+    if not isinstance(input_audio, Mapping):
+        raise RequestError(f'{where} must be an object: {{"data": <base64 audio>, "format": "wav"|"mp3"}}')
+    data = input_audio.get("data", input_audio.get("url"))
+    if not isinstance(data, str) or not data:
+        raise RequestError(f"{where}.data is required: the audio file ({AUDIO_FILES}) in base64")
+    if data.startswith("data:"):
+        head, sep, data = data.partition(",")
+        if not sep or not head.startswith("data:audio/") or not head.endswith(";base64"):
+            raise RequestError(f"{where}.data: expected base64 or a data:audio/<type>;base64, URL, got {head[:40]!r}")
+    elif named_by_url(data):
+        return ImageURL(data, where)
+    try:
+        raw = base64.b64decode("".join(data.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where}.data: not valid base64") from None
+    if not raw:
+        raise RequestError(f"{where}.data: the audio is empty")
     return raw
 
 

@@ -1,0 +1,162 @@
+"""Record llama-server's greedy answers to audio requests on the tiny audio model.
+
+Usage::
+
+    .venv/bin/python tests/record_audio_golden.py [/path/to/llama-server]
+
+The default server is ``/tmp/llama-server-build/bin/llama-server``: llama-server of the llama.cpp
+that llama-cpp-python 0.3.36 vendors, built with its libmtmd (``--mmproj``). The script writes the
+tiny model and audio projector of ``tests/tinyaudio.py`` (seed 0) to a temporary folder, starts
+llama-server on loopback with ``-m model.gguf --mmproj mmproj.gguf -t 1 -np 1 -c 2048`` and
+``LLAMA_MEDIA_MARKER=<__media__>`` (llama-server makes up a random media marker otherwise;
+llamactor's is libmtmd's default, ``<__media__>``), sends each of ``REQUESTS`` once and stores
+what it answered (the generated text, the prompt's token count, and on /completion the token
+ids) in ``tests/golden/llama_server_audio.json``, under this machine's CPU class
+(``tinymodel.cpu_class``: ggml's AVX-512 and AVX2 kernels round the tiny model's nearly flat
+logits differently). ``tests/test_audio.py`` sends the same requests to llamactor and compares;
+it skips on a CPU class nothing was recorded for. Run it again after changing the tiny model,
+the projector, the audio or a request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import tinyaudio
+from tinymodel import cpu_class
+
+OUT = pathlib.Path(__file__).resolve().parent / "golden" / "llama_server_audio.json"
+DEFAULT_SERVER = "/tmp/llama-server-build/bin/llama-server"
+N = 16  # tokens generated per request
+
+AUDIO = tinyaudio.wav_bytes(1.0, seed=0)  # 16 kHz mono: libmtmd's rate
+OTHER_AUDIO = tinyaudio.wav_bytes(2.5, seed=5, rate=22050, channels=2)  # resampled and mixed down by libmtmd
+# over 30 s: libmtmd cuts it into two 30 s chunks, two encodes of N_AUDIO_TOKENS embeddings each
+LONG_AUDIO = tinyaudio.wav_bytes(31.0, seed=7, rate=8000)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def audio_part(data: bytes) -> dict[str, Any]:
+    return {"type": "input_audio", "input_audio": {"data": b64(data), "format": "wav"}}
+
+
+# name -> (path, body); greedy, so the slot count and the cache cannot change the answer
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "You transcribe speech."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is said here?"},
+                        audio_part(AUDIO),
+                        {"type": "text", "text": "Be brief."},
+                    ],
+                },
+            ],
+            "max_tokens": N,
+            "temperature": 0,
+        },
+    ),
+    "completion": (
+        "/completion",
+        {
+            "prompt": {
+                "prompt_string": "First <__media__> then <__media__> so the two differ by",
+                "multimodal_data": [b64(AUDIO), b64(OTHER_AUDIO)],
+            },
+            "n_predict": N,
+            "temperature": 0,
+            "return_tokens": True,
+        },
+    ),
+    "completion_swapped": (
+        "/completion",
+        {
+            "prompt": {
+                "prompt_string": "First <__media__> then <__media__> so the two differ by",
+                "multimodal_data": [b64(OTHER_AUDIO), b64(AUDIO)],
+            },
+            "n_predict": N,
+            "temperature": 0,
+            "return_tokens": True,
+        },
+    ),
+    "long_audio": (
+        "/completion",
+        {
+            "prompt": {"prompt_string": "Long: <__media__> and then", "multimodal_data": [b64(LONG_AUDIO)]},
+            "n_predict": N,
+            "temperature": 0,
+            "return_tokens": True,
+        },
+    ),
+}
+
+
+def answer(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What a response says, in the form the golden keeps (the same for both servers)."""
+    if name == "chat":
+        return {"text": body["choices"][0]["message"]["content"], "prompt_tokens": body["usage"]["prompt_tokens"]}
+    return {"text": body["content"], "prompt_tokens": body["tokens_evaluated"], "tokens": body["tokens"]}
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def main(server: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        model, mmproj = tinyaudio.write_tiny_audio(tmp)
+        argv = [server, "-m", str(model), "--mmproj", str(mmproj), "-t", "1", "-np", "1", "-c", "2048"]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        env = {**os.environ, "LLAMA_MEDIA_MARKER": "<__media__>"}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"llama-server did not start ({' '.join(argv)})")
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    time.sleep(0.1)
+            props = json.loads(urllib.request.urlopen(url + "/props", timeout=5).read())
+            assert props["modalities"] == {"vision": False, "video": False, "audio": True}, props["modalities"]
+            recorded = {name: answer(name, post(url + path, body)) for name, (path, body) in REQUESTS.items()}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert recorded["completion"]["tokens"] != recorded["completion_swapped"]["tokens"], "the audio changes nothing"
+    golden = json.loads(OUT.read_text()) if OUT.exists() else {}
+    golden[cpu_class()] = recorded
+    OUT.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
+    print(f"recorded {', '.join(recorded)} for {cpu_class()} in {OUT}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SERVER)
