@@ -12,7 +12,7 @@ exactly one group below. A group says what ``llamactor serve`` does with its opt
 - ``REFUSE``   a feature llamactor has not built: startup stops with exit code 2 naming it.
 
 An IGNORE or REFUSE option may accept some values silently (``ok``): those that are already
-what llamactor does (``--spec-type none``, ``-ncmoe 0``). A flag given
+what llamactor does (``--spec-type none``, ``--no-agent``). A flag given
 on the command line wins over its variable, as in llama-server. llamactor's own flags
 (pipeline groups, schedulers) are a CONFIG group of their own at the end.
 
@@ -32,8 +32,9 @@ from typing import Any
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
+from llamactor.runtime.engine import placement
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride, parse_kv_override
-from llamactor.runtime.engine.speculative import SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.engine.speculative import SPEC_NGRAM, SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.http import tools as agent_tools
 from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
@@ -286,10 +287,13 @@ def _key_file(path: str) -> tuple[str, ...]:
     return tuple(line for line in _read(path).splitlines() if line and not line.startswith("#"))
 
 
-def _load_mode(mode: str) -> bool | Ignored:
-    if mode in ("mlock", "mmap+mlock"):
-        return Ignored("mlock is not used: the weights are memory-mapped and may be paged out")
-    return mode in ("auto", "mmap")
+def _tensor_overrides(values: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
+    """-ot, -cmoe, -ncmoe, -ncffn in command-line order: each gives (pattern, buffer type) pairs
+    (-cmoe a switch: its pairs when on)."""
+    out: list[tuple[str, str]] = []
+    for value in values:
+        out.extend(placement.cpu_moe(value) if isinstance(value, bool) else value)
+    return tuple(out)
 
 
 def _cont_batching(on: bool) -> str | Ignored:
@@ -307,6 +311,14 @@ def _spec_type(text: str) -> str:
     if len(kinds) > 1:
         raise argparse.ArgumentTypeError(f"one kind of speculation at a time, got {text!r}")
     return kinds[0] if kinds else SPEC_NONE
+
+
+def _spec_default(on: bool) -> Sets | None:
+    """``--spec-default``: llama-server's ngram-mod (n_match 24, n_min 48, n_max 64), as the
+    n-gram kind built here: the last 24 tokens looked up, drafts of 48 to 64 tokens."""
+    if not on:
+        return None
+    return Sets({"spec_type": SPEC_NGRAM, "spec_ngram_size_n": 24, "spec_ngram_size_m": 64, "spec_draft_n_min": 48})
 
 
 def _is(*values: Any) -> Callable[[Any], bool]:
@@ -372,6 +384,13 @@ GROUPS: tuple[Group, ...] = (
                 neg=("-no-kvu", "--no-kv-unified"),
                 field="kv_unified",
                 env="LLAMA_ARG_KV_UNIFIED",
+            ),
+            opt(
+                "--kv-unified-per-slot",
+                field="kv_unified_per_slot",
+                env="LLAMA_ARG_KV_UNIFIED_PER_SLOT",
+                parse=int,
+                help="the longest context of one request; without -c the context is -np x N",
             ),
             opt(
                 "-fa",
@@ -445,6 +464,12 @@ GROUPS: tuple[Group, ...] = (
                 help="a stop string for requests that send none (repeatable)",
             ),
             switch("--ignore-eos", field="ignore_eos", help="default of the request field ignore_eos"),
+            switch(
+                "-sp",
+                "--special",
+                field="special",
+                help="special tokens (<|im_end|>, the EOS, ...) appear as their text in generated output",
+            ),
             opt("--slot-save-path", field="slot_save_path", value="PATH", env="LLAMA_ARG_SLOT_SAVE_PATH"),
             opt(
                 "--api-key",
@@ -488,12 +513,23 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMA_ARG_API_PREFIX",
                 help="serve every route, the page included, under this path (/api: /api/health, /api/v1/models)",
             ),
+            opt(
+                "--path",
+                field="static_path",
+                value="PATH",
+                env="LLAMA_ARG_STATIC_PATH",
+                convert=lambda path: path or None,
+                help="serve the files of this directory at / instead of the built-in page (index.html for a "
+                "directory; the API's routes first)",
+            ),
         ),
     ),
     Group(
         "Weights placement",
         Use.CONFIG,
-        "-ngl on a machine without a GPU is logged and ignored, as llama-server warns; --load-mode mlock is logged",
+        "-ngl on a machine without a GPU is logged and ignored, as llama-server warns; -ot/-cmoe/-ncmoe/-ncffn "
+        "place the tensors their patterns match in a device's buffer type (CPU here; an unknown name is exit 2 "
+        "listing the available ones)",
         (
             opt(
                 "-ngl",
@@ -507,13 +543,77 @@ GROUPS: tuple[Group, ...] = (
             opt(
                 "-lm",
                 "--load-mode",
-                field="use_mmap",
+                field="load_mode",
                 value="MODE",
                 env="LLAMA_ARG_LOAD_MODE",
-                parse=_choice("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
-                convert=_load_mode,
+                parse=_choice(*placement.LOAD_MODES),
+                help="how the weights are read: auto (mmap), none (read into memory), mmap, mlock, mmap+mlock, "
+                "dio (direct I/O)",
             ),
-            switch("--mmap", neg=("--no-mmap",), field="use_mmap", env="LLAMA_ARG_MMAP", help="older llama-server"),
+            switch(
+                "--mmap",
+                neg=("--no-mmap",),
+                field="use_mmap",
+                env="LLAMA_ARG_MMAP",
+                help="older llama-server: --no-mmap is --load-mode none",
+            ),
+            switch(
+                "--mlock", field="use_mlock", env="LLAMA_ARG_MLOCK", help="older llama-server: --load-mode mmap+mlock"
+            ),
+            opt(
+                "-lzm",
+                "--lazy-mode",
+                field="lazy_mode",
+                value="MODE",
+                env="LLAMA_ARG_LAZY_MODE",
+                parse=_choice(*placement.LAZY_MODES),
+                help="read the rows of tensors such as per-layer embeddings on demand: on, auto (those over 4 GiB), "
+                "off",
+            ),
+            opt(
+                "-ot",
+                "--override-tensor",
+                field="tensor_overrides",
+                value="PATTERN=TYPE,...",
+                env="LLAMA_ARG_OVERRIDE_TENSOR",
+                parse=placement.parse_override_tensor,
+                many=True,
+                convert=_tensor_overrides,
+                shared="tensor_overrides",
+                help="tensors whose name the regular expression matches go to that buffer type (repeatable)",
+            ),
+            switch(
+                "-cmoe",
+                "--cpu-moe",
+                field="tensor_overrides",
+                env="LLAMA_ARG_CPU_MOE",
+                many=True,
+                convert=_tensor_overrides,
+                shared="tensor_overrides",
+                help="every MoE expert weight in the CPU buffer type",
+            ),
+            opt(
+                "-ncmoe",
+                "--n-cpu-moe",
+                field="tensor_overrides",
+                env="LLAMA_ARG_N_CPU_MOE",
+                parse=placement.n_cpu_moe,
+                many=True,
+                convert=_tensor_overrides,
+                shared="tensor_overrides",
+                help="the MoE expert weights of the first N layers in the CPU buffer type",
+            ),
+            opt(
+                "-ncffn",
+                "--n-cpu-ffn",
+                field="tensor_overrides",
+                env="LLAMA_ARG_N_CPU_FFN",
+                parse=placement.n_cpu_ffn,
+                many=True,
+                convert=_tensor_overrides,
+                shared="tensor_overrides",
+                help="the dense FFN weights of the first N layers in the CPU buffer type",
+            ),
             opt(
                 "--rpc",
                 field="rpc_servers",
@@ -802,6 +902,13 @@ GROUPS: tuple[Group, ...] = (
                 parse=_spec_type,
                 help="none | ngram-simple | draft-simple (-md alone means draft-simple)",
             ),
+            switch(
+                "--spec-default",
+                field="spec_type",
+                convert=_spec_default,
+                help="llama-server's default speculation (ngram-mod: 24-token match, drafts of 48 to 64 tokens) "
+                "as its closest kind here: ngram-simple with size-n 24, size-m 64 and --spec-draft-n-min 48",
+            ),
             opt(
                 "--spec-ngram-simple-size-n",
                 field="spec_ngram_size_n",
@@ -939,6 +1046,18 @@ GROUPS: tuple[Group, ...] = (
             opt("--mirostat", field="mirostat", parse=int),
             opt("--mirostat-lr", field="mirostat_eta", parse=float),
             opt("--mirostat-ent", field="mirostat_tau", parse=float),
+            opt(
+                "--adaptive-target",
+                field="adaptive_target",
+                parse=float,
+                help="adaptive-p (samplers adaptive_p): tokens near this probability, 0 to 1 (negative: off)",
+            ),
+            opt(
+                "--adaptive-decay",
+                field="adaptive_decay",
+                parse=float,
+                help="adaptive-p: the target's decay, 0 to 0.99",
+            ),
             opt("-s", "--seed", field="seed", value="SEED", parse=_seed, help="-1 = random"),
             opt("--samplers", field="samplers", value="SAMPLERS", parse=_samplers, help="names separated by ';'"),
             opt("--sampler-seq", "--sampling-seq", field="samplers", value="SEQUENCE", parse=_sampler_chars),
@@ -974,6 +1093,11 @@ GROUPS: tuple[Group, ...] = (
             ),
             switch("--list-devices", field="list_devices", help="print the devices and exit"),
             switch("--version", field="version", help="print the version and exit"),
+            switch(
+                "--completion-bash",
+                field="completion_bash",
+                help="print a bash completion script for llamactor serve and exit (source it)",
+            ),
         ),
     ),
     Group(
@@ -1096,7 +1220,6 @@ GROUPS: tuple[Group, ...] = (
             switch("--check-tensors"),
             switch("--swa-full", env="LLAMA_ARG_SWA_FULL"),
             opt("-dt", "--defrag-thold", env="LLAMA_ARG_DEFRAG_THOLD", help="deprecated in llama.cpp"),
-            switch("--mlock", env="LLAMA_ARG_MLOCK", help="older llama-server"),
             switch("--warmup", neg=("--no-warmup",), ok=_off, help="llamactor runs no warmup decode"),
         ),
     ),
@@ -1189,10 +1312,7 @@ GROUPS: tuple[Group, ...] = (
         "Sampling backends",
         Use.IGNORE,
         "only meaningful for GPU sampling",
-        (
-            switch("-bs", "--backend-sampling", env="LLAMA_ARG_BACKEND_SAMPLING", help="sampling runs on the CPU"),
-            opt("--adaptive-decay", parse=float, help="used only by --adaptive-target, which is refused"),
-        ),
+        (switch("-bs", "--backend-sampling", env="LLAMA_ARG_BACKEND_SAMPLING", help="sampling runs on the CPU"),),
     ),
     Group(
         "Speculative tuning",
@@ -1276,7 +1396,6 @@ GROUPS: tuple[Group, ...] = (
             opt(
                 "--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"
             ),
-            switch("--spec-default"),
             opt("-lcs", "--lookup-cache-static", value="FNAME"),
             opt("-lcd", "--lookup-cache-dynamic", value="FNAME"),
         ),
@@ -1325,19 +1444,6 @@ GROUPS: tuple[Group, ...] = (
                     "vision-gemma-12b-default",
                 )
             ),
-        ),
-    ),
-    Group(
-        "Placement overrides",
-        Use.REFUSE,
-        "not built: the weights go where -ngl, -dev and -ts put them, the KV where -kvu says",
-        (
-            opt("-ot", "--override-tensor", value="PATTERN=TYPE", env="LLAMA_ARG_OVERRIDE_TENSOR"),
-            switch("-cmoe", "--cpu-moe", env="LLAMA_ARG_CPU_MOE"),
-            opt("-ncmoe", "--n-cpu-moe", env="LLAMA_ARG_N_CPU_MOE", parse=int, ok=_is(0)),
-            opt("-ncffn", "--n-cpu-ffn", env="LLAMA_ARG_N_CPU_FFN", parse=int, ok=_is(0)),
-            opt("-lzm", "--lazy-mode", value="MODE", env="LLAMA_ARG_LAZY_MODE", ok=_is("auto", "off")),
-            opt("--kv-unified-per-slot", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
         ),
     ),
     Group(
@@ -1396,17 +1502,6 @@ GROUPS: tuple[Group, ...] = (
                 convert=lambda on: Sets({"server_tools": ("all",) if on else (), "ui_mcp_proxy": on}),
                 help="all the tools and the CORS proxy",
             ),
-        ),
-    ),
-    Group(
-        "Server features",
-        Use.REFUSE,
-        "not built in llamactor",
-        (
-            opt("--adaptive-target", parse=float, ok=lambda v: v < 0, help="adaptive-p sampling"),
-            switch("-sp", "--special", help="special tokens render empty in generated text"),
-            opt("--path", value="PATH", env="LLAMA_ARG_STATIC_PATH", ok=_is(""), help="static files"),
-            switch("--completion-bash"),
         ),
     ),
     # ---- llamactor's own ----------------------------------------------------------------

@@ -68,9 +68,12 @@ def parse_url(url: str) -> tuple[str, str, int, str]:
     return scheme, host, port, path
 
 
+JSON_TYPE = "application/json; charset=utf-8"  # llama-server's type of a response that names none
+
+
 def _server_error(message: str) -> Response:
     body = {"error": {"code": 500, "message": message, "type": "server_error"}}
-    return Response(json.dumps(body), status_code=500, media_type="application/json")
+    return Response(json.dumps(body, separators=(",", ":")), status_code=500, media_type=JSON_TYPE)
 
 
 def _why(exc: httpx.HTTPError) -> str:
@@ -130,16 +133,16 @@ class CorsProxy:
             response = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             log.warning("proxy_failed", error=str(exc) or type(exc).__name__)
-            return Response(f"proxy error: {_why(exc)}", status_code=500, media_type="application/json")
+            return Response(f"proxy error: {_why(exc)}", status_code=500, media_type=JSON_TYPE)
         out_headers = {
             k: v
             for k, v in response.headers.items()
-            if k not in STRIPPED_RESPONSE and not k.startswith("access-control-") and k != "content-type"
+            if k not in STRIPPED_RESPONSE and not k.startswith("access-control-")
         }
-        media_type = response.headers.get("content-type")
+        out_headers.setdefault("content-type", JSON_TYPE)  # as given: no charset added
         if response.status_code in (204, 304) or request.method == "HEAD":
             await response.aclose()
-            return Response(status_code=response.status_code, headers=out_headers, media_type=media_type)
+            return Response(status_code=response.status_code, headers=out_headers)
 
         async def chunks() -> AsyncIterator[bytes]:
             try:
@@ -150,4 +153,4 @@ class CorsProxy:
             finally:
                 await response.aclose()
 
-        return StreamingResponse(chunks(), status_code=response.status_code, headers=out_headers, media_type=media_type)
+        return StreamingResponse(chunks(), status_code=response.status_code, headers=out_headers)

@@ -663,7 +663,13 @@ class ContainerRuntime:
         with contextlib.suppress(OSError):
             os.unlink(cidfile)
         if not cid:
+            code = self.proc.poll()
             self.stop()
+            if code is not None:
+                raise ToolFailure(
+                    f"failed to start a {self.engine} container for the tools runtime (image: {self.image}): "
+                    f"'{self.engine} run' exited with code {code}"
+                )
             raise ToolFailure(f"timed out waiting for {self.engine} container to start (image: {self.image})")
         self.container_id = cid
 
