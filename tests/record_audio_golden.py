@@ -110,15 +110,36 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+# POST /v1/audio/transcriptions: a multipart form, the audio in its "file" part
+TRANSCRIPTION_PATH = "/v1/audio/transcriptions"
+TRANSCRIPTION_FIELDS = {"language": "en", "max_tokens": str(N), "temperature": "0"}
+
+
+def form_body(fields: dict[str, str], files: dict[str, bytes]) -> tuple[bytes, str]:
+    """A multipart/form-data body and its Content-Type (each file named ``<field>.wav``)."""
+    boundary = "llamactor-form-boundary-7c1f"
+    out = b""
+    for name, value in fields.items():
+        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+    for name, data in files.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.wav"\r\n'
+        out += (head + "Content-Type: audio/wav\r\n\r\n").encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
 def answer(name: str, body: dict[str, Any]) -> dict[str, Any]:
     """What a response says, in the form the golden keeps (the same for both servers)."""
+    if name == "transcription":
+        return {"text": body["text"], "prompt_tokens": body["usage"]["input_tokens"]}
     if name == "chat":
         return {"text": body["choices"][0]["message"]["content"], "prompt_tokens": body["usage"]["prompt_tokens"]}
     return {"text": body["content"], "prompt_tokens": body["tokens_evaluated"], "tokens": body["tokens"]}
 
 
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def post(url: str, body: dict[str, Any] | tuple[bytes, str]) -> dict[str, Any]:
+    """POST a JSON body, or a (form body, Content-Type) pair."""
+    data, kind = body if isinstance(body, tuple) else (json.dumps(body).encode(), "application/json")
+    req = urllib.request.Request(url, data, {"Content-Type": kind})
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())
 
@@ -148,6 +169,8 @@ def main(server: str) -> None:
             props = json.loads(urllib.request.urlopen(url + "/props", timeout=5).read())
             assert props["modalities"] == {"vision": False, "video": False, "audio": True}, props["modalities"]
             recorded = {name: answer(name, post(url + path, body)) for name, (path, body) in REQUESTS.items()}
+            form = form_body(TRANSCRIPTION_FIELDS, {"file": AUDIO})
+            recorded["transcription"] = answer("transcription", post(url + TRANSCRIPTION_PATH, form))
         finally:
             proc.terminate()
             proc.wait(timeout=30)

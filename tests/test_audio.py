@@ -26,7 +26,18 @@ import pytest
 import tinyaudio
 import tinyvision
 from conftest import TEST_THREADS, free_port, wait_healthy
-from record_audio_golden import AUDIO, LONG_AUDIO, OTHER_AUDIO, REQUESTS, answer, audio_part, b64
+from record_audio_golden import (
+    AUDIO,
+    LONG_AUDIO,
+    OTHER_AUDIO,
+    REQUESTS,
+    TRANSCRIPTION_FIELDS,
+    TRANSCRIPTION_PATH,
+    answer,
+    audio_part,
+    b64,
+    form_body,
+)
 from tinymodel import cpu_class
 
 from llamactor.protocol.errors import RequestError
@@ -107,6 +118,66 @@ def test_greedy_answers_are_llama_servers(server: str, name: str):
     # ids are compared on /completion).
     got["text"], want["text"] = got["text"].rstrip("\ufffd"), want["text"].rstrip("\ufffd")
     assert got == want
+
+
+def _transcribe(url: str, fields: dict[str, str], files: dict[str, bytes]) -> httpx.Response:
+    body, kind = form_body(fields, files)
+    return httpx.post(url + TRANSCRIPTION_PATH, content=body, headers={"Content-Type": kind}, timeout=60)
+
+
+def test_transcription_is_llama_servers(server: str):
+    """POST /v1/audio/transcriptions (a multipart form): the chat llama-server makes of it
+    ("Transcribe audio to text (language: en)" and the audio) answered as llama-server does."""
+    recorded = GOLDEN.get(cpu_class())
+    if recorded is None:
+        pytest.skip(f"no llama-server answer recorded on a {cpu_class()} build; run tests/record_audio_golden.py")
+    r = _transcribe(server, TRANSCRIPTION_FIELDS, {"file": AUDIO})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["type"] == "transcript.text.done" and body["usage"]["type"] == "tokens"
+    usage = body["usage"]
+    assert usage["output_tokens"] == int(TRANSCRIPTION_FIELDS["max_tokens"])
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    got, want = answer("transcription", body), dict(recorded["transcription"])
+    got["text"], want["text"] = got["text"].rstrip("\ufffd"), want["text"].rstrip("\ufffd")
+    assert got == want
+    # streamed: a delta frame per token, then the done frame (the audio now cached) and [DONE];
+    # httpx's own multipart encoding, the form's fields as strings
+    with httpx.stream(
+        "POST",
+        server + "/audio/transcriptions",
+        data={**TRANSCRIPTION_FIELDS, "stream": "true", "top_k": "1"},
+        files={"file": ("clip.wav", AUDIO, "audio/wav")},
+        timeout=60,
+    ) as streamed:
+        assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+        lines = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    frames = [json.loads(line) for line in lines[:-1]]
+    done = frames[-1]
+    assert done["type"] == "transcript.text.done" and done["text"] == body["text"]
+    assert {f["type"] for f in frames[:-1]} == {"transcript.text.delta"}
+    assert "".join(f["delta"] for f in frames[:-1]) == body["text"]
+    assert done["usage"]["input_tokens_details"]["cached_tokens"] == usage["input_tokens"] - 1
+
+
+def test_bad_transcription_requests_are_refused(server: str, vision_server: str):
+    wav = {"file": AUDIO}
+    cases = [
+        (httpx.post(server + TRANSCRIPTION_PATH, json={"max_tokens": 2}), 400, "No input file found for transcription"),
+        (_transcribe(server, {"max_tokens": "2"}, {}), 400, "No input file found for transcription"),
+        (_transcribe(server, {"response_format": "text"}, wav), 400, "Only 'json' response_format is supported"),
+        (_transcribe(server, {"max_tokens": "many"}, wav), 400, "max_tokens"),
+        (_transcribe(server, {"max_tokens": "2"}, {"file": b"not audio, not anything"}), 400, "is not audio"),
+        (_transcribe(server, {"max_tokens": "2"}, {"file": PNG}), 400, "is an image: image input is not supported"),
+        (_transcribe(vision_server, {"max_tokens": "2"}, wav), 501, "The current model does not support audio input."),
+    ]
+    for response, status, says in cases:
+        assert response.status_code == status, response.text
+        assert says in response.json()["error"]["message"], response.text
+    ok = _transcribe(server, {"max_tokens": "2", "prompt": "Words:"}, wav)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["output_tokens"] == 2
 
 
 def test_props_say_audio(server: str, vision_server: str):

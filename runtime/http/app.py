@@ -41,7 +41,7 @@ from llamactor.protocol.wire import (
     RerankRequest,
     TokenizeRequest,
 )
-from llamactor.runtime.http import anthropic, embeddings, responses_api
+from llamactor.runtime.http import anthropic, embeddings, responses_api, transcriptions
 from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.chat_api import ChatShaper, named_frame
 from llamactor.runtime.http.cors import Cors
@@ -405,6 +405,21 @@ class Api:
         req = anthropic.to_chat(await _decode(request, dict[str, Any]))
         return await self._chat_as(request, req, anthropic.AnthropicShaper)
 
+    async def transcriptions(self, request: Request) -> Response:
+        """POST /v1/audio/transcriptions (``http.transcriptions``): a form with an audio file, as
+        a chat; llama-server's 501 when the projector (--mmproj) takes no audio."""
+        vision, template = self.rt.vision, self.rt.chat_template
+        if vision is None or not vision.audio:
+            raise NotSupported("The current model does not support audio input.")
+        fields, files = transcriptions.parse_form(request.headers.get("content-type", ""), await _body(request))
+        req = transcriptions.to_chat(fields, files, template.source if template is not None else None)
+        handle = await self.rt.submit_request(from_chat(msgspec.structs.replace(req, n=1)))
+        assert handle.turn is not None
+        shaper = transcriptions.TranscriptionShaper(handle.turn)
+        if req.stream:
+            return await self._stream(request, handle, shaper.events, done=True, ping=req.sse_ping_interval)
+        return _json(shaper.body(await self._collect(request, handle)))
+
     async def _chat_as(self, request: Request, req: ChatCompletionRequest, shaper_cls: Any) -> Response:
         handle = await self.rt.submit_request(from_chat(msgspec.structs.replace(req, n=1)))
         shaper = shaper_cls(self.model_id, handle.turn)
@@ -528,6 +543,8 @@ MODEL_ROUTES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("/responses", "responses", ("POST",)),
     ("/v1/messages", "messages", ("POST",)),
     ("/v1/messages/count_tokens", "count_tokens", ("POST",)),
+    ("/v1/audio/transcriptions", "transcriptions", ("POST",)),
+    ("/audio/transcriptions", "transcriptions", ("POST",)),
     ("/apply-template", "apply_template", ("POST",)),
     ("/v1/chat/completions/input_tokens", "chat_input_tokens", ("POST",)),
     ("/chat/completions/input_tokens", "chat_input_tokens", ("POST",)),
