@@ -96,6 +96,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
+    adaptive_target: float | None = None  # adaptive-p (samplers "adaptive_p"): tokens near this probability
+    adaptive_decay: float | None = None  # adaptive-p: the target's decay over time, 0 to 0.99
     min_keep: int | None = None
     samplers: str | Sequence[str] | None = None  # names (aliases allowed) or a string of letters
     seed: int | None = None  # negative: a random seed

@@ -35,7 +35,7 @@ DEFAULT_SAMPLERS = (
     "xtc",
     "temperature",
 )
-_CANONICAL = frozenset((*DEFAULT_SAMPLERS, "infill"))
+_CANONICAL = frozenset((*DEFAULT_SAMPLERS, "infill", "adaptive_p"))
 # The aliases llama.cpp's common_sampler_types_from_names accepts, and its one-letter codes.
 SAMPLER_ALIASES: dict[str, str] = {
     **{name: name for name in _CANONICAL},
@@ -58,6 +58,7 @@ SAMPLER_CHARS: dict[str, str] = {
     "x": "xtc",
     "i": "infill",
     "e": "penalties",
+    "a": "adaptive_p",
 }
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 
@@ -90,6 +91,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    # adaptive-p (llama.cpp's llama_sampler_init_adaptive_p), used where ``samplers`` lists
+    # "adaptive_p": it picks the token (instead of dist) near ``adaptive_target``'s probability,
+    # the target adapting with ``adaptive_decay``; a negative target turns it into dist's pick
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
     min_keep: int = 0
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     seed: int = DEFAULT_SEED
@@ -172,6 +178,8 @@ _FINITE = (
     "dry_base",
     "mirostat_tau",
     "mirostat_eta",
+    "adaptive_target",
+    "adaptive_decay",
 )
 _INT32_MAX = 2**31 - 1
 
@@ -188,6 +196,9 @@ def check_sampling(p: SamplingParams, n_vocab: int) -> None:
     _range("xtc_threshold", p.xtc_threshold, 0.0, 1.0)
     if p.repeat_penalty <= 0:
         raise ParamError(f"repeat_penalty must be greater than 0, got {p.repeat_penalty}")
+    if p.adaptive_target > 1.0:
+        raise ParamError(f"adaptive_target must be at most 1.0 (negative: off), got {p.adaptive_target}")
+    _range("adaptive_decay", p.adaptive_decay, 0.0, 0.99)
     if p.mirostat not in (0, 1, 2):
         raise ParamError(f"mirostat must be 0, 1 or 2, got {p.mirostat}")
     for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "min_keep"):

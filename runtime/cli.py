@@ -115,6 +115,7 @@ class ServeOptions:
     log_format: str = "auto"
     list_devices: bool = False
     version: bool = False
+    completion_bash: bool = False  # --completion-bash: print the script and exit
     ignored: tuple[tuple[str, str], ...] = ()  # (flag as given, why): one log line each
     # the router mode (many models): without -m, the models of --models-dir and --models-preset
     models_dir: str | None = None
@@ -159,7 +160,55 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
                 del process[name]
                 why = "only for the router mode (--models-dir or --models-preset, without -m)"
                 ignored.append((parsed.spelled[name], why))
+    if kw.get("kv_unified_per_slot", 0) > 0 and "n_ctx" not in kw:
+        # llama-server: --kv-unified-per-slot N without -c sizes the context as -np x N
+        kw["n_ctx"] = kw.get("parallel", RuntimeConfig.parallel) * kw["kv_unified_per_slot"]
     return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(ignored), given=parsed, **process)
+
+
+def completion_script() -> str:
+    """``--completion-bash``: a bash completion script for ``llamactor`` (its commands, then every
+    ``serve`` option), as llama-server's for its own programs: GGUF files after -m, grammar and
+    template files after their flags."""
+    words = " ".join(name for _, o in cliargs.entries(cliflags.GROUPS) for name in o.spellings)
+    return f"""_llamactor_completions() {{
+    local cur prev opts
+    COMPREPLY=()
+    cur="${{COMP_WORDS[COMP_CWORD]}}"
+    prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+
+    if [ "$COMP_CWORD" -eq 1 ]; then
+        COMPREPLY=( $(compgen -W "serve bench replay worker" -- "$cur") )
+        return 0
+    fi
+    opts="{words}"
+
+    case "$prev" in
+        --model|-m|--model-draft|-md|--spec-draft-model|--mmproj|-mm)
+            COMPREPLY=( $(compgen -f -X '!*.gguf' -- "$cur") $(compgen -d -- "$cur") )
+            return 0
+            ;;
+        --grammar-file)
+            COMPREPLY=( $(compgen -f -X '!*.gbnf' -- "$cur") $(compgen -d -- "$cur") )
+            return 0
+            ;;
+        --chat-template-file)
+            COMPREPLY=( $(compgen -f -X '!*.jinja' -- "$cur") $(compgen -d -- "$cur") )
+            return 0
+            ;;
+        --path|--media-path|--slot-save-path|--models-dir)
+            COMPREPLY=( $(compgen -d -- "$cur") )
+            return 0
+            ;;
+        *)
+            COMPREPLY=( $(compgen -W "${{opts}}" -- "$cur") )
+            return 0
+            ;;
+    esac
+}}
+
+complete -F _llamactor_completions llamactor
+"""
 
 
 def router_models(opts: ServeOptions) -> ModelSet:
@@ -349,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})"
             )
+            return 0
+        if opts.completion_bash:  # as llama-server: the script, exit 0, nothing loaded
+            print(completion_script(), end="")
             return 0
         configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
         models = router_models(opts) if opts.router else None

@@ -143,9 +143,10 @@ def apply_env(
     off, as llama-server reads them. A bad value exits through ``parser.error`` naming it.
     """
     spelled = namespace.__dict__.setdefault("_spelled", {})
+    given = frozenset(spelled)  # on the command line (options sharing a destination add up from variables)
     for group, o in entries(groups):
         dest = _dest(group, o)
-        if o.env is None or dest in spelled:
+        if o.env is None or dest in given:
             continue
         neg_env = o.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_") if o.neg and "LLAMA_ARG_" in o.env else None
         raw = environ.get(o.env)

@@ -97,6 +97,8 @@ _SAMPLE_VALUES = {
     "--split-mode": "layer",
     "--pooling": "mean",
     "--load-mode": "mmap",
+    "--lazy-mode": "on",
+    "--override-tensor": "attn=CPU",
     "--reasoning-format": "none",
     "--chat-template-kwargs": "{}",
     "--json-schema": "{}",
@@ -153,14 +155,14 @@ def test_every_llama_server_option_parses_and_is_sorted(tmp_path: Path):
 
 
 def test_refused_message_names_every_refused_flag_and_accepts_harmless_values():
-    """Flags for features not built are refused by name; their "off" values
-    (``--spec-type none``, ``-ncmoe 0``, ``-ncffn 0``) are what llamactor does."""
+    """Flags that need a download are refused by name; ``--spec-type none`` is what llamactor
+    does without speculation, and -ncmoe 0/-ncffn 0 place nothing."""
     with pytest.raises(cli.ConfigError) as info:
-        _parse(["--override-tensor", "exps=CPU", "-hfd", "org/d", "-lcs", "c.bin", "--mmproj-url", "http://m.gguf"])
-    for flag in ("--override-tensor", "-hfd", "-lcs", "--mmproj-url"):
+        _parse(["-hf", "org/m", "-hfd", "org/d", "--mmproj-url", "http://m.gguf"])
+    for flag in ("-hf", "-hfd", "--mmproj-url"):
         assert flag in str(info.value)
     opts = _parse(["--spec-type", "none", "-ncmoe", "0", "-ncffn", "0", "--no-webui"])
-    assert opts.ignored == () and opts.config.webui is False
+    assert opts.ignored == () and opts.config.webui is False and opts.config.tensor_overrides == ()
 
 
 def test_router_mode_and_sleep_flags_are_built():
@@ -205,17 +207,17 @@ def test_llama_server_value_forms():
     default = cli.RuntimeConfig()
     cfg = _parse(shlex.split("-np -1 -t -1 -ngl all -fa -lm none -a second,first -dev none --context-shift")).config
     assert (cfg.parallel, cfg.threads) == (default.parallel, default.threads)
-    assert cfg.n_gpu_layers == 999 and cfg.flash_attn == "on" and cfg.use_mmap is False
+    assert cfg.n_gpu_layers == 999 and cfg.flash_attn == "on" and cfg.model_load_mode == "none"
     assert cfg.aliases == ("first", "second") and cfg.model_name == "first"  # llama-server's sorted set
     assert cfg.devices == () and cfg.context_shift is True
     assert _parse(["-ngl", "auto", "--no-mmap"]).config.n_gpu_layers == 0
     kv = _parse(["-ctk", "q8_0", "-ctv", "q4_0", "--cache-ram", "0"]).config
     assert (kv.cache_type_k, kv.cache_type_v, kv.cache_ram_mib) == ("q8_0", "q4_0", 0)
-    assert not _parse(["--no-mmap"]).config.use_mmap
+    assert _parse(["--no-mmap"]).config.model_load_mode == "none"
     rerank = _parse(["--reranking"]).config
     assert rerank.embedding and rerank.pooling == "rank"
     opts = _parse(["-lm", "mlock", "--log-jsonl"])
-    assert opts.log_format == "json" and opts.ignored[0][0] == "-lm"
+    assert opts.log_format == "json" and opts.ignored == () and opts.config.model_load_mode == "mlock"
     with pytest.raises(SystemExit):
         _parse(["-c", "0"])  # the model's training context: not supported, said by argparse
 
@@ -360,10 +362,9 @@ def test_unbuilt_flags_exit_2_naming_them(tiny_model: Path):
     message naming it (and its variable, when that is how it came)."""
     cases = [
         (
-            ["--override-tensor", "exps=CPU", "--hf-repo-draft", "org/draft"],
-            ["--override-tensor is not supported", "--hf-repo-draft is not supported"],
+            ["--model-url", "http://host/m.gguf", "--hf-repo-draft", "org/draft"],
+            ["--model-url is not supported", "--hf-repo-draft is not supported"],
         ),
-        (["--adaptive-target", "0.5"], ["--adaptive-target is not supported"]),
         (["-hf", "org/model"], ["-hf is not supported: llamactor never downloads models"]),
     ]
     for flags, messages in cases:

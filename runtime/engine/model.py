@@ -20,6 +20,7 @@ import llama_cpp
 
 from llamactor.protocol.errors import ConfigError, EngineError, RequestError
 from llamactor.runtime.engine.overrides import KvOverride, kv_override_array
+from llamactor.runtime.engine.placement import LAZY_MODES, LOAD_MODES, Override, override_array
 
 PIECE_BUFFER_BYTES = 256
 GGML_LOG_LEVEL_ERROR = 4
@@ -39,9 +40,20 @@ def _silent_log_callback():
         lines = getattr(_load_errors, "lines", None)
         if lines is not None and level == GGML_LOG_LEVEL_ERROR:
             lines.append(text.decode("utf-8", "replace").strip())
+        elif lines is not None and b"buffer type overridden to" in text:
+            _load_errors.overridden = [*getattr(_load_errors, "overridden", []), _overridden(text)]
         return None
 
     return _drop
+
+
+_OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+
+
+def _overridden(text: bytes) -> tuple[str, str]:
+    """(tensor, buffer type) from llama.cpp's line for a tensor an -ot pattern placed."""
+    found = _OVERRIDDEN.search(text.decode("utf-8", "replace"))
+    return (found.group(1), found.group(2)) if found else (text.decode("utf-8", "replace").strip(), "")
 
 
 def _load_error(lines: list[str]) -> str:
@@ -71,7 +83,10 @@ class LoadOptions:
     """How to place the weights. ``devices`` is a NULL-terminated ggml device array or None."""
 
     n_gpu_layers: int = 0
-    use_mmap: bool = True
+    load_mode: str = "auto"  # -lm/--load-mode: auto | none | mmap | mlock | mmap+mlock | dio (placement.LOAD_MODES)
+    lazy_mode: str = "auto"  # -lzm/--lazy-mode: on | auto | off (placement.LAZY_MODES)
+    tensor_overrides: tuple[Override, ...] = ()  # -ot/-cmoe/-ncmoe/-ncffn: (pattern, buffer type name)
+    special: bool = False  # -sp/--special: special tokens render as their text in generated output
     split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER
     tensor_split: tuple[float, ...] = ()
     devices: ctypes.Array[Any] | None = None
@@ -102,7 +117,8 @@ class Model:
             raise ConfigError(f"model file not found: {path}")
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = options.n_gpu_layers
-        params.use_mmap = options.use_mmap
+        params.load_mode = LOAD_MODES[options.load_mode]
+        params.lazy_mode = LAZY_MODES[options.lazy_mode]
         params.split_mode = options.split_mode
         params.vocab_only = options.vocab_only
         if options.tensor_split:
@@ -114,13 +130,19 @@ class Model:
         if options.kv_overrides:
             self._kv_overrides = kv_override_array(options.kv_overrides)  # alive as long as the model
             params.kv_overrides = ctypes.cast(self._kv_overrides, ctypes.POINTER(llama_cpp.llama_model_kv_override))
+        if options.tensor_overrides:
+            self._buft_overrides = override_array(options.tensor_overrides)  # alive as long as the model
+            params.tensor_buft_overrides = ctypes.addressof(self._buft_overrides[0])
         self.path = path
         self.graph_reuse = options.graph_reuse
+        self.special = options.special
         _load_errors.lines = []
         try:
             self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         finally:
             errors, _load_errors.lines = _load_errors.lines, None
+            self.overridden = getattr(_load_errors, "overridden", [])
+            _load_errors.overridden = []
         if not self.ptr:
             why = " (with the --override-kv values given)" if options.kv_overrides else ""
             reason = _load_error(errors)
@@ -201,11 +223,12 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:
-        """The bytes of one token as generated output (special tokens render empty). Cached."""
+        """The bytes of one token as generated output (special tokens render empty, or as their
+        text with ``special``: llama-server's -sp). Cached."""
         cached = self._pieces.get(token)
         if cached is None:
             buf = ctypes.create_string_buffer(PIECE_BUFFER_BYTES)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, PIECE_BUFFER_BYTES, 0, False)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, PIECE_BUFFER_BYTES, 0, self.special)
             cached = buf.raw[: max(n, 0)]
             self._pieces[token] = cached
         return cached

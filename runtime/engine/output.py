@@ -92,7 +92,9 @@ class Output:
             prof.tokens += 1
         finish = ""
         if self.model.is_eog(token) and not task.ignore_eos:
-            text, finish = s.stream.flush(), "stop"
+            # with -sp the end-of-generation token's text is output too, as llama-server's
+            text = s.stream.push(self.model.piece(token)) if self.model.special else ""
+            text, finish = text + s.stream.flush(), "stop"
         else:
             if prof is None:
                 text = s.stream.push(self.model.piece(token))

@@ -2,7 +2,8 @@
 
 One chain per slot per request. The chain is llama-server's ``common_sampler_init``: logit
 bias, then the samplers in the request's order (default: penalties, dry, top_n_sigma, top_k,
-typ_p, top_p, min_p, xtc, temperature), then ``dist``; or temperature then mirostat (v1/v2).
+typ_p, top_p, min_p, xtc, temperature), then ``dist`` (``adaptive_p`` instead where the samplers
+list it); or temperature then mirostat (v1/v2).
 Like llama-server, the penalty and DRY samplers are shown the prompt before the first token.
 
 Differences, on purpose: the grammar sampler sits first in the chain (llama-server keeps it
@@ -163,6 +164,8 @@ def _fill(
             add(llama_cpp.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent))
     if p.greedy:
         add(llama_cpp.llama_sampler_init_greedy())
+    elif "adaptive_p" in p.samplers:  # llama-server: adaptive-p picks the token instead of dist
+        add(llama_cpp.llama_sampler_init_adaptive_p(p.adaptive_target, p.adaptive_decay, seed))
     else:
         add(llama_cpp.llama_sampler_init_dist(seed))
 

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llamactor.actors.policies import policy_name
@@ -587,7 +589,7 @@ def make_route(prefix: str, path: str, fn: Callable[[Request], Awaitable[Respons
     return Route(prefix + path, endpoint, methods=list(methods))
 
 
-def app_around(config: RuntimeConfig, routes: list[Route], *, lifespan: Any = None) -> Starlette:
+def app_around(config: RuntimeConfig, routes: Sequence[BaseRoute], *, lifespan: Any = None) -> Starlette:
     """A Starlette app of ``routes`` with the server's middleware (CORS, the API key) and its
     404/405 answers, as ``config`` (--cors-*, --api-key, --api-prefix) asks."""
     prefix = route_prefix(config.api_prefix)
@@ -623,11 +625,26 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
     --api-prefix to each path, the page's included; the page asks for the rest by relative URLs)."""
     api = Api(rt)
     prefix = route_prefix(rt.config.api_prefix)
-    routes = [make_route(prefix, path, getattr(api, name), methods) for path, name, methods in MODEL_ROUTES]
-    if rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server
+    routes: list[BaseRoute] = [
+        make_route(prefix, path, getattr(api, name), methods) for path, name, methods in MODEL_ROUTES
+    ]
+    if rt.config.webui and rt.config.static_path:  # --path: its files instead of the page
+        routes.append(Mount(prefix or "/", app=_StaticFiles(directory=rt.config.static_path, html=True)))
+    elif rt.config.webui:  # --no-webui: GET / is a 404, as in llama-server
         page = Page()
         routes += [make_route(prefix, path, page.index, ["GET"]) for path in PAGE_PATHS]
         routes.append(make_route(prefix, ASSET_PATH, page.asset, ["GET"]))
     agent = Agent(rt.config)  # /tools and /cors-proxy (403 when off)
     routes += agent.routes(prefix, make_route)
     return app_around(rt.config, routes, lifespan=agent.lifespan(lifespan))
+
+
+class _StaticFiles(StaticFiles):
+    """--path: llama-server's static files (its ``set_mount_point``): GET and HEAD of the files
+    under the directory, ``index.html`` for a directory; the API's routes are matched first, and
+    another method, or a path with no file, answers the server's 404 like any unknown route."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if scope["method"] not in ("GET", "HEAD"):
+            raise HTTPException(status_code=404)
+        return await super().get_response(path, scope)

@@ -90,6 +90,8 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
         "samplers": list(p.samplers),
     }
 
+        "adaptive_target": p.adaptive_target,
+        "adaptive_decay": p.adaptive_decay,
 
 def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
     """A native response's ``generation_settings``: the request's effective settings."""

@@ -97,7 +97,19 @@ class RuntimeConfig:
     threads: int = field(default_factory=_default_threads)
     threads_batch: int = 0  # 0 = same as threads
     n_gpu_layers: int = 0
-    use_mmap: bool = True
+    # how the weights are read (runtime.engine.placement): -lm/--load-mode, or the older
+    # --mmap/--no-mmap (use_mmap) and --mlock (use_mlock) it replaced; ``model_load_mode`` combines them
+    load_mode: str = "auto"
+    use_mmap: bool | None = None
+    use_mlock: bool = False
+    lazy_mode: str = "auto"  # -lzm/--lazy-mode: on | auto | off
+    # -ot/-cmoe/-ncmoe/-ncffn: (tensor name pattern, buffer type name), in command-line order
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    special: bool = False  # -sp/--special: special tokens render as their text in generated output
+    static_path: str | None = None  # --path: serve the files of this directory at / (the built-in page's place)
+    # --kv-unified-per-slot: the longest context one request may have (0: unset); without -c it sizes
+    # the context as parallel x N (runtime.cli)
+    kv_unified_per_slot: int = 0
     pipeline_groups: int = 1  # N: contexts over the one model
     kv_unified: bool = False
     # -mm/--mmproj: a multimodal projector (libmtmd) for image input; None: text only
@@ -348,6 +360,7 @@ class RuntimeConfig:
                 raise ConfigError(f"--lora-scaled: the scale of {path} must be a finite number, got {scale}")
         self._check_overrides()
         spec_type = self._check_speculative()
+        self._check_placement()
         if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
             raise ConfigError(f"--chat-template-file not found: {self.chat_template_file}")
         if self.record_trace is not None and not Path(self.record_trace).expanduser().parent.is_dir():
@@ -370,6 +383,25 @@ class RuntimeConfig:
         )
 
     def _check_overrides(self) -> None:
+    def _check_placement(self) -> None:
+        """--load-mode (or the older flags, not both), --lazy-mode, -ot's buffer type names (those
+        of a ggml-rpc worker are checked once it is registered, in ``load_options``),
+        --kv-unified-per-slot, --path."""
+        from llamactor.runtime.engine import placement
+
+        if self.load_mode not in placement.LOAD_MODES:
+            raise ConfigError(f"--load-mode must be one of {', '.join(placement.LOAD_MODES)}, got {self.load_mode!r}")
+        if self.load_mode != "auto" and (self.use_mmap is not None or self.use_mlock):
+            raise ConfigError("--load-mode and --mmap/--no-mmap/--mlock disagree; give --load-mode alone")
+        if self.lazy_mode not in placement.LAZY_MODES:
+            raise ConfigError(f"--lazy-mode must be one of {', '.join(placement.LAZY_MODES)}, got {self.lazy_mode!r}")
+        if self.tensor_overrides and not self.rpc_servers:
+            placement.check_buffer_types(self.tensor_overrides)
+        if self.kv_unified_per_slot < 0:
+            raise ConfigError(f"--kv-unified-per-slot must be >= 0 (0: unset), got {self.kv_unified_per_slot}")
+        if self.static_path is not None and not Path(self.static_path).is_dir():
+            raise ConfigError(f"--path: not a directory: {self.static_path}")
+
         """--override-kv, the RoPE/YaRN values and the control vectors (each file is read here,
         so a malformed one stops startup before anything loads)."""
         for override in self.kv_overrides:
@@ -472,8 +504,20 @@ class RuntimeConfig:
 
     @property
     def ctx_per_request(self) -> int:
-        """The longest prompt + generation one request may have."""
-        return self.n_ctx if self.kv_unified else self.n_ctx // self.parallel
+        """The longest prompt + generation one request may have (capped by --kv-unified-per-slot)."""
+        n = self.n_ctx if self.kv_unified else self.n_ctx // self.parallel
+        return min(n, self.kv_unified_per_slot) if self.kv_unified_per_slot > 0 else n
+
+    @property
+    def model_load_mode(self) -> str:
+        """The load mode: --load-mode, or what the older --mmap/--no-mmap and --mlock say (as
+        llama-server turned them into its load mode: --mlock with mmap on is mmap+mlock)."""
+        if self.use_mmap is None and not self.use_mlock:
+            return self.load_mode
+        mmap = self.use_mmap is not False
+        if self.use_mlock:
+            return "mmap+mlock" if mmap else "mlock"
+        return "mmap" if mmap else "none"
 
     @property
     def total_kv_cells(self) -> int:

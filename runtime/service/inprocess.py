@@ -117,6 +117,8 @@ class InProcessEngine:
             assert cfg.model is not None
             model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
             stack.callback(model.close)
+            if cfg.tensor_overrides:  # -ot and friends: which tensors their patterns placed, where
+                log.info("tensor_overrides", tensors=dict(model.overridden))
             for path, _ in cfg.lora:  # once per model, before any context exists
                 await anyio.to_thread.run_sync(model.load_adapter, path)
             spec = await _speculation(cfg, model, stack)
@@ -412,8 +414,15 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         else:
             log.info("graph_reuse", enabled=False, why="contexts decoding at once on a ggml-rpc device")
     return LoadOptions(
+    if cfg.tensor_overrides:
+        from llamactor.runtime.engine import placement
+
+        placement.check_buffer_types(cfg.tensor_overrides)  # a ggml-rpc worker's are known by now
         n_gpu_layers=cfg.n_gpu_layers,
-        use_mmap=cfg.use_mmap,
+        load_mode=cfg.model_load_mode,
+        lazy_mode=cfg.lazy_mode,
+        tensor_overrides=cfg.tensor_overrides,
+        special=cfg.special,
         split_mode=SPLIT_MODE_CODES[cfg.split_mode],
         tensor_split=cfg.tensor_split,
         devices=devices,
@@ -481,7 +490,8 @@ def draft_load_options(cfg: RuntimeConfig) -> LoadOptions:
     graph_reuse = not (devices is not None and cfg.rpc_servers and cfg.pipeline_groups > 1)
     return LoadOptions(
         n_gpu_layers=n_gpu_layers,
-        use_mmap=cfg.use_mmap,
+        load_mode=cfg.model_load_mode,  # as llama-server loads its draft: the same load and lazy modes
+        lazy_mode=cfg.lazy_mode,
         devices=devices,
         graph_reuse=graph_reuse,
         kv_overrides=cfg.kv_overrides,  # as llama-server loads its draft: with the same overrides
