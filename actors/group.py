@@ -322,11 +322,14 @@ class GroupActor(Actor[GroupMsg]):
             keep = self._share(parent, keep)
         parent.n_past = parent.n_cached = keep
         self._tasks[task.id] = members
-        self.metrics.groups[self.group].requests_processing += 1
+        counters = self.metrics.groups[self.group]
+        counters.requests_processing += 1
+        counters.prompt_cached += keep
         self.metrics.queue_time(self.group, now - task.arrived)
         if task.return_progress:  # llama-server's first progress chunk: the request has started
             try:
-                self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0))
+                timed = task.request.timings_per_token
+                self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0, timed))
             except Exception:
                 pass
         self._tell_coordinator(PhaseKind.ARRIVED, parent)

@@ -15,7 +15,8 @@ from llamactor.runtime.engine.context import StepResult
 class GroupCounters:
     """Per-group counters, bumped by the group that decoded (so a sum over groups counts nothing twice)."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # decoded: cached ones are not
+    prompt_cached: int = 0  # reused from the KV, the prompt cache or another slot
     tokens_predicted: int = 0
     prompt_seconds: float = 0.0
     predicted_seconds: float = 0.0

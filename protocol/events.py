@@ -26,6 +26,9 @@ class Token(msgspec.Struct, frozen=True, tag=True):
     token: int
     logprob: float | None = None
     top: tuple[TopProb, ...] = ()
+    # timings_per_token: the choice's timings so far, as ``Done`` counts them:
+    # (n_prompt, n_cached, n_predicted, prompt_ms, predicted_ms); None when not asked
+    clock: tuple[int, int, int, float, float] | None = None
 
 
 class Done(msgspec.Struct, frozen=True, tag=True):
@@ -55,6 +58,7 @@ class Progress(msgspec.Struct, frozen=True, tag=True):
     cache: int
     processed: int
     time_ms: float
+    timed: bool = False  # timings_per_token: the chunk shows timings (these counts as prompt timings)
 
 
 class Failed(msgspec.Struct, frozen=True, tag=True):

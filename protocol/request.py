@@ -120,6 +120,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     n_cache_reuse: int | None = None
     lora: Sequence[LoraScale] | None = None  # adapters and scales; None or empty: the global scales
     return_progress: bool = False  # Progress events while the prompt is processed
+    timings_per_token: bool = False  # every Token event carries the request's timings so far
 
     # ---- scheduling -------------------------------------------------------------------
     priority: int = 0  # lower first, under the priority policy (vLLM's field)

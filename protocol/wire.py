@@ -71,6 +71,7 @@ class _Generation(msgspec.Struct, kw_only=True):
         None  # seconds of silence before an SSE ": ping"; <= 0 none; None: --sse-ping-interval
     )
     return_progress: bool = False  # stream prompt-processing progress chunks (``prompt_progress``)
+    timings_per_token: bool = False  # each streamed chunk carries ``timings`` so far
     t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
     lora: list[LoraScale] | None = None  # LoRA adapters and scales; None (or []): the global scales
@@ -194,6 +195,7 @@ class NativeChunk(msgspec.Struct, omit_defaults=True):
     id_slot: int = -1
     tokens: list[int] = msgspec.field(default_factory=list)
     completion_probabilities: list[dict[str, Any]] | None = None
+    timings: Timings | None = None  # timings_per_token: the request's timings so far
 
 
 class NativeResult(msgspec.Struct):

@@ -500,6 +500,12 @@ GROUPS: tuple[Group, ...] = (
                 help="the live page at GET /",
             ),
             switch(
+                "--metrics",
+                field="endpoint_metrics",
+                env="LLAMA_ARG_ENDPOINT_METRICS",
+                help="GET /metrics, Prometheus text (off by default: 501)",
+            ),
+            switch(
                 "--slots",
                 neg=("--no-slots",),
                 field="endpoint_slots",
@@ -1197,12 +1203,6 @@ GROUPS: tuple[Group, ...] = (
             opt("-hft", "--hf-token", value="TOKEN"),
             switch("--mmproj-auto", neg=("--no-mmproj", "--no-mmproj-auto"), env="LLAMA_ARG_MMPROJ_AUTO", ok=_off),
         ),
-    ),
-    Group(
-        "Always on here",
-        Use.IGNORE,
-        "always on in llamactor",
-        (switch("--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", help="/metrics is always served"),),
     ),
     Group(
         "Memory tuning",

@@ -43,7 +43,8 @@ def make_config(tiny_model: Path):
             n_batch=512,
             n_ubatch=512,
             isolate=False,
-        )  # in this process: hooks reach it; engine-isolation tests isolate
+            endpoint_metrics=True,
+        )  # in this process: hooks reach it; engine-isolation tests isolate; /metrics on (--metrics)
         return replace(base, **overrides)
 
     return make

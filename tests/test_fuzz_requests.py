@@ -151,6 +151,7 @@ SAMPLING = {
     "id_slot": usually(st.just(-1), st.integers(-2, PARALLEL + 1)),
     "ignore_eos": st.booleans(),
     "return_progress": st.booleans(),
+    "timings_per_token": st.booleans(),
     "n_keep": usually(st.integers(-1, 64), small_ints),
     "n_discard": usually(st.integers(0, 64), small_ints),
     "n_cache_reuse": usually(st.integers(0, 32), small_ints),
@@ -358,6 +359,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         n_ubatch=512,
         lora=((str(write_tiny_lora(folder / "lora.gguf")), 1.0),),
         isolate=True,
+        endpoint_metrics=True,
     )  # every request field crosses the engine link
     with LiveServer(config) as server:
         yield server

@@ -193,8 +193,8 @@ def test_variables_and_command_line_precedence():
     cfg = opts.config
     assert cfg.sampling.temperature == 0.25 and cfg.sampling.top_k == 5  # the flag wins over LLAMA_ARG_TOP_K
     assert cfg.n_ctx == 1024 and cfg.kv_unified and cfg.scheduler == "no-cont-batching"
-    assert cfg.api_keys == ("k1", "k2") and cfg.endpoint_slots is False
-    assert opts.ignored == (("LLAMA_ARG_ENDPOINT_METRICS", "always on in llamactor (/metrics is always served)"),)
+    assert cfg.api_keys == ("k1", "k2") and cfg.endpoint_slots is False and cfg.endpoint_metrics is True
+    assert opts.ignored == ()
     with pytest.raises(SystemExit):
         _parse([], {"LLAMA_ARG_CTX_SIZE": "many"})
     with pytest.raises(cli.ConfigError, match="-nocb and --scheduler disagree"):
@@ -349,7 +349,7 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
         assert httpx.get(url + "/", headers=headers).status_code == 404  # --no-ui
     ignored = {r["flag"]: r["reason"] for r in _events(lines, "flag_ignored")}
     assert len(_events(lines, "flag_ignored")) == len(ignored)  # one line each
-    expected = {"--cont-batching", "--metrics", "--no-models-autoload", "--offline", "--swa-full"}
+    expected = {"--cont-batching", "--no-models-autoload", "--offline", "--swa-full"}
     if all(name.startswith("CPU") for name, _ in list_devices()):
         expected.add("--n-gpu-layers")  # no GPU: the layers stay on the CPU, said once
     assert set(ignored) == expected, ignored

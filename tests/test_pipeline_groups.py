@@ -123,10 +123,10 @@ async def test_metrics_per_group_sum_to_client_totals(make_config):
                 for i in range(12):
                     tg.start_soon(one, i)
             text = (await client.get("/metrics")).text
-    predicted = _series(text, "llamacpp:tokens_predicted_total")
+    predicted = _series(text, "llamactor:group_tokens_predicted_total")
     assert set(predicted) == {"0", "1"} and all(v > 0 for v in predicted.values())
     assert sum(predicted.values()) == received
-    decodes = _series(text, "llamacpp:n_decode_total")
+    decodes = _series(text, "llamactor:group_n_decode_total")
     assert all(v > 0 for v in decodes.values())
 
 

@@ -22,7 +22,7 @@ PROMPTS = [[*PREFIX, 100 + j, 101 + j, 50 + j] for j in range(8)]
 
 def counter(rt: Runtime, name: str) -> float:
     text = rt.engine.metrics.render().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:_total)?\{{[^}}]*\}} (\S+)", text, re.MULTILINE))
+    return sum(float(v) for v in re.findall(rf"^{name}(?:_total)?(?:\{{[^}}]*\}})? (\S+)", text, re.MULTILINE))
 
 
 async def alone(make_config, prompts: list[list[int]], n: int = 16) -> list[list[int]]:

@@ -126,7 +126,7 @@ def test_models_take_turns_past_models_max(models_dir: Path, tmp_path: Path):
     requests for both at once wait for their turn; GET /models shows llama-server's status
     objects; every load and unload is logged; /metrics labels each model's series."""
     log = tmp_path / "router.log"
-    with _router(["--models-dir", str(models_dir), "--models-max", "1"], log) as client:
+    with _router(["--models-dir", str(models_dir), "--models-max", "1", "--metrics"], log) as client:
         listed = client.get("/v1/models").json()["data"]
         assert [m["id"] for m in listed] == ["alpha", "beta", "broken"]  # the mmproj file is no model
         alpha = listed[0]
@@ -152,7 +152,8 @@ def test_models_take_turns_past_models_max(models_dir: Path, tmp_path: Path):
 
         metrics = client.get("/metrics").text
         loaded = next(name for name, s in _statuses(client).items() if s["value"] == "loaded")
-        assert f'llamacpp:tokens_predicted_total{{group="0",model="{loaded}"}}' in metrics
+        assert f'llamacpp:tokens_predicted_total{{model="{loaded}"}}' in metrics
+        assert f'llamactor:group_tokens_predicted_total{{group="0",model="{loaded}"}}' in metrics
         assert 'llamactor:model_loaded{model="alpha"}' in metrics
         assert client.get("/metrics", params={"model": loaded}).text.count('model="') == 0  # its own, as alone
     loads, unloads = _events(log, "model_loaded"), _events(log, "model_unloaded")
@@ -265,7 +266,7 @@ async def test_one_model_sleeps_when_idle(tiny_model: Path):
     """--sleep-idle-seconds for a one-model server: the engine process exits after a second
     without requests (/health stays 200, /props says is_sleeping, /metrics answers without waking
     it), and the next request starts it again and succeeds."""
-    cfg = parse_serve(["-m", str(tiny_model), *SMALL, "--sleep-idle-seconds", "1"]).config
+    cfg = parse_serve(["-m", str(tiny_model), *SMALL, "--sleep-idle-seconds", "1", "--metrics"]).config
 
     def asleep(pid: int | None) -> bool:
         return rt.engine_status().state == "sleeping" and (pid is None or _gone(pid))

@@ -63,7 +63,7 @@ def _spec_counters(rt: Runtime) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in rt.engine.metrics.render().decode().splitlines():
         if line.startswith("llamacpp:spec_decode_num_") and "per_pos" not in line:
-            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+            name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
             out[name] = out.get(name, 0.0) + value
     return out
 
@@ -95,7 +95,7 @@ async def test_ngram_greedy_output_identical_and_drafts_accepted(make_config, gr
         >= counters["llamacpp:spec_decode_num_accepted_tokens_total"]
     )
     for g in range(groups):
-        assert f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{group="{g}",position="0"}}' in metrics
+        assert f'llamactor:group_spec_decode_num_accepted_tokens_per_pos_total{{group="{g}",position="0"}}' in metrics
 
 
 @pytest.mark.slow
@@ -143,9 +143,8 @@ async def test_metrics_slots_and_request_fields_over_http(make_config):
             assert (timings["draft_n"], timings["draft_n_accepted"]) == (slot["draft_n"], slot["draft_n_accepted"])
             assert "draft_n" not in plain["timings"]
             metrics = (await client.get("/metrics")).text
-            assert (
-                f'llamacpp:spec_decode_num_accepted_tokens_total{{group="0"}} {slot["draft_n_accepted"]:.1f}' in metrics
-            )
+            series = 'llamactor:group_spec_decode_num_accepted_tokens_total{group="0"}'
+            assert f"{series} {slot['draft_n_accepted']:.1f}" in metrics
             small = await client.post(
                 "/v1/completions",
                 json={

@@ -15,6 +15,7 @@ import pytest
 from conftest import open_server
 
 from llamactor.protocol.errors import RequestError
+from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
@@ -262,3 +263,64 @@ async def test_unicode_line_breaks_stay_inside_one_sse_line(make_config: Any) ->
                 else:
                     got = "".join(c["delta"].get("content") or "" for f in frames for c in f["choices"])
                 assert got == text, (path, got)
+
+
+def _sse_data(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def test_timings_per_token(make_config):
+    """timings_per_token: every streamed token's chunk carries the request's timings so far
+    (predicted_n counting up, prompt figures fixed once the prompt is in), progress chunks their
+    prompt timings from the first (nothing decoded yet) on, never going backwards; native,
+    OpenAI completions, chat and Responses; off by default; through the embedding API as
+    ``Token.clock``."""
+    prompt = [5, 6, 7, 8] * 40  # 160 tokens, 64-token chunks
+    config = make_config(parallel=1, n_ctx=1024, n_batch=64, n_ubatch=64)
+    async with open_server(config) as (rt, url), httpx.AsyncClient(base_url=url, timeout=30) as client:
+        body = {"prompt": prompt, "n_predict": 4, "stream": True, "temperature": 0, "ignore_eos": True}
+        r = await client.post("/completion", json={**body, "timings_per_token": True, "return_progress": True})
+        frames = _sse_data(r.text)
+        progress = [f["timings"] for f in frames if "prompt_progress" in f]
+        assert len(progress) > 1 and progress[0]["prompt_n"] == 0 and progress[0]["prompt_ms"] == 0.0
+        assert progress[0]["predicted_n"] == 0 and progress[0]["predicted_ms"] == 0.0
+        assert [t["prompt_ms"] for t in progress] == sorted(t["prompt_ms"] for t in progress)
+        assert all(v >= 0 for t in progress for v in t.values())
+        tokens = [f["timings"] for f in frames if f.get("tokens")]
+        assert [t["predicted_n"] for t in tokens] == [1, 2, 3, 4]
+        assert len({t["prompt_ms"] for t in tokens}) == 1 and tokens[0]["prompt_n"] == 160
+        assert tokens[-1]["predicted_ms"] >= tokens[0]["predicted_ms"]
+        assert "timings" not in _sse_data((await client.post("/completion", json=body)).text)[0]  # off by default
+
+        r = await client.post(
+            "/v1/completions", json={**body, "prompt": prompt[1:], "max_tokens": 3, "timings_per_token": True}
+        )
+        chunks = [f for f in _sse_data(r.text) if f["choices"] and f["choices"][0]["text"]]
+        assert chunks and all("predicted_per_second" in f["timings"] for f in chunks)
+
+        chat = {"messages": [{"role": "user", "content": "test"}], "max_tokens": 6, "stream": True}
+        r = await client.post("/v1/chat/completions", json={**chat, "timings_per_token": True, "ignore_eos": True})
+        frames = _sse_data(r.text)
+        assert "timings" not in frames[0]  # the role chunk
+        counts = [f["timings"]["predicted_n"] for f in frames[1:-1] if "timings" in f]
+        assert counts and counts == sorted(counts) and counts[-1] <= 6
+
+        r = await client.post(
+            "/v1/responses",
+            json={
+                "input": "This is a test " * 10,
+                "max_output_tokens": 4,
+                "stream": True,
+                "timings_per_token": True,
+                "return_progress": True,
+            },
+        )
+        events = _sse_data(r.text)
+        in_progress = [e for e in events if "prompt_progress" in e]
+        assert in_progress and all(e["type"] == "response.in_progress" for e in in_progress)
+        assert any(e["type"] == "response.output_text.delta" and "timings" in e for e in events)
+        (completed,) = [e for e in events if e["type"] == "response.completed"]
+        assert "usage" in completed["response"] and completed["timings"]["predicted_n"] >= 1
+
+        events = [e async for e in rt.stream(prompt[2:], max_tokens=2, temperature=0, timings_per_token=True)]
+        assert [e.clock[2] for e in events if isinstance(e, Token) and e.clock is not None] == [1, 2]

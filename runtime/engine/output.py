@@ -125,7 +125,11 @@ class Output:
             res.first.append(s)
         s.t_last = now
         if not replayed:  # a replayed token's text went out before; its Done (if it ends) is sent again
-            res.events.append((task, Token(s.index, text, token, logprob, top)))
+            clock = None
+            if task.request.timings_per_token:
+                prompt_ms, predicted_ms = (s.t_prompt_done - s.t_start) * 1e3, (now - s.t_prompt_done) * 1e3
+                clock = (len(s.prompt), s.n_cached, s.n_decoded, prompt_ms, predicted_ms)
+            res.events.append((task, Token(s.index, text, token, logprob, top, clock)))
         if finish:
             s.finished = True
             res.finished.append(s)

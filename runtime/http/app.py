@@ -222,7 +222,7 @@ class Api:
             **media,
             "endpoint_slots": cfg.endpoint_slots,
             "endpoint_props": cfg.endpoint_props,
-            "endpoint_metrics": True,
+            "endpoint_metrics": cfg.endpoint_metrics,
             "ui": cfg.webui,
             "ui_settings": {},
             "bos_token": model.token_text(model.bos) if model.bos >= 0 else "",
@@ -305,8 +305,16 @@ class Api:
         )
 
     async def metrics(self, request: Request) -> Response:
+        """GET /metrics: llama-server's 501 unless started with --metrics; the header names the
+        unix time the server started, as llama-server's ``Process-Start-Time-Unix``."""
+        if not self.rt.config.endpoint_metrics:
+            raise NotSupported("This server does not support metrics endpoint. Start it with `--metrics`")
         self.rt._require_ready()
-        return Response(await self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
+        return Response(
+            await self.rt.metrics_text(),
+            media_type="text/plain; version=0.0.4",
+            headers={"Process-Start-Time-Unix": str(int(self.rt.started_at))},
+        )
 
     # ---- embeddings and rerank: shapes in ``http.embeddings`` --------------------------------
 
@@ -429,7 +437,14 @@ class Api:
         if req.stream:
             error_frame = _anthropic_error_frame if shaper_cls is anthropic.AnthropicShaper else None
             return await self._stream(
-                request, handle, shaper.events, done=False, tail=shaper.tail, frame=named_frame, error_frame=error_frame
+                request,
+                handle,
+                shaper.events,
+                done=False,
+                tail=shaper.tail,
+                frame=named_frame,
+                error_frame=error_frame,
+                progress=getattr(shaper, "progress", None),  # Responses: response.in_progress events
             )
         return _json(shaper.body(await self._collect(request, handle)))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from llamactor.protocol import sse
 from llamactor.protocol.events import Done, Token
-from llamactor.runtime.http.responses import OpenAIShaper
+from llamactor.runtime.http.responses import OpenAIShaper, token_timings
 from llamactor.runtime.service.chatparse import MessageDelta, MessageParser, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, finish_reason, parse_completion
 from llamactor.runtime.service.results import Completion
@@ -57,7 +57,11 @@ class ChatShaper(OpenAIShaper):
             # it is replaced by what the parser made certain.
             raw = out.pop() if ev.text or self.want_logprobs else None
             logprobs = raw["choices"][0]["logprobs"] if raw is not None else None
-            out.extend(self._delta_chunks(ev.index, delta, logprobs))
+            chunks = self._delta_chunks(ev.index, delta, logprobs)
+            timings = token_timings(ev)
+            if chunks and timings is not None:  # as llama-server: on the token's last chunk
+                chunks[-1]["timings"] = timings
+            out.extend(chunks)
             return out
         last = out.pop()
         out.extend(self._delta_chunks(ev.index, delta, None))

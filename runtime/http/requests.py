@@ -119,6 +119,7 @@ def _request(body: Body, **fields: Any) -> GenerationRequest:
         n_discard=body.n_discard or 0,
         n_cache_reuse=body.n_cache_reuse,
         return_progress=body.return_progress and body.stream,
+        timings_per_token=body.timings_per_token and body.stream,
         lora=lora,
         priority=body.priority,
         tags=body.tags or {},

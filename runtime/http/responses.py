@@ -55,6 +55,16 @@ def _timings(
     )
 
 
+def token_timings(ev: Token) -> Timings | None:
+    """timings_per_token: the timings so far that a streamed token carries (None: not asked)."""
+    return None if ev.clock is None else _timings(*ev.clock)
+
+
+def progress_timings(ev: Progress) -> Timings | None:
+    """timings_per_token: a progress chunk's timings, the prompt's so far (nothing predicted yet)."""
+    return _timings(ev.processed, ev.cache, 0, ev.time_ms, 0.0) if ev.timed else None
+
+
 def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, stream: bool) -> dict[str, Any]:
     """llama-server's ``task_params::to_json(only_metrics=true)`` for the fields llamactor has."""
     return {
@@ -80,6 +90,8 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
         "mirostat": p.mirostat,
         "mirostat_tau": p.mirostat_tau,
         "mirostat_eta": p.mirostat_eta,
+        "adaptive_target": p.adaptive_target,
+        "adaptive_decay": p.adaptive_decay,
         "max_tokens": n_predict,
         "n_predict": n_predict,
         "n_keep": 0,
@@ -90,8 +102,6 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
         "samplers": list(p.samplers),
     }
 
-        "adaptive_target": p.adaptive_target,
-        "adaptive_decay": p.adaptive_decay,
 
 def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
     """A native response's ``generation_settings``: the request's effective settings."""
@@ -161,12 +171,15 @@ class NativeShaper:
                 index=ev.index,
                 tokens=[ev.token],
                 completion_probabilities=_native_probs(ev, self.post) if self.want_probs else None,
+                timings=token_timings(ev),
             )
         return self._result(ev, "", [])
 
     def progress(self, ev: Progress) -> list[dict[str, Any]]:
         """A return_progress chunk, as llama-server's (no content, ``prompt_progress``)."""
-        return [{"content": "", "stop": False, "index": ev.index, "tokens": [], "prompt_progress": _progress(ev)}]
+        chunk = {"content": "", "stop": False, "index": ev.index, "tokens": [], "prompt_progress": progress_json(ev)}
+        timings = progress_timings(ev)
+        return [chunk if timings is None else {**chunk, "timings": timings}]
 
     def _result(
         self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None
@@ -283,7 +296,10 @@ class OpenAIShaper:
         else:
             choice["text"] = ""
         env = self._envelope([choice], obj)
-        env["prompt_progress"] = _progress(ev)
+        env["prompt_progress"] = progress_json(ev)
+        timings = progress_timings(ev)
+        if timings is not None:
+            env["timings"] = timings
         return [env]
 
     def chunks(self, ev: Token | Done) -> list[dict[str, Any]]:
@@ -315,13 +331,15 @@ class OpenAIShaper:
                 choice["delta"] = {"content": ev.text}
             else:
                 choice["text"] = ev.text
-            out.append(self._envelope([choice], obj))
+            env = self._envelope([choice], obj)
+            timings = token_timings(ev)
+            if timings is not None:
+                env["timings"] = timings
+            out.append(env)
             return out
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
         self.n_completion += ev.n_predicted
-        self._timings = _timings(
-            ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms, ev.n_draft, ev.n_draft_accepted
-        )
+        self._timings = done_timings(ev)
         choice = {"index": ev.index, "logprobs": None, "finish_reason": ev.finish_reason}
         if self.chat:
             choice["delta"] = {}
@@ -376,5 +394,12 @@ class OpenAIShaper:
         return env
 
 
-def _progress(ev: Progress) -> dict[str, Any]:
+def done_timings(ev: Done) -> Timings:
+    """A finished choice's ``timings``."""
+    return _timings(
+        ev.n_prompt, ev.n_cached, ev.n_predicted, ev.prompt_ms, ev.predicted_ms, ev.n_draft, ev.n_draft_accepted
+    )
+
+
+def progress_json(ev: Progress) -> dict[str, Any]:
     return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": round(ev.time_ms)}

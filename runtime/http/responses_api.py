@@ -30,9 +30,10 @@ from typing import Any
 import msgspec
 
 from llamactor.protocol.errors import RequestError
-from llamactor.protocol.events import Done, Token
+from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import ChatCompletionRequest
 from llamactor.runtime.http.chat_api import ChoiceParsers
+from llamactor.runtime.http.responses import done_timings, progress_json, progress_timings, token_timings
 from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage, ToolCall
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
 from llamactor.runtime.service.results import Completion
@@ -356,11 +357,30 @@ class ResponsesShaper:
         self._seq += 1
         return name, {"type": name, "sequence_number": self._seq - 1, **data}
 
+    def progress(self, ev: Progress) -> list[tuple[str, Any]]:
+        """A return_progress event, as llama-server's: ``response.in_progress`` with
+        ``prompt_progress`` (and ``timings`` with timings_per_token)."""
+        out = self._start()
+        timings = progress_timings(ev)
+        out.append(
+            self._event(
+                "response.in_progress",
+                response=self._response("in_progress", [], None),
+                prompt_progress=progress_json(ev),
+                **({} if timings is None else {"timings": timings}),
+            )
+        )
+        return out
+
     def events(self, ev: Token | Done) -> list[tuple[str, Any]]:
         if ev.index != 0:
             return []
         out = self._start()
         out += self._delta(self.parsers.feed(ev))
+        if isinstance(ev, Token):
+            timings = token_timings(ev)
+            if out and timings is not None:  # as llama-server: on the token's last event
+                out[-1][1]["timings"] = timings
         if isinstance(ev, Done):
             out += self._close()
             incomplete = ev.finish_reason == "length"
@@ -372,7 +392,8 @@ class ResponsesShaper:
             )
             # Always "response.completed", as llama-server sends (the openai client's stream helper
             # waits for it); a cut-off answer says so in the response's status and incomplete_details.
-            out.append(self._event("response.completed", response=response))
+            timings = done_timings(ev)
+            out.append(self._event("response.completed", response=response, timings=timings))
             self._finished = True
         return out
 

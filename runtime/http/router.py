@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from llamactor.protocol.errors import RequestError, Unavailable
+from llamactor.protocol.errors import NotSupported, RequestError, Unavailable
 from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.app import MODEL_ROUTES, Api, _body, _json, app_around, make_route
 from llamactor.runtime.http.disconnect import until_disconnect
@@ -161,7 +161,9 @@ class Router:
 
     async def metrics(self, request: Request) -> Response:
         """GET /metrics: the model's with ``?model=`` (as its own server's), else every loaded
-        model's, each series labelled ``model``."""
+        model's, each series labelled ``model``. Started without --metrics: 501, as llama-server."""
+        if not self.config.endpoint_metrics:
+            raise NotSupported("This server does not support metrics endpoint. Start it with `--metrics`")
         if request.query_params.get("model"):
             return await self._to_model(request, "metrics", body=False)
         return Response(await self.models.metrics_text(), media_type="text/plain; version=0.0.4")

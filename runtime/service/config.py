@@ -171,6 +171,7 @@ class RuntimeConfig:
     cors_credentials: bool = True  # with origins "*": the request's Origin is echoed back
     endpoint_props: bool = False  # --props: POST /props is allowed
     endpoint_slots: bool = True  # --no-slots: GET /slots answers 501, as llama-server's
+    endpoint_metrics: bool = False  # --metrics: GET /metrics is served (else 501, as llama-server's)
     # llama-server's agent features (runtime.http.tools, .mcp, .corsproxy): off by default
     server_tools: tuple[str, ...] = ()  # --tools: built-in tool names, or "all"; POST/GET /tools
     tools_runtime: str = ""  # --tools-runtime: the isolate the tools run in ("": the host)
@@ -382,7 +383,6 @@ class RuntimeConfig:
             threads_batch=self.threads_batch or self.threads,
         )
 
-    def _check_overrides(self) -> None:
     def _check_placement(self) -> None:
         """--load-mode (or the older flags, not both), --lazy-mode, -ot's buffer type names (those
         of a ggml-rpc worker are checked once it is registered, in ``load_options``),
@@ -402,6 +402,7 @@ class RuntimeConfig:
         if self.static_path is not None and not Path(self.static_path).is_dir():
             raise ConfigError(f"--path: not a directory: {self.static_path}")
 
+    def _check_overrides(self) -> None:
         """--override-kv, the RoPE/YaRN values and the control vectors (each file is read here,
         so a malformed one stops startup before anything loads)."""
         for override in self.kv_overrides:

@@ -222,6 +222,7 @@ class InProcessEngine:
                 )
                 await scope.start(actor)
                 embedder = LocalEmbedder(actor)
+                metrics.embedding_work = lambda: (actor.statistics().tokens_done, actor.statistics().steps)
             log.info("engine_loaded", model=str(cfg.model), groups=n, pid=os.getpid())
             engine = cls(cfg, model, sup, coord, metrics, embedder, prompt_cache)
             engine.vision = vision
@@ -413,11 +414,11 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
             )
         else:
             log.info("graph_reuse", enabled=False, why="contexts decoding at once on a ggml-rpc device")
-    return LoadOptions(
     if cfg.tensor_overrides:
         from llamactor.runtime.engine import placement
 
         placement.check_buffer_types(cfg.tensor_overrides)  # a ggml-rpc worker's are known by now
+    return LoadOptions(
         n_gpu_layers=cfg.n_gpu_layers,
         load_mode=cfg.model_load_mode,
         lazy_mode=cfg.lazy_mode,

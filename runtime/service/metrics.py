@@ -1,5 +1,6 @@
-"""Prometheus metrics of one runtime: llama-server's ``llamacpp:*`` names plus
-TTFT, inter-token and queue-time histograms, every series labelled by ``group``.
+"""Prometheus metrics of one runtime: llama-server's ``llamacpp:*`` series as llama-server
+writes them (unlabelled totals), the same per group as ``llamactor:group_*{group=...}``, and
+TTFT, inter-token and queue-time histograms labelled by ``group``.
 
 Counters live in plain per-group ``GroupCounters`` objects bumped once per decode step by the
 group that decoded (so nothing is counted twice), and are read at scrape time by a custom
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from llamactor.actors.observe import GroupCounters
 
@@ -80,6 +82,8 @@ class Metrics:
         self.down_of: Callable[[int], bool] = lambda g: False
         self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # host-memory prompt cache statistics, when on
         self.load: Callable[[], ServingLoad] = ServingLoad  # the gateway series' reading (set by the engine)
+        # the embedding context's (prompt tokens decoded, decodes), counted in llama-server's totals
+        self.embedding_work: Callable[[], tuple[int, int]] = lambda: (0, 0)
         self.kv_cells_total = kv_cells_total  # KV cells of every group's context together
         self.lora_names = lora_names  # per adapter id, its name in the gateway's LoRA series
         self._ttft = Histogram(
@@ -162,7 +166,117 @@ class Metrics:
         self._barrier.labels(str(group)).observe(barrier_wait_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """llama-server's ``llamacpp:*`` block, then llamactor's own series."""
+        return self.llamacpp_text().encode() + generate_latest(self.registry)
+
+    def llamacpp_text(self) -> str:
+        """llama-server's series exactly as it writes them (``to_metrics``): one unlabelled sample
+        each, the totals over the groups, every name spelled in full on its ``# TYPE`` line (also
+        ``n_tokens_max``, a counter without ``_total`` there), then the per-position acceptances."""
+        gs = self.groups
+
+        def total(value: Callable[[GroupCounters], float]) -> float:
+            return sum(value(c) for c in gs)
+
+        prompt_s, predicted_s = total(lambda c: c.prompt_seconds), total(lambda c: c.predicted_seconds)
+        embedded, embedding_decodes = self.embedding_work()
+        n_prompt = total(lambda c: c.prompt_tokens) + embedded
+        n_decode = total(lambda c: c.n_decode) + embedding_decodes
+        counters = (
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", n_prompt),
+            (
+                "prompt_tokens_cached_total",
+                "Number of prompt tokens reused from the cache",
+                total(lambda c: c.prompt_cached),
+            ),
+            ("prompt_seconds_total", "Total time spent processing prompts", prompt_s),
+            ("tokens_predicted_total", "Number of generation tokens processed", total(lambda c: c.tokens_predicted)),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens", predicted_s),
+            ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding", n_decode),
+            (
+                "n_tokens_max",
+                "Largest observed sequence length (prompt + generation)",
+                max((c.tokens_max for c in gs), default=0),
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "Speculative: Total draft tokens generated",
+                total(lambda c: c.n_draft_tokens),
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "Speculative: Total draft tokens accepted by the target model",
+                total(lambda c: c.n_draft_accepted),
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "Speculative: Total speculative decoding verification steps",
+                total(lambda c: c.n_drafts),
+            ),
+        )
+        gauges = (
+            (
+                "prompt_tokens_seconds",
+                "Average prompt throughput in tokens/s",
+                n_prompt / prompt_s if prompt_s else 0.0,
+            ),
+            (
+                "predicted_tokens_seconds",
+                "Average generation throughput in tokens/s",
+                total(lambda c: c.tokens_predicted) / predicted_s if predicted_s else 0.0,
+            ),
+            ("requests_processing", "Number of requests processing", total(lambda c: c.requests_processing)),
+            ("requests_deferred", "Number of requests deferred", self.queue_depth()),
+            (
+                "n_busy_slots_per_decode",
+                "Average number of busy slots per llama_decode() call",
+                total(lambda c: c.n_busy_slots) / max(n_decode, 1),
+            ),
+        )
+        lines: list[str] = []
+        for kind, items in (("counter", counters), ("gauge", gauges)):
+            for name, doc, value in items:
+                lines += (
+                    f"# HELP llamacpp:{name} {doc}",
+                    f"# TYPE llamacpp:{name} {kind}",
+                    f"llamacpp:{name} {floatToGoString(value)}",
+                )
+        per_pos = [0] * max((len(c.accepted_per_pos()) for c in gs), default=0)
+        for c in gs:
+            for pos, value in enumerate(c.accepted_per_pos()):
+                per_pos[pos] += value
+        if per_pos:
+            name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+            lines += (f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter")
+            lines += (f'{name}{{position="{pos}"}} {value}' for pos, value in enumerate(per_pos))
+        return "\n".join(lines) + "\n"
+
+
+# llamactor's per-group view of llama-server's series: (name, kind, help, value of one group)
+_GROUP_SERIES: tuple[tuple[str, str, str, Callable[[GroupCounters], float]], ...] = (
+    ("prompt_tokens", "counter", "Prompt tokens processed, cached ones excluded", lambda c: c.prompt_tokens),
+    ("prompt_tokens_cached", "counter", "Prompt tokens reused from the cache", lambda c: c.prompt_cached),
+    ("prompt_seconds", "counter", "Time spent processing prompts", lambda c: c.prompt_seconds),
+    ("tokens_predicted", "counter", "Generation tokens processed", lambda c: c.tokens_predicted),
+    ("tokens_predicted_seconds", "counter", "Time spent generating tokens", lambda c: c.predicted_seconds),
+    ("n_decode", "counter", "llama_decode() calls", lambda c: c.n_decode),
+    ("n_tokens_max", "gauge", "Largest observed sequence length", lambda c: c.tokens_max),
+    ("requests_processing", "gauge", "Requests processing", lambda c: c.requests_processing),
+    (
+        "n_busy_slots_per_decode",
+        "gauge",
+        "Average busy slots per llama_decode() call",
+        lambda c: c.n_busy_slots / max(c.n_decode, 1),
+    ),
+    ("spec_decode_num_draft_tokens", "counter", "Speculative: draft tokens generated", lambda c: c.n_draft_tokens),
+    (
+        "spec_decode_num_accepted_tokens",
+        "counter",
+        "Speculative: draft tokens accepted by the target model",
+        lambda c: c.n_draft_accepted,
+    ),
+    ("spec_decode_num_drafts", "counter", "Speculative: verification steps", lambda c: c.n_drafts),
+)
 
 
 class _CounterCollector:
@@ -174,65 +288,22 @@ class _CounterCollector:
 
     def collect(self):
         gs = self.m.groups
-        labels = ["group"]
-
-        def counter(name: str, doc: str, value: Callable[[GroupCounters], float]) -> CounterMetricFamily:
-            fam = CounterMetricFamily(f"llamacpp:{name}", doc, labels=labels)
+        for name, kind, doc, value in _GROUP_SERIES:
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                f"llamactor:group_{name}", f"{doc}, per group", labels=["group"]
+            )
             for g, c in enumerate(gs):
                 fam.add_metric([str(g)], value(c))
-            return fam
-
-        def gauge(name: str, doc: str, value: Callable[[GroupCounters], float]) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(f"llamacpp:{name}", doc, labels=labels)
-            for g, c in enumerate(gs):
-                fam.add_metric([str(g)], value(c))
-            return fam
-
-        yield counter("prompt_tokens", "Number of prompt tokens processed", lambda c: c.prompt_tokens)
-        yield counter("prompt_seconds", "Total time spent processing prompts", lambda c: c.prompt_seconds)
-        yield counter("tokens_predicted", "Number of generation tokens processed", lambda c: c.tokens_predicted)
-        yield counter("tokens_predicted_seconds", "Total time spent generating tokens", lambda c: c.predicted_seconds)
-        yield counter("n_decode", "Total number of llama_decode() calls", lambda c: c.n_decode)
-        yield gauge("n_tokens_max", "Largest observed sequence length", lambda c: c.tokens_max)
-        yield gauge(
-            "prompt_tokens_seconds",
-            "Average prompt throughput in tokens/s",
-            lambda c: c.prompt_tokens / c.prompt_seconds if c.prompt_seconds else 0.0,
-        )
-        yield gauge(
-            "predicted_tokens_seconds",
-            "Average generation throughput in tokens/s",
-            lambda c: c.tokens_predicted / c.predicted_seconds if c.predicted_seconds else 0.0,
-        )
-        yield gauge("requests_processing", "Number of requests processing", lambda c: c.requests_processing)
-        yield gauge(
-            "n_busy_slots_per_decode",
-            "Average number of busy slots per llama_decode() call",
-            lambda c: c.n_busy_slots / max(c.n_decode, 1),
-        )
-        yield counter(
-            "spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", lambda c: c.n_draft_tokens
-        )
-        yield counter(
-            "spec_decode_num_accepted_tokens",
-            "Speculative: Total draft tokens accepted by the target model",
-            lambda c: c.n_draft_accepted,
-        )
-        yield counter(
-            "spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps", lambda c: c.n_drafts
-        )
+            yield fam
         per_pos = CounterMetricFamily(
-            "llamacpp:spec_decode_num_accepted_tokens_per_pos",
-            "Accepted tokens per draft position",
+            "llamactor:group_spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position, per group",
             labels=["group", "position"],
         )
         for g, c in enumerate(gs):
             for pos, value in enumerate(c.accepted_per_pos()):
                 per_pos.add_metric([str(g), str(pos)], value)
         yield per_pos
-        deferred = GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred")
-        deferred.add_metric([], self.m.queue_depth())
-        yield deferred
         phase = GaugeMetricFamily(
             "llamactor:group_phase", "Current phase per group (1 = in this phase)", labels=["group", "phase"]
         )
