@@ -1275,15 +1275,16 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Multimodal",
         Use.CONFIG,
-        "image input: image_url parts (data:, http(s):// and, with --media-path, file:// URLs), Anthropic "
-        "image blocks, Responses input_image parts, the native prompt's multimodal_data",
+        "image and audio input: image_url and input_audio parts (data:, http(s):// and, with --media-path, "
+        "file:// URLs), Anthropic image blocks, Responses input_image parts, the native prompt's "
+        "multimodal_data, /v1/audio/transcriptions",
         (
             opt("-mm", "--mmproj", field="mmproj", value="FILE", env="LLAMA_ARG_MMPROJ"),
             opt(
                 "--media-path",
                 field="media_path",
                 value="PATH",
-                help="directory file:// image URLs are read from (paths relative to it, never out of it); "
+                help="directory file:// media URLs are read from (paths relative to it, never out of it); "
                 "default: file:// URLs refused",
             ),
             switch(

@@ -180,6 +180,36 @@ def test_bad_transcription_requests_are_refused(server: str, vision_server: str)
     assert ok.json()["usage"]["output_tokens"] == 2
 
 
+def test_transcription_in_router_mode(audio_files: tuple[Path, Path], tmp_path: Path):
+    """In router mode the form's ``model`` field names the model (llama-server's router reads
+    the form as its body); a model named by ``?model=`` instead works too."""
+    model, mmproj = audio_files
+    preset = tmp_path / "models.ini"
+    preset.write_text(f"version = 1\n[heard]\nmodel = {model}\nmmproj = {mmproj}\nctx-size = 2048\n")
+    port = free_port()
+    argv = [*LLAMACTOR, "serve", "--models-preset", str(preset), "-t", str(TEST_THREADS)]
+    proc = subprocess.Popen(
+        [*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url + "/health", STARTUP_TIMEOUT_S)
+        named = _transcribe(url, {"model": "heard", "max_tokens": "3", "temperature": "0"}, {"file": AUDIO})
+        assert named.status_code == 200, named.text
+        assert named.json()["usage"]["output_tokens"] == 3
+        body, kind = form_body({"max_tokens": "3", "temperature": "0"}, {"file": AUDIO})
+        queried = httpx.post(
+            url + TRANSCRIPTION_PATH + "?model=heard", content=body, headers={"Content-Type": kind}, timeout=60
+        )
+        assert queried.status_code == 200, queried.text
+        assert queried.json()["text"] == named.json()["text"]
+        unnamed = _transcribe(url, {"max_tokens": "3"}, {"file": AUDIO})
+        assert unnamed.status_code == 400 and "model name is missing" in unnamed.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
 def test_props_say_audio(server: str, vision_server: str):
     props = httpx.get(server + "/props").json()
     assert props["modalities"] == {"vision": False, "video": False, "audio": True}

@@ -37,6 +37,7 @@ from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.app import MODEL_ROUTES, Api, _body, _json, app_around, make_route
 from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import error_response
+from llamactor.runtime.http.transcriptions import parse_form
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.core import RuntimeCore
 from llamactor.runtime.service.modelset import ModelLease, ModelSet, ModelView
@@ -54,10 +55,13 @@ class _Named(msgspec.Struct):
     model: Any = None
 
 
-def _model_in(body: bytes) -> str:
-    """The ``model`` field of a JSON body ("" when there is none, or the body is no object)."""
+def _model_in(body: bytes, content_type: str = "") -> str:
+    """The ``model`` field of a JSON body ("" when there is none, or the body is no object), or
+    of a ``multipart/form-data`` form (a transcription's, as llama-server's router reads it)."""
     if not body.strip():
         return ""
+    if content_type.lower().startswith("multipart/form-data"):
+        return parse_form(content_type, body)[0].get("model", "")
     try:
         name = msgspec.json.decode(body, type=_Named).model
     except msgspec.ValidationError:
@@ -180,7 +184,8 @@ class Router:
 
     async def _to_model(self, request: Request, method: str, *, body: bool) -> Response:
         data = await _body(request) if body else None
-        name = (_model_in(data) if data else "") or request.query_params.get("model", "")
+        kind = request.headers.get("content-type", "")
+        name = (_model_in(data, kind) if data else "") or request.query_params.get("model", "")
         if not name:
             raise RequestError("model name is missing from the request")
         autoload = _autoload(request.query_params.get("autoload"))
