@@ -285,11 +285,12 @@ def test_bad_audio_input_is_a_400_and_the_server_goes_on(server: str):
         # bytes that are not audio
         (
             _chat(server, [_text("Hear"), audio_part(b"this is not audio at all"), _text("?")]),
-            "audio file 1 of 1 is not audio libmtmd can decode (wav, mp3, flac): 24 bytes",
+            "audio file 1 of 1 (messages[0].content[1].input_audio) is not audio libmtmd can decode (wav, mp3, flac): "
+            "24 bytes starting",
         ),
         (
             _chat(server, [_text("Hear"), audio_part(NOT_AUDIO), _text("?")]),
-            "audio file 1 of 1 is not audio libmtmd can decode (wav, mp3, flac)",
+            "audio file 1 of 1 (messages[0].content[1].input_audio) is not audio libmtmd can decode (wav, mp3, flac)",
         ),
         (_complete(server, "A <__media__> B <__media__> C", [AUDIO, NOT_AUDIO]), "audio file 2 of 2 is not audio"),
         # markers and files that do not pair up

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,7 +200,7 @@ class Admission:
             raise RequestError("multimodal_data: media files go with a text prompt holding their media markers")
         vision = self.vision
         files = await self.fetcher.fetch_images(refs)
-        names = media_names(refs)
+        names = media_names(refs, turn.media_where if turn is not None else ())
         tokens, media = await anyio.to_thread.run_sync(
             lambda: vision.tokenize(
                 prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch, names=names
@@ -310,6 +310,10 @@ def schema_grammar(schema: Mapping[str, Any]) -> str:
         raise RequestError(f"json_schema: unsupported JSON schema: {exc}") from None
 
 
-def media_names(refs: tuple[bytes | ImageURL, ...]) -> tuple[str, ...]:
-    """How an error names each image: the field and URL it was fetched by, else nothing."""
-    return tuple(f"{ref.where}.url: {ref.url}" if isinstance(ref, ImageURL) else "" for ref in refs)
+def media_names(refs: tuple[bytes | ImageURL, ...], where: Sequence[str] = ()) -> tuple[str, ...]:
+    """How an error names each file: the field and URL it was fetched by, else the chat part it
+    came in (``where``, a turn's ``media_where``), else nothing."""
+    return tuple(
+        f"{ref.where}.url: {ref.url}" if isinstance(ref, ImageURL) else where[i] if i < len(where) else ""
+        for i, ref in enumerate(refs)
+    )

@@ -78,6 +78,7 @@ class ChatTurn:
     # the files of its image and audio parts, one media marker each in ``prompt``; a file named
     # by an http(s):// or file:// URL is fetched at admission (``mediafetch``)
     media: tuple[bytes | ImageURL, ...] = ()
+    media_where: tuple[str, ...] = ()  # the part each came from (messages[i].content[k].input_audio)
 
     def parser(self) -> MessageParser:
         return MessageParser(self.syntax, reasoning_format=self.reasoning_format, thinking_open=self.thinking_open)
@@ -162,7 +163,10 @@ def prepare_chat(
     syntax = SYNTAX[fmt]
     extra = template_vars(reasoning_effort, chat_template_kwargs)
     media: list[bytes | ImageURL] = []
-    rows = template_messages(messages, syntax, media_marker=media_marker, media=media, media_kinds=media_kinds)
+    where: list[str] = []
+    rows = template_messages(
+        messages, syntax, media_marker=media_marker, media=media, media_kinds=media_kinds, media_where=where
+    )
     if specs and syntax.native:
         extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
     elif specs and choice.mode != "none":
@@ -170,7 +174,13 @@ def prepare_chat(
     prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra)
     thinking_open = reasoning_format != "none" and prompt.rstrip().endswith(THINK_OPEN)
     turn = ChatTurn(
-        prompt, specs, choice, reasoning_format=reasoning_format, thinking_open=thinking_open, media=tuple(media)
+        prompt,
+        specs,
+        choice,
+        reasoning_format=reasoning_format,
+        thinking_open=thinking_open,
+        media=tuple(media),
+        media_where=tuple(where),
     )
     if not specs or choice.mode == "none":
         return turn
@@ -225,12 +235,13 @@ def template_messages(
     media_marker: str | None = None,
     media: list[bytes | ImageURL] | None = None,
     media_kinds: Sequence[str] = ("image", "audio"),
+    media_where: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI-shaped messages as the template sees them.
 
     Checked here: content is text (or, with ``media_marker``, text, ``image_url`` and
     ``input_audio`` parts of the ``media_kinds`` the projector takes: each becomes the marker
-    and its file is appended to ``media``), an assistant's
+    and its file is appended to ``media``, the part's field to ``media_where``), an assistant's
     ``tool_calls`` are well-formed with JSON-object
     arguments, and every ``role: "tool"`` message answers an earlier call by ``tool_call_id``.
     Templates of a tool family get ``tool_calls`` (arguments as objects, as llama.cpp passes
@@ -253,7 +264,7 @@ def template_messages(
         role = "system" if role in ROLES_AS_SYSTEM else role
         row: dict[str, Any] = {
             "role": role,
-            "content": _text(m.get("content"), f"{where}.content", media_marker, media, media_kinds),
+            "content": _text(m.get("content"), f"{where}.content", media_marker, media, media_kinds, media_where),
         }
         if isinstance(m.get("name"), str):
             row["name"] = m["name"]
@@ -302,6 +313,7 @@ def _text(
     media_marker: str | None = None,
     media: list[bytes | ImageURL] | None = None,
     media_kinds: Sequence[str] = ("image", "audio"),
+    media_where: list[str] | None = None,
 ) -> str:
     """A message's content as text. Text parts are joined; with an ``image_url`` or
     ``input_audio`` part, as llama-server joins them: text parts on lines of their own, the
@@ -334,6 +346,8 @@ def _text(
                     media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
                 else:
                     media.append(audio_bytes(part.get("input_audio"), f"{where}[{k}].input_audio"))
+                if media_where is not None:
+                    media_where.append(f"{where}[{k}].{kind}")
                 parts.append((True, media_marker))
             else:
                 allowed = (

@@ -301,7 +301,7 @@ class RuntimeCore:
         if turn.media and vision is not None:
             files = await self.admission.fetcher.fetch_images(turn.media)  # images named by URL
             tokens, _ = await anyio.to_thread.run_sync(
-                functools.partial(vision.tokenize, turn.prompt, files, names=media_names(turn.media))
+                functools.partial(vision.tokenize, turn.prompt, files, names=media_names(turn.media, turn.media_where))
             )
             return len(tokens)
         return len(await self.tokenize(turn.prompt))
