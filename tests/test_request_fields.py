@@ -135,6 +135,10 @@ FIELDS: dict[str, Row] = {
     "top_k": (7, {api: {"top_k": 7} for api in (*COMPLETION_APIS, ANTHROPIC)}),
     "top_p": (0.9, {api: {"top_p": 0.9} for api in (*COMPLETION_APIS, ANTHROPIC)}),
     "return_progress": (True, {api: {"return_progress": True, "stream": True} for api in (NATIVE, COMPLETIONS, CHAT)}),
+    "timings_per_token": (
+        True,
+        {api: {"timings_per_token": True, "stream": True} for api in (NATIVE, COMPLETIONS, CHAT, RESPONSES)},
+    ),
     "lora": ([{"id": 0, "scale": 0.5}], {api: {"lora": [{"id": 0, "scale": 0.5}]} for api in NATIVE_LIKE}),
     "priority": (3, {api: {"priority": 3} for api in NATIVE_LIKE}),  # vLLM's field, on the APIs that build requests
     "tags": ({"tenant": "a"}, {api: {"tags": {"tenant": "a"}} for api in NATIVE_LIKE}),

@@ -313,7 +313,7 @@ class OpenAIShaper:
                     [
                         {
                             "index": ev.index,
-                            "delta": {"role": "assistant", "content": ""},
+                            "delta": {"role": "assistant", "content": None},
                             "logprobs": None,
                             "finish_reason": None,
                         }
