@@ -219,7 +219,8 @@ def test_props_say_audio(server: str, vision_server: str):
 
 def test_an_audio_clip_takes_its_positions(server: str):
     """A clip under 30 s is one chunk of N_AUDIO positions, one over 30 s two; the chat token
-    counter counts them as a request does; a data:audio/ URL is the same file as bare base64."""
+    counter counts them as a request does; a data:audio/ URL, or base64 under ``url`` instead of
+    ``data``, is the same file as bare base64."""
     one = _complete(server, "x <__media__> y", [AUDIO]).json()["tokens_evaluated"]
     two = _complete(server, "x <__media__> y", [LONG_AUDIO]).json()["tokens_evaluated"]
     assert two - one == N_AUDIO
@@ -232,6 +233,9 @@ def test_an_audio_clip_takes_its_positions(server: str):
     again = _chat(server, [content[0], as_url, content[2]]).json()
     assert again["usage"]["prompt_tokens"] == used
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == used - 1  # the same file
+    by_url_key = {"type": "input_audio", "input_audio": {"url": b64(OTHER_AUDIO), "format": "mp3"}}  # as llama-server
+    third = _chat(server, [content[0], by_url_key, content[2]]).json()
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] == used - 1  # format is not read: the bytes are
 
 
 # ---- the prompt cache --------------------------------------------------------------------------
