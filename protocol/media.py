@@ -1,4 +1,4 @@
-"""Media in a prompt: the images a multimodal projector (``--mmproj``) turns into embeddings.
+"""Media in a prompt: the images and audio a multimodal projector (``--mmproj``) turns into embeddings.
 
 A prompt with media is still one array of token ids, one entry per position: each position an
 image's embeddings take holds a *stand-in* token instead of a vocabulary id. Stand-ins are
@@ -10,8 +10,10 @@ replicas' routing) never takes one image's KV for another's: a common prefix sto
 first position where the images differ. What it cannot know is that an image is decoded
 whole: ``media_floor`` moves a prefix that ends inside an image back to the image's start.
 
-``MediaChunk`` is one image as the task carries it: where its stand-ins are and the file it
-is encoded from, so the engine (in another process, or after a restart) can encode it again.
+``MediaChunk`` is one image (or one chunk of an audio clip: Whisper-style encoders take 30 s
+each) as the task carries it: where its stand-ins are and the file it is encoded from, so the
+engine (in another process, or after a restart) can encode it again. Audio is handled exactly
+as images are; "image" below stands for either.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ class MediaChunk(msgspec.Struct, frozen=True, kw_only=True):
     pos: int
     n_pos: int  # prompt positions it takes (its embeddings, except for M-RoPE models)
     n_tokens: int  # embeddings it decodes into the KV
-    data: bytes  # the image file (png, jpeg, ...) the embeddings are encoded from
-    part: int = 0  # which media chunk of that file (a model that slices images makes several)
+    data: bytes  # the file (png, jpeg, ...; wav, mp3, flac) the embeddings are encoded from
+    part: int = 0  # which media chunk of that file (sliced images, audio over 30 s make several)
 
     @property
     def end(self) -> int:

@@ -226,7 +226,7 @@ class SequenceKV:
         """Write the slot's KV and its tokens to ``path``; return the tokens saved. A slot that
         holds an image is not saved: its stand-in tokens mean nothing to another process."""
         if any(t < NO_TOKEN for t in slot.cache):
-            raise RequestError(f"slot {slot.id} holds an image's KV: slots with images cannot be saved")
+            raise RequestError(f"slot {slot.id} holds image or audio KV: slots with media cannot be saved")
         toks = (llama_cpp.llama_token * len(slot.cache))(*slot.cache)
         n = llama_cpp.llama_state_seq_save_file(self.ctx, path.encode(), slot.local, toks, len(slot.cache))
         if n == 0:

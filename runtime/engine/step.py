@@ -223,12 +223,13 @@ class DecodeStep:
             s.spec.record(k, accepted)
 
     def _media(self, s: Slot, k: int) -> tuple[int, int]:
-        """Decode every image that starts at ``s``'s next prompt position (whole: an image is
-        one encode, whatever ``k`` allows), each alone into ``s``'s sequence. Returns the text
-        tokens of ``k`` left for the batch (up to the next image) and the image positions decoded."""
+        """Decode every media chunk (an image, a clip of audio) that starts at ``s``'s next prompt
+        position (whole: a chunk is one encode, whatever ``k`` allows), each alone into ``s``'s
+        sequence. Returns the text tokens of ``k`` left for the batch (up to the next chunk) and
+        the media positions decoded."""
         assert s.task is not None
         if self.vision is None:
-            raise RequestError("the prompt has images but this engine has no multimodal projector (--mmproj)")
+            raise RequestError("the prompt has images or audio but this engine has no multimodal projector (--mmproj)")
         decoded = 0
         upto = len(s.prompt)
         for chunk in s.task.media:
@@ -238,13 +239,13 @@ class DecodeStep:
                 upto = chunk.pos
                 break
             if chunk.pos < s.n_past:  # the KV never keeps part of an image (``media_floor``)
-                raise EngineError(f"slot {s.id} holds part of an image ({chunk.pos} < {s.n_past} < {chunk.end})")
+                raise EngineError(f"slot {s.id} holds part of a media chunk ({chunk.pos} < {s.n_past} < {chunk.end})")
             rc = self.vision.decode(self.ctx, chunk, s.local, self.n_batch)
             if rc != 0:
                 self.kv.drop_from(s, chunk.pos)  # whatever part of it went in
                 if rc == DECODE_NO_KV_SLOT:
-                    raise KvCacheFull("the KV cache has no room for an image")
-                raise EngineError(f"llama_decode failed with status {rc} (an image)")
+                    raise KvCacheFull("the KV cache has no room for an image or audio chunk")
+                raise EngineError(f"llama_decode failed with status {rc} (an image or audio chunk)")
             s.cache.extend(s.prompt[chunk.pos : chunk.end].tolist())
             s.n_past = chunk.end
             decoded += chunk.n_pos
