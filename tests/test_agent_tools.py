@@ -610,6 +610,40 @@ def test_agent_turns_on_the_proxy_and_keeps_explicit_cors(agent_server: tuple[st
     assert (res.status_code, res.json()) == (200, {"status": "ok"})
 
 
+def test_shutdown_cancels_mcp_calls_in_flight(tiny_model: Path, tmp_path: Path):
+    """SIGTERM while an MCP call waits: the call answers "cancelled" at once and the server stops,
+    without waiting out the call's timeout."""
+    script = tmp_path / "mcp_server.py"
+    script.write_text(MCP_SERVER)
+    config = {"mcpServers": {"slow": {"command": sys.executable, "args": [str(script)], "timeout_ms": 60000}}}
+    port = free_port()
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "-c", "256", "-np", "1", "--port", str(port)]
+        + ["--mcp-servers-json", json.dumps(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base + "/health", STARTUP_TIMEOUT_S)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(post, base, "slow_sleep", {"s": 30})
+            time.sleep(1.5)  # the call is waiting for its reply
+            assert not pending.done()
+            stopped_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            res = pending.result(timeout=10)
+            assert time.monotonic() - stopped_at < 2.0
+            assert (res.status_code, res.json()) == (200, {"error": "cancelled"})
+        proc.wait(timeout=20)
+        assert time.monotonic() - stopped_at < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0
+
+
 # ---- the CORS proxy -----------------------------------------------------------------------------
 
 

@@ -29,10 +29,16 @@ async def _disabled(request: Request) -> Response:
     return feature_disabled(request)
 
 
+STOPPING = frozenset({"draining", "closed"})  # the server's health while it shuts down
+
+
 class Agent:
-    def __init__(self, config: RuntimeConfig) -> None:
+    """``health``: the server's state (``Runtime.health``, ``ModelSet.health``): once it drains,
+    MCP calls in flight return at once, so that shutdown does not wait for them."""
+
+    def __init__(self, config: RuntimeConfig, health: Callable[[], str] = lambda: "ok") -> None:
         self.config = config
-        self.tools = AgentTools(config) if agent_enabled(config) else None
+        self.tools = AgentTools(config, lambda: health() in STOPPING) if agent_enabled(config) else None
         self.proxy = CorsProxy() if config.ui_mcp_proxy else None
 
     def routes(self, prefix: str, make_route: Callable[[str, str, Handler, list[str]], Route]) -> list[Route]:

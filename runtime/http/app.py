@@ -649,7 +649,7 @@ def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
         page = Page()
         routes += [make_route(prefix, path, page.index, ["GET"]) for path in PAGE_PATHS]
         routes.append(make_route(prefix, ASSET_PATH, page.asset, ["GET"]))
-    agent = Agent(rt.config)  # /tools and /cors-proxy (403 when off)
+    agent = Agent(rt.config, rt.health)  # /tools and /cors-proxy (403 when off)
     routes += agent.routes(prefix, make_route)
     return app_around(rt.config, routes, lifespan=agent.lifespan(lifespan))
 

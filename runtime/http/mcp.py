@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ WARMUP_TIMEOUT_S = 10.0
 MAX_LINE = 8 * 1024 * 1024
 ERR_TAIL_MAX = 4096
 QUEUE_MAX = 65536
+POLL_S = 0.05  # how often a waiting call looks at the server's state (draining: it returns "cancelled")
+FIRST = asyncio.FIRST_COMPLETED
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,10 @@ def result_to_response(result: Any) -> dict[str, Any]:
 class StdioTransport:
     """One MCP server process and its JSON-RPC session."""
 
-    def __init__(self, cfg: McpServerConfig, stopping: asyncio.Event) -> None:
+    def __init__(self, cfg: McpServerConfig, stopping: asyncio.Event, should_stop: Callable[[], bool]) -> None:
         self.cfg = cfg
         self.stopping = stopping
+        self.should_stop = should_stop  # the server is draining: calls in flight return at once
         self.proc: asyncio.subprocess.Process | None = None
         self.frames: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_MAX)
         self.lock = asyncio.Lock()  # one RPC at a time, held across the wait for its reply
@@ -252,17 +256,20 @@ class StdioTransport:
         if not await self._send(request):
             return failure("transport closed")
         stop = asyncio.ensure_future(self.stopping.wait())
+        get: asyncio.Future[str | None] | None = None
         try:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return failure("request timed out")
-                get = asyncio.ensure_future(self.frames.get())
-                done, _ = await asyncio.wait((get, stop), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if get is None:
+                    get = asyncio.ensure_future(self.frames.get())
+                done, _ = await asyncio.wait((get, stop), timeout=min(left, POLL_S), return_when=FIRST)
+                if stop in done or self.should_stop():
+                    return failure("cancelled")
                 if get not in done:
-                    get.cancel()
-                    return failure("cancelled" if stop in done else "request timed out")
-                frame = get.result()
+                    continue
+                frame, get = get.result(), None
                 if frame is None:
                     with contextlib.suppress(asyncio.QueueFull):
                         self.frames.put_nowait(None)  # stays at the end for the next caller
@@ -278,6 +285,8 @@ class StdioTransport:
                 # a notification, or a late reply to a request that timed out
         finally:
             stop.cancel()
+            if get is not None:
+                get.cancel()
 
     def _request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         req: dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
@@ -370,10 +379,13 @@ class McpManager:
     dead_until: dict[str, float] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one start of a server at a time
+    should_stop: Callable[[], bool] = lambda: False
 
     @classmethod
-    def from_config(cls, config_path: str, config_json: str) -> McpManager:
-        return cls(configs=load_configs(config_path, config_json))
+    def from_config(
+        cls, config_path: str, config_json: str, should_stop: Callable[[], bool] = lambda: False
+    ) -> McpManager:
+        return cls(configs=load_configs(config_path, config_json), should_stop=should_stop)
 
     def __bool__(self) -> bool:
         return bool(self.configs)
@@ -381,7 +393,7 @@ class McpManager:
     async def start(self) -> None:
         """Start each server once, list its tools, stop it (a server that fails is logged)."""
         for cfg in self.configs:
-            t = StdioTransport(cfg, self.stopping)
+            t = StdioTransport(cfg, self.stopping, self.should_stop)
             if not await t.start():
                 log.warning("mcp_warmup_failed", server=cfg.name, error=t.diagnostics())
                 continue
@@ -393,7 +405,7 @@ class McpManager:
             await t.close()
 
     async def _transport(self, name: str) -> StdioTransport | None:
-        if self.stopping.is_set():
+        if self.stopping.is_set() or self.should_stop():
             return None
         now = time.monotonic()
         if self.dead_until.get(name, 0) > now:
@@ -409,7 +421,7 @@ class McpManager:
         cfg = next((c for c in self.configs if c.name == name), None)
         if cfg is None:
             return None
-        fresh = StdioTransport(cfg, self.stopping)
+        fresh = StdioTransport(cfg, self.stopping, self.should_stop)
         if await fresh.start() and fresh.alive:
             self.transports[name] = fresh
             return fresh

@@ -243,6 +243,6 @@ def build_router_app(models: ModelSet, config: RuntimeConfig, *, lifespan: Any =
     for path, method, verbs in MODEL_ROUTES:
         handler = own.get((path, verbs[0])) or router.to_model(method, body="POST" in verbs)
         routes.append(make_route(prefix, path, handler, verbs))
-    agent = Agent(config)  # /tools and /cors-proxy: the server's, not a model's
+    agent = Agent(config, models.health)  # /tools and /cors-proxy: the server's, not a model's
     routes += agent.routes(prefix, make_route)
     return app_around(config, routes, lifespan=agent.lifespan(lifespan))

@@ -1263,12 +1263,12 @@ class AgentTools:
     (a name already taken is skipped, with a warning). ``start`` (before serving) starts a
     ``--tools-runtime`` container and lists the MCP servers' tools; ``close`` stops them."""
 
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, stopping: Callable[[], bool] = lambda: False) -> None:
         from llamactor.runtime.http.mcp import McpManager
 
         enabled = set(config.server_tools)
         self.tools: list[Tool] = [cls() for cls in BUILTIN_TOOLS if cls.name in enabled or "all" in enabled]
-        self.mcp = McpManager.from_config(config.mcp_servers_config, config.mcp_servers_json)
+        self.mcp = McpManager.from_config(config.mcp_servers_config, config.mcp_servers_json, stopping)
         self.runtime_spec = config.tools_runtime
         self.container: ContainerRuntime | None = None
 
