@@ -739,6 +739,35 @@ def test_cors_proxy(tiny_model: Path, target: str):
         assert res.headers["Access-Control-Allow-Origin"] == "https://any.example"
 
 
+def test_router_mode_serves_the_tools_and_the_proxy(tiny_model: Path, tmp_path: Path):
+    """In router mode (many models) /tools and /cors-proxy are the router's own, as llama-server's:
+    they answer without loading a model."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny.gguf").symlink_to(tiny_model)
+    port = free_port()
+    proc = subprocess.Popen(
+        [*LLAMACTOR, "serve", "--models-dir", str(models), "--port", str(port), "-t", "1", "-c", "256"]
+        + ["--tools", "read_file,get_info", "--ui-mcp-proxy"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base + "/health", STARTUP_TIMEOUT_S)
+        assert [t["tool"] for t in httpx.get(base + "/tools").json()] == ["read_file", "get_info"]
+        (tmp_path / "f.txt").write_text("router\n")
+        assert call(base, "read_file", {"path": str(tmp_path / "f.txt")}) == {"plain_text_response": "router\n"}
+        assert httpx.get(base + "/props").json()["cors_proxy_enabled"] is True
+        res = httpx.get(base + "/cors-proxy", params={"url": f"{base}/health"})
+        assert (res.status_code, res.json()) == (200, {"status": "ok"})
+        assert httpx.get(base + "/models").json()["data"][0]["status"]["value"] == "unloaded"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
 # ---- bad flags stop the server at once --------------------------------------------------------------
 
 

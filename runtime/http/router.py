@@ -159,7 +159,7 @@ class Router:
                 "default_generation_settings": {"params": None, "n_ctx": 0},
                 "ui_settings": {},
                 "build_info": "llamactor",
-                "cors_proxy_enabled": False,
+                "cors_proxy_enabled": self.config.ui_mcp_proxy,  # --ui-mcp-proxy: /cors-proxy forwards
             }
         )
 
