@@ -896,9 +896,11 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Speculative decoding",
         Use.CONFIG,
-        "per group: ngram-simple (prompt lookup) or a draft model "
-        "(-md, draft-simple), one draft context per group; --draft-max/--draft-min are older llama-server's "
-        "names of --spec-draft-n-max/-n-min",
+        "per group: ngram-simple (prompt lookup), a draft model (-md, draft-simple), one draft context per "
+        "group, or ngram-cache (lookup decoding from llama.cpp's n-gram cache files, drafts of up to 8 tokens as "
+        "llama-server's); --spec-default is llama-server's ngram-mod default as ngram-simple, the closest kind "
+        "built; ngram-mod and ngram-map-* are refused by --spec-type; --draft-max/--draft-min are older "
+        "llama-server's names of --spec-draft-n-max/-n-min",
         (
             opt(
                 "--spec-type",
@@ -906,7 +908,23 @@ GROUPS: tuple[Group, ...] = (
                 value="TYPES",
                 env="LLAMA_ARG_SPEC_TYPE",
                 parse=_spec_type,
-                help="none | ngram-simple | draft-simple (-md alone means draft-simple)",
+                help="none | ngram-simple | draft-simple | ngram-cache (-md alone means draft-simple, -lcs/-lcd "
+                "alone ngram-cache)",
+            ),
+            opt(
+                "-lcs",
+                "--lookup-cache-static",
+                field="lookup_cache_static",
+                value="FNAME",
+                help="ngram-cache: a llama.cpp n-gram cache file (llama-lookup-create's), read only",
+            ),
+            opt(
+                "-lcd",
+                "--lookup-cache-dynamic",
+                field="lookup_cache_dynamic",
+                value="FNAME",
+                help="ngram-cache: an n-gram cache file read at startup if it exists, filled with every request's "
+                "tokens and written back when the server stops",
             ),
             switch(
                 "--spec-default",
@@ -1389,17 +1407,10 @@ GROUPS: tuple[Group, ...] = (
     ),
     # ---- refused: exit code 2 naming them ---------------------------------------------
     Group(
-        "Other speculation",
+        "Draft model sources",
         Use.REFUSE,
-        "not built: speculation is ngram-simple or draft-simple (--spec-type); "
-        "no draft downloads, no lookup-cache files",
-        (
-            opt(
-                "--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"
-            ),
-            opt("-lcs", "--lookup-cache-static", value="FNAME"),
-            opt("-lcd", "--lookup-cache-dynamic", value="FNAME"),
-        ),
+        "llamactor downloads no draft model: a draft model is a local file (-md)",
+        (opt("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft", value="REPO", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),),
     ),
     Group(
         "Removed from llama-server",

