@@ -11,7 +11,9 @@ llama-server on loopback with ``-m model.gguf --mmproj mmproj.gguf -t 1 -np 1 -c
 ``LLAMA_MEDIA_MARKER=<__media__>`` (llama-server makes up a random media marker otherwise;
 llamactor's is libmtmd's default, ``<__media__>``), sends each of ``REQUESTS`` once and stores
 what it answered (the generated text, the prompt's token count, and on /completion the token
-ids) in ``tests/golden/llama_server_audio.json``, under this machine's CPU class
+ids) in ``tests/golden/llama_server_audio.json``; then the same with the projector that has both
+encoders (``tinyaudio.write_tiny_omni_mmproj``) for ``OMNI_REQUESTS``, images and audio in one
+prompt. The answers are kept under this machine's CPU class
 (``tinymodel.cpu_class``: ggml's AVX-512 and AVX2 kernels round the tiny model's nearly flat
 logits differently). ``tests/test_audio.py`` sends the same requests to llamactor and compares;
 it skips on a CPU class nothing was recorded for. Run it again after changing the tiny model,
@@ -34,6 +36,7 @@ import urllib.request
 from typing import Any
 
 import tinyaudio
+import tinyvision
 from tinymodel import cpu_class
 
 OUT = pathlib.Path(__file__).resolve().parent / "golden" / "llama_server_audio.json"
@@ -44,6 +47,7 @@ AUDIO = tinyaudio.wav_bytes(1.0, seed=0)  # 16 kHz mono: libmtmd's rate
 OTHER_AUDIO = tinyaudio.wav_bytes(2.5, seed=5, rate=22050, channels=2)  # resampled and mixed down by libmtmd
 # over 30 s: libmtmd cuts it into two 30 s chunks, two encodes of N_AUDIO_TOKENS embeddings each
 LONG_AUDIO = tinyaudio.wav_bytes(31.0, seed=7, rate=8000)
+IMAGE = tinyvision.png_bytes(40, 24, seed=0)  # for the projector with both encoders
 
 
 def b64(data: bytes) -> str:
@@ -110,6 +114,40 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+# to the projector with both encoders (tinyaudio.write_tiny_omni_mmproj): images and audio in one prompt
+OMNI_REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "omni_chat": (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Does the sound match the picture?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(IMAGE)}},
+                        audio_part(AUDIO),
+                        {"type": "text", "text": "Say."},
+                    ],
+                },
+            ],
+            "max_tokens": N,
+            "temperature": 0,
+        },
+    ),
+    "omni_completion": (
+        "/completion",
+        {
+            "prompt": {
+                "prompt_string": "Hear <__media__> see <__media__> hear <__media__> and",
+                "multimodal_data": [b64(OTHER_AUDIO), b64(IMAGE), b64(AUDIO)],
+            },
+            "n_predict": N,
+            "temperature": 0,
+            "return_tokens": True,
+        },
+    ),
+}
+
 # POST /v1/audio/transcriptions: a multipart form, the audio in its "file" part
 TRANSCRIPTION_PATH = "/v1/audio/transcriptions"
 TRANSCRIPTION_FIELDS = {"language": "en", "max_tokens": str(N), "temperature": "0"}
@@ -131,7 +169,7 @@ def answer(name: str, body: dict[str, Any]) -> dict[str, Any]:
     """What a response says, in the form the golden keeps (the same for both servers)."""
     if name == "transcription":
         return {"text": body["text"], "prompt_tokens": body["usage"]["input_tokens"]}
-    if name == "chat":
+    if name in ("chat", "omni_chat"):
         return {"text": body["choices"][0]["message"]["content"], "prompt_tokens": body["usage"]["prompt_tokens"]}
     return {"text": body["content"], "prompt_tokens": body["tokens_evaluated"], "tokens": body["tokens"]}
 
@@ -144,12 +182,16 @@ def post(url: str, body: dict[str, Any] | tuple[bytes, str]) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def main(server: str) -> None:
+def record(server: str, projector: str, requests: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    """Start llama-server on the tiny model with the projector ``projector`` names
+    ("audio" or "omni") and send it ``requests`` (a JSON body, or a form as ``form_body``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         model, mmproj = tinyaudio.write_tiny_audio(tmp)
+        if projector == "omni":
+            mmproj = tinyaudio.write_tiny_omni_mmproj(pathlib.Path(tmp) / "omni.gguf")
         argv = [server, "-m", str(model), "--mmproj", str(mmproj), "-t", "1", "-np", "1", "-c", "2048"]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         env = {**os.environ, "LLAMA_MEDIA_MARKER": "<__media__>"}
@@ -167,13 +209,17 @@ def main(server: str) -> None:
                 except (urllib.error.URLError, OSError):
                     time.sleep(0.1)
             props = json.loads(urllib.request.urlopen(url + "/props", timeout=5).read())
-            assert props["modalities"] == {"vision": False, "video": False, "audio": True}, props["modalities"]
-            recorded = {name: answer(name, post(url + path, body)) for name, (path, body) in REQUESTS.items()}
-            form = form_body(TRANSCRIPTION_FIELDS, {"file": AUDIO})
-            recorded["transcription"] = answer("transcription", post(url + TRANSCRIPTION_PATH, form))
+            assert props["modalities"]["audio"], props["modalities"]
+            assert props["modalities"]["vision"] == (projector == "omni"), props["modalities"]
+            return {name: answer(name, post(url + path, body)) for name, (path, body) in requests.items()}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def main(server: str) -> None:
+    transcription = {"transcription": (TRANSCRIPTION_PATH, form_body(TRANSCRIPTION_FIELDS, {"file": AUDIO}))}
+    recorded = record(server, "audio", {**REQUESTS, **transcription}) | record(server, "omni", OMNI_REQUESTS)
     assert recorded["completion"]["tokens"] != recorded["completion_swapped"]["tokens"], "the audio changes nothing"
     golden = json.loads(OUT.read_text()) if OUT.exists() else {}
     golden[cpu_class()] = recorded

@@ -29,6 +29,7 @@ from conftest import TEST_THREADS, free_port, wait_healthy
 from record_audio_golden import (
     AUDIO,
     LONG_AUDIO,
+    OMNI_REQUESTS,
     OTHER_AUDIO,
     REQUESTS,
     TRANSCRIPTION_FIELDS,
@@ -80,6 +81,13 @@ def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _serve(*tinyvision.write_tiny_vision(tmp_path_factory.mktemp("vision")), slots=1)
 
 
+@pytest.fixture(scope="module")
+def omni_server(audio_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The projector with both encoders (images and audio)."""
+    mmproj = tinyaudio.write_tiny_omni_mmproj(tmp_path_factory.mktemp("omni") / "omni.gguf")
+    yield from _serve(audio_files[0], mmproj, slots=1)
+
+
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(url + path, json=body, timeout=60)
 
@@ -118,6 +126,40 @@ def test_greedy_answers_are_llama_servers(server: str, name: str):
     # ids are compared on /completion).
     got["text"], want["text"] = got["text"].rstrip("\ufffd"), want["text"].rstrip("\ufffd")
     assert got == want
+
+
+@pytest.mark.parametrize("name", list(OMNI_REQUESTS))
+def test_images_and_audio_in_one_prompt_are_llama_servers(omni_server: str, name: str):
+    """A projector with both encoders: a chat with an image_url and an input_audio part, and a
+    /completion with audio, an image and audio, answered as llama-server answers them."""
+    recorded = GOLDEN.get(cpu_class())
+    if recorded is None:
+        pytest.skip(f"no llama-server answer recorded on a {cpu_class()} build; run tests/record_audio_golden.py")
+    path, body = OMNI_REQUESTS[name]
+    r = _post(omni_server, path, body)
+    assert r.status_code == 200, r.text
+    got, want = answer(name, r.json()), dict(recorded[name])
+    got["text"], want["text"] = got["text"].rstrip("\ufffd"), want["text"].rstrip("\ufffd")
+    assert got == want
+    if name == "omni_completion":
+        assert got["prompt_tokens"] > 2 * N_AUDIO + tinyvision.N_IMAGE_TOKENS  # and the text around them
+
+
+def test_bad_media_for_both_encoders(omni_server: str):
+    """With both encoders, what is neither is named so; audio that does not decode is named audio."""
+    props = httpx.get(omni_server + "/props").json()
+    assert props["modalities"] == {"vision": True, "video": False, "audio": True}
+    _refused(
+        _complete(omni_server, "A <__media__> B <__media__> C", [PNG, b"neither a picture nor a sound"]),
+        "file 2 of 2 is neither an image (png, jpeg, bmp, gif, ...) nor audio (wav, mp3, flac) libmtmd can read",
+    )
+    _refused(_complete(omni_server, "A <__media__> B", [NOT_AUDIO]), "file 1 of 1 is not audio libmtmd can decode")
+    _refused(
+        _complete(omni_server, "A <__media__> B <__media__> C", [PNG]),
+        "the prompt has 2 media markers ('<__media__>') but 1 media file was given",
+    )
+    ok = _complete(omni_server, "A <__media__> B <__media__> C", [AUDIO, PNG])
+    assert ok.status_code == 200, ok.text
 
 
 def _transcribe(url: str, fields: dict[str, str], files: dict[str, bytes]) -> httpx.Response:

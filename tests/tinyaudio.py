@@ -133,6 +133,43 @@ def write_tiny_audio_mmproj(
     return tinymodel.write_out(writer, tensors, path)
 
 
+def write_tiny_omni_mmproj(path: str | os.PathLike, *, seed: int = 0) -> pathlib.Path:
+    """Write a projector with both encoders in one GGUF (as Qwen2.5-Omni's and Gemma 3n's are):
+    ``tinyvision``'s image encoder and this audio encoder, each with the same weights as in its
+    own file, told apart by ``clip.vision.projector_type`` and ``clip.audio.projector_type``."""
+    import tinyvision
+
+    path = pathlib.Path(path)
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_name("llamactor-tiny-omni")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_string("clip.vision.projector_type", tinyvision.PROJECTOR_TYPE)
+    writer.add_string("clip.audio.projector_type", PROJECTOR_TYPE)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", tinyvision.IMAGE_SIZE)
+    writer.add_uint32("clip.vision.patch_size", tinyvision.PATCH_SIZE)
+    writer.add_uint32("clip.vision.embedding_length", tinyvision.N_EMBD)
+    writer.add_uint32("clip.vision.feed_forward_length", tinyvision.N_FF)
+    writer.add_uint32("clip.vision.block_count", tinyvision.N_LAYER)
+    writer.add_uint32("clip.vision.projection_dim", tinyvision.PROJECTION_DIM)
+    writer.add_uint32("clip.vision.attention.head_count", tinyvision.N_HEAD)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", tinyvision.LAYER_NORM_EPS)
+    writer.add_array("clip.vision.image_mean", list(tinyvision.IMAGE_MEAN))
+    writer.add_array("clip.vision.image_std", list(tinyvision.IMAGE_STD))
+    writer.add_uint32("clip.audio.embedding_length", N_EMBD)
+    writer.add_uint32("clip.audio.feed_forward_length", N_FF)
+    writer.add_uint32("clip.audio.block_count", N_LAYER)
+    writer.add_uint32("clip.audio.projection_dim", PROJECTION_DIM)
+    writer.add_uint32("clip.audio.attention.head_count", N_HEAD)
+    writer.add_float32("clip.audio.attention.layer_norm_epsilon", LAYER_NORM_EPS)
+    writer.add_uint32("clip.audio.num_mel_bins", N_MEL_BINS)
+    writer.add_uint32("clip.audio.projector.stack_factor", STACK_FACTOR)
+    tensors = tinyvision._mmproj_tensors(np.random.default_rng(seed)) | _mmproj_tensors(np.random.default_rng(seed))
+    return tinymodel.write_out(writer, tensors, path)
+
+
 def write_tiny_audio(outdir: str | os.PathLike, *, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path]:
     """Write ``model.gguf`` and ``mmproj.gguf`` (the audio projector) into ``outdir``; returns their paths."""
     outdir = pathlib.Path(outdir)
