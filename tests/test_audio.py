@@ -42,7 +42,7 @@ from record_audio_golden import (
 from tinymodel import cpu_class
 
 from llamactor.protocol.errors import RequestError
-from llamactor.runtime import Runtime
+from llamactor.runtime import Runtime, RuntimeConfig
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_server_audio.json").read_text())
@@ -387,6 +387,21 @@ def test_audio_for_a_vision_only_projector_is_a_400(vision_server: str):
     ok = _complete(vision_server, "See <__media__>?", [PNG])
     assert ok.status_code == 200, ok.text
     assert httpx.get(vision_server + "/health").json()["status"] == "ok"
+
+
+async def test_audio_in_process(audio_files: tuple[Path, Path]):
+    """The embedding API with the engine beside it: audio bytes in multimodal_data and an
+    input_audio chat part; the same prompt again comes from the cache."""
+    model, mmproj = audio_files
+    config = RuntimeConfig(model=model, mmproj=mmproj, n_ctx=2048, parallel=1, threads=TEST_THREADS, isolate=False)
+    async with Runtime.open(config) as rt:
+        assert rt.vision is not None and rt.vision.modalities == ("audio",)
+        first = await rt.complete("x <__media__> y", multimodal_data=[AUDIO], max_tokens=3, temperature=0)
+        again = await rt.complete("x <__media__> y", multimodal_data=[AUDIO], max_tokens=3, temperature=0)
+        assert first.n_prompt > N_AUDIO and again.n_cached == first.n_prompt - 1
+        assert again.choices[0].tokens == first.choices[0].tokens
+        chat = await rt.chat([{"role": "user", "content": [_text("Hear"), audio_part(AUDIO)]}], max_tokens=2)
+        assert chat.completion.n_prompt > N_AUDIO and chat.completion.n_predicted == 2
 
 
 async def test_audio_without_a_projector_is_refused(make_config):
