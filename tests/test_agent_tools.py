@@ -107,6 +107,7 @@ FAKE_ENGINE = r"""#!/bin/sh
 verb=$1; shift
 case "$verb" in
   run)
+    [ "$5" = "broken" ] && { echo "no such image" >&2; exit 125; }
     echo "$$" > "$FAKE_ENGINE_DIR/container.pid"
     echo "fakecid0123" > "$4"
     exec sh ;;
@@ -493,6 +494,20 @@ def test_tools_runtime_container(tiny_model: Path, tmp_path: Path):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.kill(container, 0)
+    # a container that does not start stops the server at startup, as llama-server (exit 1)
+    proc = subprocess.run(
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "--port", str(free_port())]
+        + ["--tools", "all", "--tools-runtime", "docker:broken"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    failed = [json.loads(line) for line in proc.stderr.splitlines() if '"tools_setup_failed"' in line]
+    assert failed[0]["error"] == (
+        "failed to start a docker container for the tools runtime (image: broken): 'docker run' exited with code 125"
+    )
 
 
 # ---- MCP servers -------------------------------------------------------------------------------

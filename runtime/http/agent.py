@@ -7,6 +7,7 @@ stops them when it exits."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from llamactor.runtime.http.corsproxy import CorsProxy
-from llamactor.runtime.http.tools import AgentTools, agent_enabled, feature_disabled
+from llamactor.runtime.http.tools import AgentTools, ToolFailure, agent_enabled, feature_disabled
 from llamactor.runtime.service.config import RuntimeConfig
 
 log = structlog.get_logger("llamactor.agent")
@@ -77,7 +78,12 @@ class Agent:
                 )
             try:
                 if self.tools is not None:
-                    await self.tools.start()
+                    try:
+                        await self.tools.start()
+                    except ToolFailure as exc:  # llama-server: "tools setup failed", exit 1
+                        log.error("tools_setup_failed", error=str(exc))
+                        await self.tools.close()
+                        os._exit(1)
                 if inner is None:
                     yield
                 else:

@@ -44,6 +44,8 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from llamactor.runtime.service.config import MAX_BODY_BYTES
+
 if TYPE_CHECKING:
     from llamactor.runtime.http.mcp import McpManager
     from llamactor.runtime.service.config import RuntimeConfig
@@ -1335,6 +1337,8 @@ class AgentTools:
     async def post(self, request: Request) -> Response:
         try:
             raw = await request.body()
+            if len(raw) > MAX_BODY_BYTES:
+                return _error(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes", 413, "invalid_request_error")
             try:
                 body = json.loads(raw)
             except ValueError as exc:
