@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import tinyaudio
 import tinyvision
@@ -43,6 +44,7 @@ from tinymodel import cpu_class
 
 from llamactor.protocol.errors import RequestError
 from llamactor.runtime import Runtime, RuntimeConfig
+from llamactor.runtime.http import transcriptions
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_server_audio.json").read_text())
@@ -208,6 +210,8 @@ def test_bad_transcription_requests_are_refused(server: str, vision_server: str)
     cases = [
         (httpx.post(server + TRANSCRIPTION_PATH, json={"max_tokens": 2}), 400, "No input file found for transcription"),
         (_transcribe(server, {"max_tokens": "2"}, {}), 400, "No input file found for transcription"),
+        (_transcribe(server, {}, {}), 400, "No input file found for transcription"),
+        (_transcribe(server, {"max_tokens": "2"}, {"file": b""}), 400, "the form's 'file' part is empty"),
         (_transcribe(server, {"response_format": "text"}, wav), 400, "Only 'json' response_format is supported"),
         (_transcribe(server, {"max_tokens": "many"}, wav), 400, "max_tokens"),
         (_transcribe(server, {"max_tokens": "2"}, {"file": b"not audio, not anything"}), 400, "is not audio"),
@@ -250,6 +254,24 @@ def test_transcription_in_router_mode(audio_files: tuple[Path, Path], tmp_path: 
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_transcription_chat_is_llama_servers():
+    """The chat a form becomes (llama-server's convert_transcriptions_to_chatcmpl): the ASR
+    prompt and the language, then the audio; an LFM2 template's system prompt instead."""
+    clip = {"type": "input_audio", "input_audio": {"data": b64(b"RIFF")}}
+    req = transcriptions.to_chat({"language": "fr", "max_tokens": "5", "stream": "1"}, {"file": b"RIFF"}, None)
+    assert [msgspec.to_builtins(m) for m in req.messages] == [
+        {"role": "user", "content": [{"type": "text", "text": "Transcribe audio to text (language: fr)"}, clip]}
+    ]
+    assert req.max_tokens == 5 and req.stream is False  # "true" only, as llama-server reads it
+    lfm2 = "{{ '<|tool_list_start|>' }}{{ tools }}{{ '<|tool_list_end|>' }}"
+    req = transcriptions.to_chat({"stream": "true", "top_k": "7"}, {"file": b"RIFF"}, lfm2)
+    assert [msgspec.to_builtins(m) for m in req.messages] == [
+        {"role": "system", "content": "Perform ASR."},
+        {"role": "user", "content": [clip]},
+    ]
+    assert req.stream is True and req.top_k == 7
 
 
 def test_props_say_audio(server: str, vision_server: str):

@@ -418,6 +418,7 @@ class Api:
     async def transcriptions(self, request: Request) -> Response:
         """POST /v1/audio/transcriptions (``http.transcriptions``): a form with an audio file, as
         a chat; llama-server's 501 when the projector (--mmproj) takes no audio."""
+        self.rt._require_ready()  # loading: 503, as every endpoint (not the 501 below)
         vision, template = self.rt.vision, self.rt.chat_template
         if vision is None or not vision.audio:
             raise NotSupported("The current model does not support audio input.")

@@ -55,7 +55,7 @@ def parse_form(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str
     files: dict[str, bytes] = {}
     delimiter = b"--" + boundary.encode("latin-1")
     pieces = body.split(delimiter)
-    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
+    if len(pieces) < 2 or not pieces[-1].startswith(b"--"):
         raise RequestError("the multipart/form-data body is malformed: its closing boundary is missing")
     for piece in pieces[1:-1]:
         piece = piece.removeprefix(b"\r\n")
@@ -93,9 +93,8 @@ def to_chat(fields: dict[str, str], files: dict[str, bytes], template_source: st
         raise RequestError(
             f"Only 'json' response_format is supported for transcription (got response_format={response_format!r})"
         )
-    lfm2 = template_source is not None and "<|tool_list_start|>" in template_source and "<|tool_list_end|>" in (
-        template_source
-    )
+    source = template_source or ""
+    lfm2 = "<|tool_list_start|>" in source and "<|tool_list_end|>" in source  # llama.cpp's is_lfm2_template
     prompt = fields.get("prompt", "") or ("" if lfm2 else ASR_USER_PROMPT)
     if fields.get("language"):
         prompt += f" (language: {fields['language']})"
