@@ -12,7 +12,7 @@ exactly one group below. A group says what ``llamactor serve`` does with its opt
 - ``REFUSE``   a feature llamactor has not built: startup stops with exit code 2 naming it.
 
 An IGNORE or REFUSE option may accept some values silently (``ok``): those that are already
-what llamactor does (``--spec-type none``, ``--no-agent``). A flag given
+what llamactor does (``--spec-type none``, ``--fit off``). A flag given
 on the command line wins over its variable, as in llama-server. llamactor's own flags
 (pipeline groups, schedulers) are a CONFIG group of their own at the end.
 
