@@ -1478,6 +1478,7 @@ GROUPS: tuple[Group, ...] = (
                 value="OPTION",
                 env="LLAMA_ARG_TOOLS_RUNTIME",
                 parse=agent_tools.tools_runtime_flag,
+                convert=agent_tools.tools_runtime_program,
                 help="run the tools in docker:IMAGE, podman:IMAGE, docker-container:ID, podman-container:ID or "
                 "ssh:TARGET (default: the host)",
             ),
@@ -1486,7 +1487,7 @@ GROUPS: tuple[Group, ...] = (
                 field="mcp_servers_config",
                 value="PATH",
                 env="LLAMA_ARG_MCP_SERVERS_CONFIG",
-                parse=agent_tools.mcp_config_file_flag,
+                convert=agent_tools.mcp_config_file_check,
                 help="JSON file of MCP servers (Cursor's mcpServers format): their tools at /tools",
             ),
             opt(

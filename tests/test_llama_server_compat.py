@@ -93,6 +93,9 @@ def test_every_llama_server_option_and_variable_is_in_the_table():
 
 _SAMPLE_VALUES = {
     "--model": "x.gguf",
+    "--tools": "read_file",
+    "--tools-runtime": "docker-container:abc",
+    "--mcp-servers-json": "{}",
     "--flash-attn": "auto",
     "--split-mode": "layer",
     "--pooling": "mean",

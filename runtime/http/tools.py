@@ -44,6 +44,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from llamactor.protocol.errors import ConfigError
 from llamactor.runtime.service.config import MAX_BODY_BYTES
 
 if TYPE_CHECKING:
@@ -610,22 +611,25 @@ def make_io(params: dict[str, Any]) -> ToolsIO:
 
 
 def check_tools_runtime(spec: str) -> None:
-    """``--tools-runtime``, checked at startup (ValueError naming what is wrong)."""
+    """``--tools-runtime``'s form (ValueError naming what is wrong)."""
     container = container_spec(spec)
     if container is not None and not container[2]:
-        engine, image = container[0], container[1]
-        if not image:
-            raise ValueError(f"{engine}:<image> requires an image name")
-        if shutil.which(engine) is None:
-            raise ValueError(f"{engine} is not installed on this machine (not found on PATH)")
+        if not container[1]:
+            raise ValueError(f"{container[0]}:<image> requires an image name")
         return
     try:
         make_io({"runtime": spec})
     except ToolFailure as exc:
         raise ValueError(str(exc)) from None
-    binary = container[0] if container is not None else "ssh"
-    if shutil.which(binary) is None:
-        raise ValueError(f"{binary} is not installed on this machine (not found on PATH)")
+
+
+def tools_runtime_program(spec: str) -> str:
+    """``--tools-runtime``'s program (docker, podman or ssh) must be on PATH: ConfigError if not."""
+    container = container_spec(spec)
+    program = container[0] if container is not None else "ssh"
+    if shutil.which(program) is None:
+        raise ConfigError(f"--tools-runtime {spec}: {program} is not installed on this machine (not found on PATH)")
+    return spec
 
 
 class ContainerRuntime:
@@ -1412,13 +1416,14 @@ def tools_runtime_flag(text: str) -> str:
     return text
 
 
-def mcp_config_file_flag(path: str) -> str:
+def mcp_config_file_check(path: str) -> str:
+    """``--mcp-servers-config``: the file is read and parsed at startup (ConfigError if it cannot be)."""
     from llamactor.runtime.http.mcp import parse_config, read_config_file
 
     try:
         parse_config(read_config_file(path), warn=False)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise ConfigError(f"--mcp-servers-config: {exc}") from None
     return path
 
 
