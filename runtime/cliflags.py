@@ -331,10 +331,7 @@ _DRAFT = (
     "draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
     "synthetic acceptance and the tree split are not built"
 )
-_MTMD = (
-    "the projector (--mmproj) runs at its defaults: on the model's devices, image token counts from its "
-    "file; video input is not built"
-)
+_MTMD = "the projector (--mmproj) runs on the model's devices; video input is not built"
 
 # ---- the table ---------------------------------------------------------------------------
 
@@ -1311,6 +1308,27 @@ GROUPS: tuple[Group, ...] = (
                 field="mmproj_offload",
                 env="LLAMA_ARG_MMPROJ_OFFLOAD",
             ),
+            opt(
+                "--image-min-tokens",
+                field="image_min_tokens",
+                env="LLAMA_ARG_IMAGE_MIN_TOKENS",
+                parse=int,
+                help="fewest tokens an image takes, projectors with dynamic resolution only (default: the file's)",
+            ),
+            opt(
+                "--image-max-tokens",
+                field="image_max_tokens",
+                env="LLAMA_ARG_IMAGE_MAX_TOKENS",
+                parse=int,
+                help="most tokens an image takes, projectors with dynamic resolution only (default: the file's)",
+            ),
+            opt(
+                "--mtmd-batch-max-tokens",
+                field="mtmd_batch_max_tokens",
+                env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS",
+                parse=int,
+                help="image tokens encoded in one batch (default: 1024)",
+            ),
         ),
     ),
     Group(
@@ -1319,9 +1337,6 @@ GROUPS: tuple[Group, ...] = (
         _MTMD,
         (
             opt("-mmdev", "--mmproj-device", value="DEVICE", env="MTMD_BACKEND_DEVICE"),
-            opt("--image-min-tokens", env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
-            opt("--image-max-tokens", env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
-            opt("--mtmd-batch-max-tokens", env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS"),
             opt("--video-fps", env="LLAMA_ARG_VIDEO_FPS"),
             opt("--video-timestamp-interval", env="LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL"),
             opt("--video-ffmpeg-dir", value="DIR", env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),

@@ -30,7 +30,7 @@ from conftest import TEST_THREADS, free_port, wait_healthy
 from record_vision_golden import IMAGE, OTHER_IMAGE, REQUESTS, answer, data_url
 from tinymodel import cpu_class
 
-from llamactor.protocol.errors import RequestError
+from llamactor.protocol.errors import ConfigError, RequestError
 from llamactor.protocol.media import MediaChunk
 from llamactor.runtime import Runtime, RuntimeConfig
 from llamactor.runtime.engine.promptcache import common_prefix, media_floor
@@ -223,6 +223,33 @@ def test_a_projector_for_another_model_stops_startup(vision_files: tuple[Path, P
     argv = [*LLAMACTOR, "serve", "-m", str(model), "--mmproj", str(tmp_path / "nope.gguf"), "--port", str(free_port())]
     missing = subprocess.run(argv, capture_output=True, timeout=30)
     assert missing.returncode == 2 and "--mmproj: multimodal projector file not found" in missing.stderr.decode()
+
+
+async def test_image_token_bounds_and_batch_size_reach_libmtmd(vision_files: tuple[Path, Path]):
+    """--image-min-tokens, --image-max-tokens and --mtmd-batch-max-tokens as llama-server takes
+    them: a fixed-resolution projector keeps its count (and its answer) under them, one image token
+    per encoded batch still answers the same; values that cannot be are exit-2 errors naming them."""
+    from serveargs import parse_serve
+
+    model, mmproj = vision_files
+    given = ["-m", str(model), "--mmproj", str(mmproj), "-t", "1", "-np", "1", "-c", "1024"]
+    bounds = ["--image-min-tokens", "4", "--image-max-tokens", "64", "--mtmd-batch-max-tokens", "1"]
+    content = [{"type": "text", "text": "What is it?"}, _image_part(IMAGE)]
+    answers = []
+    for argv in (given, given + bounds):
+        cfg = parse_serve(argv).config
+        async with Runtime.open(cfg) as rt:
+            out = await rt.chat([{"role": "user", "content": content}], max_tokens=4, temperature=0)
+            answers.append((out.completion.n_prompt, out.completion.choices[0].tokens))
+    assert cfg.image_min_tokens == 4 and cfg.image_max_tokens == 64 and cfg.mtmd_batch_max_tokens == 1
+    assert answers[0] == answers[1]
+    for bad, why in (
+        (["--image-min-tokens", "0"], "--image-min-tokens must be a positive count"),
+        (["--image-min-tokens", "9", "--image-max-tokens", "8"], "is below --image-min-tokens"),
+        (["--mtmd-batch-max-tokens", "0"], "--mtmd-batch-max-tokens must be >= 1"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            parse_serve(given + bad).config.validated()
 
 
 # ---- stand-ins and the prefix rule -----------------------------------------------------------------

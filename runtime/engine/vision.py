@@ -125,7 +125,21 @@ class MediaKeys:
 class Vision:
     """A projector loaded next to ``model`` (the whole model, or its vocabulary only)."""
 
-    def __init__(self, path: str | Path, model: Model, *, use_gpu: bool = True, n_threads: int = 1) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        model: Model,
+        *,
+        use_gpu: bool = True,
+        n_threads: int = 1,
+        image_min_tokens: int = -1,
+        image_max_tokens: int = -1,
+        batch_max_tokens: int = 1024,
+    ) -> None:
+        """``image_min_tokens``/``image_max_tokens``: the bounds of an image's token count for
+        projectors with dynamic resolution (-1: the file's); ``batch_max_tokens``: image tokens
+        encoded per batch (llama-server's --image-min-tokens, --image-max-tokens,
+        --mtmd-batch-max-tokens)."""
         init_backend()
         _log_callback()
         path = Path(path)
@@ -136,6 +150,9 @@ class Vision:
         params.n_threads = max(1, n_threads)
         params.print_timings = False
         params.warmup = False
+        params.image_min_tokens = image_min_tokens
+        params.image_max_tokens = image_max_tokens
+        params.batch_max_tokens = batch_max_tokens
         _last_errors()
         ptr = mtmd.mtmd_init_from_file(str(path).encode(), model.ptr, params)
         if not ptr:

@@ -115,6 +115,10 @@ class RuntimeConfig:
     # -mm/--mmproj: a multimodal projector (libmtmd) for image input; None: text only
     mmproj: str | Path | None = None
     mmproj_offload: bool = True  # --no-mmproj-offload: the projector stays on the CPU
+    # an image's token count bounds for projectors with dynamic resolution (-1: the projector file's)
+    image_min_tokens: int = -1  # --image-min-tokens
+    image_max_tokens: int = -1  # --image-max-tokens
+    mtmd_batch_max_tokens: int = 1024  # --mtmd-batch-max-tokens: image tokens encoded per batch
     # --media-path: the directory file:// image URLs are read from; None: file:// refused
     media_path: str | Path | None = None
     media_fetch_max_bytes: int = MEDIA_FETCH_MAX_BYTES  # an image fetched by URL (http(s) or file)
@@ -308,6 +312,15 @@ class RuntimeConfig:
             raise ConfigError(f"--mmproj: multimodal projector file not found: {self.mmproj}")
         if self.media_path is not None and not Path(self.media_path).is_dir():
             raise ConfigError(f"--media-path: not a directory: {self.media_path}")
+        for flag, value in (("--image-min-tokens", self.image_min_tokens), ("--image-max-tokens", self.image_max_tokens)):
+            if value < -1 or value == 0:
+                raise ConfigError(f"{flag} must be a positive count (-1: the projector's own), got {value}")
+        if 0 < self.image_max_tokens < self.image_min_tokens:
+            raise ConfigError(
+                f"--image-max-tokens ({self.image_max_tokens}) is below --image-min-tokens ({self.image_min_tokens})"
+            )
+        if self.mtmd_batch_max_tokens < 1:
+            raise ConfigError(f"--mtmd-batch-max-tokens must be >= 1, got {self.mtmd_batch_max_tokens}")
         if self.media_fetch_max_bytes < 1 or not self.media_fetch_timeout_s > 0:
             raise ConfigError(
                 "media_fetch_max_bytes and media_fetch_timeout_s must be > 0, got "

@@ -479,7 +479,15 @@ def load_vision(cfg: RuntimeConfig, model: Model) -> Vision | None:
     """--mmproj: the projector next to ``model`` (ConfigError, exit 2, when it does not fit it)."""
     if cfg.mmproj is None:
         return None
-    vision = Vision(cfg.mmproj, model, use_gpu=cfg.mmproj_offload, n_threads=cfg.threads_batch or cfg.threads)
+    vision = Vision(
+        cfg.mmproj,
+        model,
+        use_gpu=cfg.mmproj_offload,
+        n_threads=cfg.threads_batch or cfg.threads,
+        image_min_tokens=cfg.image_min_tokens,
+        image_max_tokens=cfg.image_max_tokens,
+        batch_max_tokens=cfg.mtmd_batch_max_tokens,
+    )
     log.info("mmproj", path=str(cfg.mmproj), vision=vision.vision, audio=vision.audio, marker=vision.marker)
     return vision
 
