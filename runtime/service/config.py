@@ -312,7 +312,8 @@ class RuntimeConfig:
             raise ConfigError(f"--mmproj: multimodal projector file not found: {self.mmproj}")
         if self.media_path is not None and not Path(self.media_path).is_dir():
             raise ConfigError(f"--media-path: not a directory: {self.media_path}")
-        for flag, value in (("--image-min-tokens", self.image_min_tokens), ("--image-max-tokens", self.image_max_tokens)):
+        bounds = (("--image-min-tokens", self.image_min_tokens), ("--image-max-tokens", self.image_max_tokens))
+        for flag, value in bounds:
             if value < -1 or value == 0:
                 raise ConfigError(f"{flag} must be a positive count (-1: the projector's own), got {value}")
         if 0 < self.image_max_tokens < self.image_min_tokens:
