@@ -52,7 +52,7 @@ async def _scrape(client: httpx.AsyncClient) -> dict[str, tuple[str, float]]:
     r = await client.get("/metrics")
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    started = int(r.headers["Process-Start-Time-Unix"])
+    started = int(dict(r.headers.raw)[b"Process-Start-Time-Unix"])  # llama-server's spelling
     assert time.time() - 600 < started <= time.time()
     return _llamacpp(r.text)
 

@@ -310,11 +310,10 @@ class Api:
         if not self.rt.config.endpoint_metrics:
             raise NotSupported("This server does not support metrics endpoint. Start it with `--metrics`")
         self.rt._require_ready()
-        return Response(
-            await self.rt.metrics_text(),
-            media_type="text/plain; version=0.0.4",
-            headers={"Process-Start-Time-Unix": str(int(self.rt.started_at))},
-        )
+        response = Response(await self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
+        # spelled as llama-server spells it: clients that copy headers into a plain dict look it up so
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(int(self.rt.started_at)).encode()))
+        return response
 
     # ---- embeddings and rerank: shapes in ``http.embeddings`` --------------------------------
 
