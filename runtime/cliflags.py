@@ -34,7 +34,7 @@ from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
 from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
 from llamactor.runtime.engine import placement
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride, parse_kv_override
-from llamactor.runtime.engine.speculative import SPEC_NGRAM, SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.engine.speculative import SPEC_MOD, SPEC_NONE, SPEC_TYPES
 from llamactor.runtime.http import tools as agent_tools
 from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
@@ -313,12 +313,10 @@ def _spec_type(text: str) -> str:
     return kinds[0] if kinds else SPEC_NONE
 
 
-def _spec_default(on: bool) -> Sets | None:
-    """``--spec-default``: llama-server's ngram-mod (n_match 24, n_min 48, n_max 64), as the
-    n-gram kind built here: the last 24 tokens looked up, drafts of 48 to 64 tokens."""
-    if not on:
-        return None
-    return Sets({"spec_type": SPEC_NGRAM, "spec_ngram_size_n": 24, "spec_ngram_size_m": 64, "spec_draft_n_min": 48})
+def _spec_default(on: bool) -> str | None:
+    """``--spec-default``: llama-server's default speculation, ngram-mod; its n_match 24, n_min 48
+    and n_max 64 are the --spec-ngram-mod-* defaults (those flags may still change them)."""
+    return SPEC_MOD if on else None
 
 
 def _is(*values: Any) -> Callable[[Any], bool]:
@@ -894,10 +892,10 @@ GROUPS: tuple[Group, ...] = (
         "Speculative decoding",
         Use.CONFIG,
         "per group: ngram-simple (prompt lookup), a draft model (-md, draft-simple), one draft context per "
-        "group, or ngram-cache (lookup decoding from llama.cpp's n-gram cache files, drafts of up to 8 tokens as "
-        "llama-server's); --spec-default is llama-server's ngram-mod default as ngram-simple, the closest kind "
-        "built; ngram-mod and ngram-map-* are refused by --spec-type; --draft-max/--draft-min are older "
-        "llama-server's names of --spec-draft-n-max/-n-min",
+        "group, ngram-cache (lookup decoding from llama.cpp's n-gram cache files, drafts of up to 8 tokens as "
+        "llama-server's) or ngram-mod (--spec-default); one kind at a time; ngram-map-k and ngram-map-k4v are "
+        "refused by --spec-type; --draft-max/--draft-min are older llama-server's names of "
+        "--spec-draft-n-max/-n-min",
         (
             opt(
                 "--spec-type",
@@ -905,8 +903,8 @@ GROUPS: tuple[Group, ...] = (
                 value="TYPES",
                 env="LLAMA_ARG_SPEC_TYPE",
                 parse=_spec_type,
-                help="none | ngram-simple | draft-simple | ngram-cache (-md alone means draft-simple, -lcs/-lcd "
-                "alone ngram-cache)",
+                help="none | ngram-simple | draft-simple | ngram-cache | ngram-mod (-md alone means draft-simple, "
+                "-lcs/-lcd alone ngram-cache)",
             ),
             opt(
                 "-lcs",
@@ -927,8 +925,26 @@ GROUPS: tuple[Group, ...] = (
                 "--spec-default",
                 field="spec_type",
                 convert=_spec_default,
-                help="llama-server's default speculation (ngram-mod: 24-token match, drafts of 48 to 64 tokens) "
-                "as its closest kind here: ngram-simple with size-n 24, size-m 64 and --spec-draft-n-min 48",
+                help="llama-server's default speculation: ngram-mod with a 24-token match and drafts of 48 to 64 "
+                "tokens",
+            ),
+            opt(
+                "--spec-ngram-mod-n-match",
+                field="spec_ngram_mod_n_match",
+                parse=int,
+                help="ngram-mod: the window looked up, in tokens (default 24)",
+            ),
+            opt(
+                "--spec-ngram-mod-n-min",
+                field="spec_ngram_mod_n_min",
+                parse=int,
+                help="ngram-mod: shorter drafts are dropped (default 48)",
+            ),
+            opt(
+                "--spec-ngram-mod-n-max",
+                field="spec_ngram_mod_n_max",
+                parse=int,
+                help="ngram-mod: the longest draft (default 64)",
             ),
             opt(
                 "--spec-ngram-simple-size-n",
@@ -1406,9 +1422,6 @@ GROUPS: tuple[Group, ...] = (
             *(
                 opt(f"--spec-ngram-{name}")
                 for name in (
-                    "mod-n-min",
-                    "mod-n-max",
-                    "mod-n-match",
                     "simple-min-hits",
                     "map-k-size-n",
                     "map-k-size-m",

@@ -5,8 +5,9 @@
 their patterns placed, and exit 2 for an unknown buffer type), --load-mode and the older
 --no-mmap/--mlock (seen in the engine process's memory maps and locked memory), --lazy-mode
 (in the model parameters llama.cpp is given), --kv-unified-per-slot (the context of one
-request), -sp/--special (special tokens in the text), --path (static files), --spec-default,
---adaptive-target/--adaptive-decay (adaptive-p) and --completion-bash.
+request), -sp/--special (special tokens in the text), --path (static files), --spec-default and
+ngram-mod, the lookup caches (-lcs/-lcd, ngram-cache), --adaptive-target/--adaptive-decay
+(adaptive-p) and --completion-bash.
 """
 
 from __future__ import annotations
@@ -255,18 +256,30 @@ def test_path_serves_static_files(tiny_model: Path, tmp_path: Path):
 # ---- speculation, sampling ---------------------------------------------------------------------
 
 
-def test_spec_default_speculates_with_long_ngram_drafts(tiny_model: Path):
-    """--spec-default: llama-server's default speculation as ngram-simple here (24-token match,
-    drafts of 48 to 64 tokens): an output that repeats a long passage of its prompt (a grammar
-    makes the random model write it) gets drafts of at least 48 tokens verified."""
+def test_spec_default_and_ngram_mod_draft_long_repeats(tiny_model: Path):
+    """--spec-default is llama-server's default speculation, ngram-mod (a 24-token window, drafts
+    of 48 to 64 tokens): an output that repeats a long passage of its prompt (a grammar makes the
+    random model write it) gets drafts of at least 48 tokens, accepted. --spec-type ngram-mod's
+    own flags shorten them; out-of-range values stop startup."""
     words = [f"w{i}" for i in range(90)]
     prompt = " ".join(words) + " " + " ".join(words[:20])
     grammar = 'root ::= "' + "".join(f" {w}" for w in words[20:]) + '"'
+    body = {"prompt": prompt, "n_predict": 200, "grammar": grammar, "id_slot": 0}
     with serve([*BASE, "-c", "1024", "-m", str(tiny_model), "--spec-default"]) as (url, _, _):
-        out = complete(url, prompt=prompt, n_predict=100, grammar=grammar, id_slot=0)
+        out = complete(url, **body)
         slot = httpx.get(url + "/slots").json()[0]
-        assert slot["speculative"] is True
-        assert slot["draft_n"] >= 48 and out["timings"]["draft_n"] == slot["draft_n"]
+        assert slot["speculative"] is True and out["timings"]["draft_n"] == slot["draft_n"]
+        assert slot["draft_n"] >= 48 and slot["draft_n"] / slot["draft_n_steps"] >= 48
+        assert slot["draft_n_accepted"] >= 48
+    argv = ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-max", "6"]
+    with serve([*BASE, "-c", "1024", "-m", str(tiny_model), *argv, "--spec-ngram-mod-n-min", "2"]) as (url, _, _):
+        out = complete(url, **body)
+        slot = httpx.get(url + "/slots").json()[0]
+        assert slot["draft_n_steps"] > 10 and slot["draft_n"] <= 6 * slot["draft_n_steps"]
+        assert slot["draft_n_accepted"] > slot["draft_n"] // 2
+    assert "--spec-ngram-mod-n-match must be between 1 and 1024" in refused(
+        ["-m", str(tiny_model), "--spec-default", "--spec-ngram-mod-n-match", "0"]
+    )
 
 
 def test_adaptive_p_sampler(tiny_model: Path):

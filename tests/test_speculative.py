@@ -186,7 +186,7 @@ async def test_metrics_slots_and_request_fields_over_http(make_config):
 def test_bad_speculation_settings_refused(make_config, tiny_model):
     """Bad speculation settings are refused at startup with a message naming them."""
     for overrides, message in (
-        ({"spec_type": "ngram-mod"}, "--spec-type must be one of"),
+        ({"spec_type": "ngram-map-k"}, "--spec-type must be one of"),
         ({"spec_type": "ngram-simple", "spec_ngram_size_n": 0}, "--spec-ngram-simple-size-n"),
         ({"spec_type": "ngram-simple", "spec_ngram_size_m": 2000}, "--spec-ngram-simple-size-m"),
         ({"spec_draft_p_min": 1.5}, "--spec-draft-p-min"),
@@ -216,7 +216,7 @@ def test_cli_flags_and_exit_2(tiny_model: Path):
     --spec-draft-n-max."""
     env = {**os.environ, "LLAMA_ARG_DRAFT_MAX": "7"}
     for flags, message in (
-        (["--spec-type", "ngram-mod"], "argument --spec-type: ngram-mod is not built"),
+        (["--spec-type", "ngram-map-k4v"], "argument --spec-type: ngram-map-k4v is not built"),
         (["-md", str(default_model_path())], "vocabulary does not match"),
         (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "0"], "--spec-ngram-simple-size-n"),
     ):

@@ -28,9 +28,11 @@ from llamactor.runtime.engine.batch import OwnedBatch
 from llamactor.runtime.engine.logits import logits_at
 from llamactor.runtime.engine.model import Model, open_context
 from llamactor.runtime.engine.ngramcache import NgramCacheDrafter
+from llamactor.runtime.engine.ngrammod import NgramModDrafter
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.engine.speculative import (
     SPEC_CACHE,
+    SPEC_MOD,
     SPEC_NGRAM,
     Drafter,
     NgramDrafter,
@@ -50,6 +52,8 @@ def make_drafter(spec: SpecOptions, ctx_opts: Any, target: Model) -> Drafter:
         return NgramDrafter(spec.size_n)
     if spec.kind == SPEC_CACHE:
         return NgramCacheDrafter(spec.static_cache, spec.dynamic_cache)
+    if spec.kind == SPEC_MOD:
+        return NgramModDrafter(spec.size_n)
     return DraftContext(spec, ctx_opts, target.n_vocab)
 
 

@@ -16,6 +16,8 @@ Draft sources, named as llama-server names them (``--spec-type``):
   gather over the candidate positions per slot and step, no Python loop over tokens).
 - ``draft-simple``: a draft model with the target's vocabulary (``-md``) proposes greedily,
   one draft context per group (``runtime.engine.draftmodel``).
+- ``ngram-mod``: a hash table of every ``size_n``-token window seen and the token after it,
+  shared by the group's slots; drafts roll forward through it (``runtime.engine.ngrammod``).
 - ``ngram-cache``: lookup decoding from n-gram caches: the slot's own, a dynamic one that
   earlier requests fill (``-lcd``) and a static one (``-lcs``) (``runtime.engine.ngramcache``).
 
@@ -40,7 +42,8 @@ SPEC_NONE = "none"
 SPEC_NGRAM = "ngram-simple"
 SPEC_DRAFT = "draft-simple"
 SPEC_CACHE = "ngram-cache"
-SPEC_TYPES = (SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT, SPEC_CACHE)
+SPEC_MOD = "ngram-mod"
+SPEC_TYPES = (SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT, SPEC_CACHE, SPEC_MOD)
 HISTORY_MAX_TOKENS = 1 << 16  # a longer history keeps its last half (context shift can run forever)
 _EMPTY = np.zeros(0, dtype=np.int32)
 _RAMP = np.arange(1024, dtype=np.int64)  # column offsets of the n-gram gather (size_n <= 1024)
@@ -54,7 +57,7 @@ class SpecOptions:
     n_max: int  # longest draft (ngram: --spec-ngram-simple-size-m; draft model: --spec-draft-n-max)
     n_min: int = 0  # a shorter draft is not verified
     p_min: float = 0.0  # draft model: stop drafting once its top token's probability is below this
-    size_n: int = 12  # ngram: tokens looked up
+    size_n: int = 12  # ngram-simple: tokens looked up; ngram-mod: the window (n_match)
     draft_model: Any = None  # draft-simple: the loaded draft ``Model`` (shared by every group)
     static_cache: Any = None  # ngram-cache: the static n-gram cache (-lcs), read only
     dynamic_cache: Any = None  # ngram-cache: the dynamic one (-lcd), ``ngramcache.DynamicCache``, shared

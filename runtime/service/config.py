@@ -231,6 +231,9 @@ class RuntimeConfig:
     spec_type: str = SPEC_NONE  # --spec-type none | ngram-simple | draft-simple (-md alone means draft-simple)
     spec_ngram_size_n: int = 12  # --spec-ngram-simple-size-n: tokens looked up in the slot's history
     spec_ngram_size_m: int = 48  # --spec-ngram-simple-size-m: the longest n-gram draft, in tokens
+    spec_ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: ngram-mod's window, in tokens
+    spec_ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: shorter ngram-mod drafts are dropped
+    spec_ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max: the longest ngram-mod draft
     spec_draft_model: str | None = None  # -md FILE: the draft model (same vocabulary as the target)
     spec_draft_n_max: int = 3  # --spec-draft-n-max: the longest draft-model draft, in tokens
     spec_draft_n_min: int = 0  # --spec-draft-n-min: shorter drafts (of either kind) are not verified
@@ -473,6 +476,14 @@ class RuntimeConfig:
         ):
             if not 1 <= value <= 1024:  # llama-server's bounds
                 raise ConfigError(f"{flag} must be between 1 and 1024, got {value}")
+        for flag, value in (
+            ("--spec-ngram-mod-n-min", self.spec_ngram_mod_n_min),
+            ("--spec-ngram-mod-n-max", self.spec_ngram_mod_n_max),
+        ):
+            if not 0 <= value <= 1024:  # llama-server's bounds
+                raise ConfigError(f"{flag} must be between 0 and 1024, got {value}")
+        if not 1 <= self.spec_ngram_mod_n_match <= 1024:
+            raise ConfigError(f"--spec-ngram-mod-n-match must be between 1 and 1024, got {self.spec_ngram_mod_n_match}")
         if self.spec_draft_n_max < 0 or self.spec_draft_n_min < 0:
             raise ConfigError(
                 f"--spec-draft-n-max and --spec-draft-n-min must be >= 0, got "

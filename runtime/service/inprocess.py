@@ -43,7 +43,7 @@ from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import GRAPH_REUSE_ENV, LoadOptions, Model, graph_reuse_user_setting
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, RopeOptions
 from llamactor.runtime.engine.promptcache import PromptCache
-from llamactor.runtime.engine.speculative import SPEC_CACHE, SPEC_DRAFT, SPEC_NGRAM, SpecOptions
+from llamactor.runtime.engine.speculative import SPEC_CACHE, SPEC_DRAFT, SPEC_MOD, SPEC_NGRAM, SpecOptions
 from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.kernel.actor import open_actor_scope
 from llamactor.runtime.service import live
@@ -349,6 +349,10 @@ async def _speculation(cfg: RuntimeConfig, model: Model, stack: AsyncExitStack) 
     if cfg.spec_type == SPEC_NGRAM:
         return SpecOptions(
             SPEC_NGRAM, n_max=cfg.spec_ngram_size_m, n_min=cfg.spec_draft_n_min, size_n=cfg.spec_ngram_size_n
+        )
+    if cfg.spec_type == SPEC_MOD:
+        return SpecOptions(
+            SPEC_MOD, n_max=cfg.spec_ngram_mod_n_max, n_min=cfg.spec_ngram_mod_n_min, size_n=cfg.spec_ngram_mod_n_match
         )
     if cfg.spec_type == SPEC_CACHE:
         from llamactor.runtime.engine import ngramcache
