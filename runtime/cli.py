@@ -26,7 +26,7 @@ from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
 from llamactor.runtime.http.tools import localhost_cors
-from llamactor.runtime.service.config import RuntimeConfig, route_prefix
+from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot
 from llamactor.runtime.service.logging import configure_logging
 from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
 
@@ -160,9 +160,7 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
                 del process[name]
                 why = "only for the router mode (--models-dir or --models-preset, without -m)"
                 ignored.append((parsed.spelled[name], why))
-    if kw.get("kv_unified_per_slot", 0) > 0 and "n_ctx" not in kw:
-        # llama-server: --kv-unified-per-slot N without -c sizes the context as -np x N
-        kw["n_ctx"] = kw.get("parallel", RuntimeConfig.parallel) * kw["kv_unified_per_slot"]
+    size_per_slot(kw)
     return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(ignored), given=parsed, **process)
 
 

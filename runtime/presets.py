@@ -38,7 +38,7 @@ import msgspec
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
-from llamactor.runtime.service.config import RuntimeConfig, name_set
+from llamactor.runtime.service.config import RuntimeConfig, name_set, size_per_slot
 from llamactor.runtime.service.modelset import DEFAULT_STOP_TIMEOUT_S, ModelSpec
 
 GLOBAL_SECTION = "*"
@@ -392,6 +392,7 @@ def _config(layers: Iterable[cliargs.Parsed], name: str) -> RuntimeConfig:
         sampling.update(layer.sampling)
     config["alias"] = name
     config["aliases"] = name_set(config.get("aliases", ()))
+    size_per_slot(config)
     try:
         made = RuntimeConfig(**config)
         if sampling:

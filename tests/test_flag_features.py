@@ -33,6 +33,7 @@ from serveargs import parse_serve
 from llamactor.runtime.engine import model as model_module
 from llamactor.runtime.engine import ngramcache
 from llamactor.runtime.engine.model import Model
+from llamactor.runtime.presets import load_models
 from llamactor.runtime.service.inprocess import load_options
 
 pytestmark = pytest.mark.slow  # a server process per test
@@ -222,6 +223,21 @@ def test_kv_unified_per_slot_sizes_and_caps_a_requests_context(tiny_model: Path)
     with serve([*BASE, "-kvu", "--kv-unified-per-slot", "100", "-m", str(tiny_model)]) as (url, _, _):
         assert httpx.get(url + "/props").json()["n_ctx"] == 100  # with -c: only the cap
     assert "--kv-unified-per-slot must be >= 0" in refused(["-m", str(tiny_model), "--kv-unified-per-slot", "-5"])
+
+
+def test_kv_unified_per_slot_in_router_presets(tmp_path: Path):
+    """Router mode: a model's preset (or the router's command line) with --kv-unified-per-slot
+    and no context size gets -np x N, as a single model does; a context size given wins."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[a]\nmodel = {model}\nnp = 3\nkv-unified-per-slot = 100\n[b]\nmodel = {model}\nc = 512\n")
+    alone = load_models(None, str(preset), parse_serve([]).given).specs
+    assert [(spec.config.n_ctx, spec.config.ctx_per_request) for spec in alone] == [(300, 100), (512, 128)]
+    given = parse_serve(["--kv-unified-per-slot", "64"]).given
+    specs = {spec.name: spec.config for spec in load_models(None, str(preset), given).specs}
+    assert (specs["a"].n_ctx, specs["a"].ctx_per_request) == (192, 64)  # the command line's N over the preset's
+    assert (specs["b"].n_ctx, specs["b"].kv_unified_per_slot) == (512, 64)
 
 
 def test_special_renders_special_tokens(tiny_model: Path):

@@ -55,6 +55,14 @@ def name_set(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({n.strip() for n in names} - {""}))
 
 
+def size_per_slot(fields: dict[str, Any]) -> None:
+    """llama-server's --kv-unified-per-slot N without -c: the context is sized as -np x N. On the
+    fields a command line gave (``RuntimeConfig``'s keyword arguments), before the config is made."""
+    per_slot = fields.get("kv_unified_per_slot", 0)
+    if per_slot > 0 and "n_ctx" not in fields:
+        fields["n_ctx"] = fields.get("parallel", DEFAULT_PARALLEL) * per_slot
+
+
 def route_prefix(prefix: str) -> str:
     """``api_prefix`` as the routes take it: "" or "/a/b", with no trailing slash. llama-server
     prepends its --api-prefix to each path as given; here "api" and "/api/" mean "/api" too.
