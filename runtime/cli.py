@@ -365,6 +365,15 @@ async def serve(
     return 1 if failed else 0
 
 
+def dashed(word: str) -> str:
+    """A long option with ``_`` for ``-`` (``--backend_sampling``), as llama-server reads it: its
+    parser replaces every underscore of a ``--`` word; a value after ``=`` is left as it is."""
+    if not word.startswith("--"):
+        return word
+    name, eq, value = word.partition("=")
+    return name.replace("_", "-") + eq + value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llamactor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -376,7 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from llamactor.ops.replay import add_replay_parser
 
     add_replay_parser(sub)
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve"]:
+        words = ["serve", *map(dashed, words[1:])]
+    args = parser.parse_args(words)
     if args.command == "bench":
         from llamactor.ops.bench import run_bench
 
@@ -390,8 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(args)
     cliargs.apply_env(serve_parser, args, cliflags.GROUPS)
     try:
-        words = list(sys.argv[1:] if argv is None else argv)
-        opts = replace(serve_options(args), argv=tuple(words[words.index("serve") + 1 :]))
+        opts = replace(serve_options(args), argv=tuple(words[1:]))
         if opts.version:
             print(
                 f"llamactor {metadata.version('llamactor')} (llama-cpp-python {metadata.version('llama_cpp_python')})"

@@ -36,11 +36,13 @@ def _wait_ready(url: str, proc: subprocess.Popen) -> list[int]:
 
 
 def test_serve_process_end_to_end(tiny_model: Path):
-    """The serve command: env + flags, /health 200 once loaded, a completion, clean SIGTERM exit."""
+    """The serve command: env + flags (long ones also with ``_`` for ``-``, as llama-server reads
+    them), /health 200 once loaded, a completion, clean SIGTERM exit."""
     port = free_port()
     env = {**os.environ, "LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "2048"}
+    underscored = ["--backend_sampling", "--ubatch_size=256", "--n_predict", "5"]
     proc = subprocess.Popen(
-        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "--metrics"],
+        [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "--metrics", *underscored],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -51,8 +53,8 @@ def test_serve_process_end_to_end(tiny_model: Path):
         assert set(statuses) <= {200, 503}
         props = httpx.get(url + "/props").json()
         assert props["total_slots"] == 2 and props["n_ctx"] == 1024
-        r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 5, "temperature": 0})
-        assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
+        r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 50, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 5  # --n_predict caps it
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)

@@ -140,8 +140,9 @@ async def test_post_sampling_probs(make_config: Any) -> None:
             pre = (await client.post("/completion", json=body)).json()
             assert post["tokens"] == pre["tokens"]  # asking for probabilities changes no token
             for entry in post["completion_probabilities"]:
-                assert set(entry) == {"id", "token", "prob", "top_probs"}
+                assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"}
                 tops = entry["top_probs"]
+                assert all(bytes(t["bytes"]).decode() == t["token"] for t in tops)  # as llama-server adds them
                 assert 1 <= len(tops) <= 3 and math.isclose(sum(t["prob"] for t in tops), 1.0, rel_tol=1e-4)
                 assert [t["prob"] for t in tops] == sorted((t["prob"] for t in tops), reverse=True)
                 assert any(
@@ -149,6 +150,7 @@ async def test_post_sampling_probs(make_config: Any) -> None:
                 )
             for entry in pre["completion_probabilities"]:
                 assert "logprob" in entry and len(entry["top_logprobs"]) == 5
+                assert isinstance(entry["bytes"], list) and all("bytes" in t for t in entry["top_logprobs"])
             stream = await _sse(client, "/completion", {**body, "post_sampling_probs": True})
             assert b'"top_probs"' in stream and b'"top_logprobs"' not in stream
             greedy = (

@@ -132,22 +132,31 @@ def _stop_type(finish: str, word: str) -> str:
 
 def _native_probs(ev: Token, post: bool = False) -> list[dict[str, Any]]:
     """One token's ``completion_probabilities`` entry; ``post`` (the request's ``post_sampling_probs``)
-    gives probabilities after the sampler chain as llama-server names them: ``prob``/``top_probs``."""
+    gives probabilities after the sampler chain as llama-server names them: ``prob``/``top_probs``.
+    ``bytes``: each token's text as UTF-8 bytes, as llama-server adds them."""
+    piece = next((t.piece for t in ev.top if t.token == ev.token), ev.text)
     if post:
         return [
             {
                 "id": ev.token,
                 "token": ev.text,
+                "bytes": list(piece.encode()),
                 "prob": 1.0 if ev.logprob is None else math.exp(ev.logprob),
-                "top_probs": [{"id": t.token, "token": t.piece, "prob": math.exp(t.logprob)} for t in ev.top],
+                "top_probs": [
+                    {"id": t.token, "token": t.piece, "bytes": list(t.piece.encode()), "prob": math.exp(t.logprob)}
+                    for t in ev.top
+                ],
             }
         ]
     return [
         {
             "id": ev.token,
             "token": ev.text,
+            "bytes": list(piece.encode()),
             "logprob": ev.logprob,
-            "top_logprobs": [{"id": t.token, "token": t.piece, "logprob": t.logprob} for t in ev.top],
+            "top_logprobs": [
+                {"id": t.token, "token": t.piece, "bytes": list(t.piece.encode()), "logprob": t.logprob} for t in ev.top
+            ],
         }
     ]
 
