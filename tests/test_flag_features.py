@@ -242,13 +242,15 @@ def test_kv_unified_per_slot_in_router_presets(tmp_path: Path):
 
 def test_special_renders_special_tokens(tiny_model: Path):
     """-sp: a generated special token is its text (llama-server's --special), the end-of-generation
-    token included; without it they render empty."""
+    token included, and /detokenize renders it so too; without it they render empty."""
     for flags, im_start, eos in ([], "", ""), (["-sp"], "<|im_start|>", "<|eos|>"):
         with serve([*BASE, "-m", str(tiny_model), *flags]) as (url, _, _):
             forced = complete(url, prompt="hi", n_predict=2, logit_bias=[[token_id(url, "<|im_start|>"), 100]])
             assert forced["content"] == im_start * 2
             ended = complete(url, prompt="hi", n_predict=8, logit_bias=[[token_id(url, "<|eos|>"), 100]])
             assert ended["content"] == eos and ended["stop_type"] == "eos"
+            detokenized = httpx.post(url + "/detokenize", json={"tokens": [token_id(url, "<|im_start|>")]})
+            assert detokenized.json()["content"] == im_start  # the API process renders them alike
 
 
 def test_path_serves_static_files(tiny_model: Path, tmp_path: Path):

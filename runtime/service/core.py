@@ -182,7 +182,8 @@ class RuntimeCore:
         stack = self._stack = AsyncExitStack()
         assert cfg.model is not None  # validated() refuses a config without a model
         if cfg.replicas or self.isolate:  # admission needs the vocabulary only; the weights load elsewhere
-            vocab = LoadOptions(vocab_only=True, kv_overrides=cfg.kv_overrides)  # the tokenizer the engine has
+            # the tokenizer the engine has, special tokens rendered as its are (-sp)
+            vocab = LoadOptions(vocab_only=True, kv_overrides=cfg.kv_overrides, special=cfg.special)
             model = await anyio.to_thread.run_sync(Model, cfg.model, vocab)
             stack.callback(model.close)
             if cfg.mmproj is not None:  # tokenizing images needs the projector here too (on the CPU)
