@@ -164,6 +164,8 @@ SIMPLE = {
     "mirostat": 2,
     "mirostat_tau": 4.0,
     "mirostat_eta": 0.2,
+    "adaptive_target": 0.5,
+    "adaptive_decay": 0.5,
     "min_keep": 1,
     "samplers": ["top_k", "temperature"],
     "post_sampling_probs": True,
