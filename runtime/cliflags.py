@@ -9,7 +9,8 @@ exactly one group below. A group says what ``llamactor serve`` does with its opt
   do not send the field get it, on the native and the OpenAI API and in ``Runtime.complete``;
 - ``PROCESS``  belongs to the process, not the runtime (listen address, TLS, logs);
 - ``IGNORE``   accepted, with one log line saying why it has no meaning here;
-- ``REFUSE``   a feature llamactor has not built: startup stops with exit code 2 naming it.
+- ``REFUSE``   needs a download (llamactor never downloads) or was removed from llama-server
+               itself: startup stops with exit code 2 naming it.
 
 An IGNORE or REFUSE option may accept some values silently (``ok``): those that are already
 what llamactor does (``--spec-type none``, ``--fit off``). A flag given
