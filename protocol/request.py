@@ -101,7 +101,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     min_keep: int | None = None
     samplers: str | Sequence[str] | None = None  # names (aliases allowed) or a string of letters
     seed: int | None = None  # negative: a random seed
-    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None  # -inf bans a token
+    # -inf bans a token; a text in place of a token id biases each of its tokens (llama-server's)
+    logit_bias: Mapping[int | str, float] | Sequence[tuple[int | str, float]] | None = None
     grammar: str | None = None  # GBNF
     json_schema: Mapping[str, Any] | None = None  # output constrained to this JSON schema
     n_probs: int | None = None  # top tokens with probabilities per generated token
@@ -172,8 +173,10 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def bias_pairs(bias: Mapping[int, float] | Sequence[tuple[int, float]] | None) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` as ``(token, bias)`` pairs, in the order given."""
+def bias_pairs(
+    bias: Mapping[int | str, float] | Sequence[tuple[int | str, float]] | None,
+) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as ``(token, bias)`` pairs, in the order given (texts tokenized already)."""
     if not bias:
         return ()
     items = bias.items() if isinstance(bias, Mapping) else bias

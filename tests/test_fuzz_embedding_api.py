@@ -78,6 +78,9 @@ WRONG_TYPE: dict[str, Any] = {
     "n_cache_reuse": "x",
     "lora": "x",
     "return_progress": "x",
+    "timings_per_token": "x",
+    "adaptive_target": "x",
+    "adaptive_decay": "x",
     "priority": "x",
     "tags": "x",
 }
@@ -194,7 +197,10 @@ GOOD: dict[str, st.SearchStrategy[Any]] = {
     "repeat_last_n": st.integers(-1, 64),
     "seed": st.integers(-1, 2**32 - 1),
     "stop": st.one_of(st.text(min_size=1, max_size=3), st.lists(st.text(min_size=1, max_size=3), max_size=3)),
-    "logit_bias": st.dictionaries(st.integers(0, 200), st.floats(-5, 5), max_size=3),
+    "logit_bias": st.one_of(
+        st.dictionaries(st.integers(0, 200), st.floats(-5, 5), max_size=3),
+        st.dictionaries(st.text(max_size=3), st.floats(-5, 5), max_size=2),  # texts, tokenized
+    ),
     "n_probs": st.integers(0, 5),
     "ignore_eos": st.booleans(),
     "priority": st.integers(-3, 3),
@@ -202,6 +208,7 @@ GOOD: dict[str, st.SearchStrategy[Any]] = {
     "dry_multiplier": st.floats(0, 1),
     "mirostat": st.integers(0, 2),
     "return_progress": st.booleans(),
+    "timings_per_token": st.booleans(),
     "cache_prompt": st.booleans(),
     "id_slot": st.integers(-1, 3),
     "samplers": st.just("kt"),

@@ -190,18 +190,22 @@ def prompt_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> str | list[int]:
     raise RequestError("prompt must be a string or a list of token ids (one prompt per request)")
 
 
-def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int, float], ...] | None:
-    """``{"token": bias}`` or ``[[token, bias], ...]``; a bias of false bans the token."""
+def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int | str, float], ...] | None:
+    """``{"token": bias}`` or ``[[token, bias], ...]``; a bias of false bans the token. As in
+    llama-server, a token may be a text (not a number): each of its tokens gets the bias
+    (admission tokenizes it)."""
     if not raw:
         return None
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int | str, float]] = []
     items = raw.items() if isinstance(raw, dict) else raw
     for item in items:
         try:
             tok, bias = item
-            token = int(tok)
             value = NEG_INF_BIAS if bias is False else float(bias)
+            if isinstance(tok, bool) or not isinstance(tok, (int, str)):
+                raise TypeError
         except (TypeError, ValueError):
-            raise RequestError(f"logit_bias entries must be [token_id, bias], got {item!r}") from None
+            raise RequestError(f"logit_bias entries must be [token id or text, bias], got {item!r}") from None
+        token = tok if isinstance(tok, int) else int(tok) if tok.strip().lstrip("-").isdigit() else tok
         out.append((token, value))
     return tuple(out)

@@ -156,6 +156,8 @@ class Admission:
 
     async def sampling(self, req: GenerationRequest, turn: ChatTurn | None = None) -> SamplingParams:
         """The request's sampling over the server's defaults, checked against the model."""
+        if req.logit_bias:
+            req = msgspec.structs.replace(req, logit_bias=await self._bias_tokens(req.logit_bias))
         params = resolve_sampling(req, self.config.sampling)
         if turn is not None:
             params = turn.sampling(params)  # adds the tool-call grammar
@@ -253,6 +255,19 @@ class Admission:
                 n_ctx=limit,
             )
 
+    async def _bias_tokens(
+        self, bias: Mapping[int | str, float] | Sequence[tuple[int | str, float]]
+    ) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` with each text given in place of a token id replaced by its tokens (no
+        special tokens added or parsed), each with the text's bias, as llama-server reads it."""
+        out: list[tuple[int, float]] = []
+        for token, value in _bias_items(bias):
+            if isinstance(token, str):
+                out.extend((t, value) for t in await self.tokenize(token, add_special=False, parse_special=False))
+            else:
+                out.append((token, value))
+        return tuple(out)
+
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         model = self.model
         if len(text) > TOKENIZE_IN_THREAD_CHARS:
@@ -277,6 +292,10 @@ class Admission:
         if self.config.n_predict_max > 0:
             n_predict = min(n_predict, self.config.n_predict_max)
         return n_predict
+
+
+def _bias_items(bias: Mapping[int | str, float] | Sequence[tuple[int | str, float]]) -> list[tuple[int | str, float]]:
+    return list(bias.items() if isinstance(bias, Mapping) else bias)
 
 
 def resolve_sampling(req: GenerationRequest, defaults: SamplingParams) -> SamplingParams:

@@ -324,9 +324,9 @@ class RuntimeConfig:
         if self.media_path is not None and not Path(self.media_path).is_dir():
             raise ConfigError(f"--media-path: not a directory: {self.media_path}")
         bounds = (("--image-min-tokens", self.image_min_tokens), ("--image-max-tokens", self.image_max_tokens))
-        for flag, value in bounds:
-            if value < -1 or value == 0:
-                raise ConfigError(f"{flag} must be a positive count (-1: the projector's own), got {value}")
+        for flag, count in bounds:
+            if count < -1 or count == 0:
+                raise ConfigError(f"{flag} must be a positive count (-1: the projector's own), got {count}")
         if 0 < self.image_max_tokens < self.image_min_tokens:
             raise ConfigError(
                 f"--image-max-tokens ({self.image_max_tokens}) is below --image-min-tokens ({self.image_min_tokens})"

@@ -1,0 +1,49 @@
+"""Request details llama.cpp's own server tests exercise, each through a real request:
+``logit_bias`` given as texts (each of the text's tokens biased) in the list and the OpenAI map
+forms, beside token ids, on /completion and /v1/completions, and through the embedding API."""
+
+from __future__ import annotations
+
+import httpx
+from conftest import open_server
+
+PROMPT = "What is the best book"
+
+
+async def test_logit_bias_by_text(make_config):
+    """Banning the texts of the greedy answer's tokens changes the answer and none of them comes
+    out again; the same ban given as token ids (from /tokenize) answers the same; a token id as a
+    number-like string is a token id; a bias entry that is neither a number nor a text is a 400."""
+    async with (
+        open_server(make_config(parallel=1)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "ignore_eos": True}
+        plain = (await client.post("/completion", json=body)).json()
+        pieces = [(await client.post("/detokenize", json={"tokens": [t]})).json()["content"] for t in plain["tokens"]]
+        texts = sorted({p for p in pieces if p.strip()})
+        assert texts
+        banned_ids = set()
+        for text in texts:
+            banned_ids.update((await client.post("/tokenize", json={"content": text})).json()["tokens"])
+        by_text = (await client.post("/completion", json={**body, "logit_bias": [[t, -100] for t in texts]})).json()
+        by_map = (await client.post("/completion", json={**body, "logit_bias": dict.fromkeys(texts, -100)})).json()
+        by_ids = (
+            await client.post("/completion", json={**body, "logit_bias": [[t, False] for t in banned_ids]})
+        ).json()
+        assert by_text["tokens"] != plain["tokens"]
+        assert not banned_ids & set(by_text["tokens"])
+        by_id_map = (
+            await client.post("/completion", json={**body, "logit_bias": {str(t): -100 for t in banned_ids}})
+        ).json()
+        assert by_text["tokens"] == by_map["tokens"] == by_ids["tokens"] == by_id_map["tokens"]
+        oai = await client.post(
+            "/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logit_bias": dict.fromkeys(texts, -100)},
+        )
+        assert oai.status_code == 200 and oai.json()["choices"][0]["text"] == by_text["content"]
+        bad = await client.post("/completion", json={**body, "logit_bias": [[True, 1.0]]})
+        assert bad.status_code == 400 and "logit_bias" in bad.json()["error"]["message"]
+        bias = [(t, -100.0) for t in texts]
+        out = await rt.complete(PROMPT, max_tokens=8, temperature=0, ignore_eos=True, logit_bias=bias)
+        assert list(out.choices[0].tokens) == by_text["tokens"]
