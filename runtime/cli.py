@@ -25,6 +25,7 @@ import structlog
 from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
+from llamactor.runtime.http import vertex
 from llamactor.runtime.http.tools import localhost_cors
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot
 from llamactor.runtime.service.logging import configure_logging
@@ -429,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llamactor.runtime.service.inprocess import load_options
 
             load_options(cfg)  # register workers and check device names now: errors before listening
+        if vertex.enabled():  # Vertex AI's container contract: AIP_HTTP_PORT overrides --port, as llama-server
+            opts = replace(opts, port=vertex.port(opts.port))
         listeners = bind_listeners(opts.hosts, opts.port)  # a port in use: one line, exit 2, nothing loaded
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)

@@ -43,7 +43,7 @@ from llamactor.protocol.wire import (
     RerankRequest,
     TokenizeRequest,
 )
-from llamactor.runtime.http import anthropic, embeddings, responses_api, transcriptions
+from llamactor.runtime.http import anthropic, embeddings, responses_api, transcriptions, vertex
 from llamactor.runtime.http.agent import Agent
 from llamactor.runtime.http.chat_api import ChatShaper, named_frame
 from llamactor.runtime.http.cors import Cors
@@ -618,7 +618,7 @@ def app_around(config: RuntimeConfig, routes: Sequence[BaseRoute], *, lifespan: 
         err.status = 405
         return errors_for(request.url.path.removeprefix(prefix))(err)
 
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=[  # CORS first: a preflight needs no key, and a 401 still carries Allow-Origin
             Middleware(
@@ -633,6 +633,11 @@ def app_around(config: RuntimeConfig, routes: Sequence[BaseRoute], *, lifespan: 
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )
+    # AIP_MODE=PREDICTION (Vertex AI): the predict route over this very app, as llama-server
+    posts = [r.path.removeprefix(prefix) for r in routes if isinstance(r, Route) and "POST" in (r.methods or ())]
+    health = next((r.endpoint for r in routes if isinstance(r, Route) and r.path == prefix + "/health"), None)
+    app.router.routes.extend(vertex.routes(prefix, posts, lambda: app, health))
+    return app
 
 
 def build_app(rt: Runtime, *, lifespan: Any = None) -> Starlette:
