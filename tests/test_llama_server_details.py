@@ -47,3 +47,27 @@ async def test_logit_bias_by_text(make_config):
         bias = [(t, -100.0) for t in texts]
         out = await rt.complete(PROMPT, max_tokens=8, temperature=0, ignore_eos=True, logit_bias=bias)
         assert list(out.choices[0].tokens) == by_text["tokens"]
+
+
+async def test_embedding_inputs_as_content_parts(make_config):
+    """An embedding input given as ``{"content": [text parts]}`` embeds its texts joined, the same
+    vector as the plain string; media parts, a bare string content and unknown parts are 400s."""
+    async with (
+        open_server(make_config(parallel=1, embedding=True, pooling="last")) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+        r = await client.post("/v1/embeddings", json={"input": ["hello world", parts]})
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        assert data[0]["embedding"] == data[1]["embedding"]
+        for bad, why in (
+            ({"content": "string"}, "content parts"),
+            ({"content": [{"type": "unknown"}]}, "text"),
+            ({"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}, "image_url"),
+            ({"content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}, "input_audio"),
+        ):
+            r = await client.post("/v1/embeddings", json={"input": [bad]})
+            assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+        same = await rt.embed(["hello world", parts])  # the embedding API takes the same shapes
+        assert list(same.vectors[0]) == list(same.vectors[1])

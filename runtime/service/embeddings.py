@@ -13,7 +13,7 @@ reranker GGUF whose own pooling is rank).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,8 @@ TOKENIZE_IN_THREAD_CHARS = 4096  # inputs longer than this in all are tokenized 
 NO_EMBEDDINGS = "This server does not support embeddings. Start it with `--embeddings`"
 NO_RERANK = "This server does not support reranking. Start it with `--reranking`"
 
-Input = str | Sequence[int]
+# a text, token ids, or {"content": [{"type": "text", "text": ...}, ...]} (its texts joined)
+Input = str | Sequence[int] | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ def narrow_inputs(raw: Any, field: str = "input") -> list[str | list[int]]:
         raise RequestError(f'"{field}" has {len(items)} items; at most {MAX_EMBEDDING_INPUTS} per request')
     out: list[str | list[int]] = []
     for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            item = _content_text(item, f"{field}[{i}]")
         if isinstance(item, str):
             if not item:
                 raise RequestError(f"{field}[{i}] is an empty string: nothing to embed")
@@ -205,6 +208,24 @@ def narrow_inputs(raw: Any, field: str = "input") -> list[str | list[int]]:
         else:
             raise RequestError(f"{field}[{i}] must be a string or a list of token ids")
     return out
+
+
+def _content_text(item: Mapping[str, Any], where: str) -> str:
+    """An input given as ``{"content": [parts]}`` (llama-server's multimodal input shape): its
+    text parts joined. Media parts need a multimodal embedding model, which is not served here."""
+    parts = item.get("content")
+    if not isinstance(parts, list) or not parts:
+        raise RequestError(f'{where}: an object input needs "content", a non-empty array of content parts')
+    texts = []
+    for k, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_audio", "input_video"):
+            raise RequestError(f"{where}.content[{k}]: {kind} input is not supported for embeddings here (text only)")
+        else:
+            raise RequestError(f'{where}.content[{k}] must be a {{"type": "text", "text": ...}} part, got {part!r}')
+    return "".join(texts)
 
 
 def _is_token(t: Any) -> bool:
