@@ -177,7 +177,7 @@ BAD = [
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
-        "messages[0].content[0]: image input needs a multimodal projector",  # without --mmproj
+        "messages[0].content[0]: image input is not supported by this server",  # without --mmproj
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]}]},

@@ -428,7 +428,7 @@ async def test_audio_in_process(audio_files: tuple[Path, Path]):
 
 async def test_audio_without_a_projector_is_refused(make_config):
     async with Runtime.open(make_config()) as rt:
-        with pytest.raises(RequestError, match=r"content\[0\]: audio input needs a multimodal projector.*--mmproj"):
+        with pytest.raises(RequestError, match=r"content\[0\]: audio input is not supported by this server.*--mmproj"):
             await rt.chat([{"role": "user", "content": [audio_part(AUDIO)]}], max_tokens=2)
         with pytest.raises(RequestError, match="--mmproj"):
             await rt.complete("Hear: <__media__>.", multimodal_data=[AUDIO], max_tokens=2)

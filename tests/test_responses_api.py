@@ -139,7 +139,7 @@ BAD = [
     ),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "image input needs a multimodal projector: this server was started without --mmproj",
+        "image input is not supported by this server: it was started without --mmproj",
     ),
     (
         {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},

@@ -194,8 +194,8 @@ class Admission:
             return await self.prompt_tokens(req, turn), ()
         if self.vision is None:
             raise RequestError(
-                "multimodal_data: image and audio input need a multimodal projector: this server was started "
-                "without --mmproj"
+                "multimodal_data: image and audio input is not supported by this server: it was started "
+                "without --mmproj (a multimodal projector)"
             )
         prompt = turn.prompt if turn is not None else req.prompt
         if req.infill is not None or not isinstance(prompt, str):

@@ -332,8 +332,8 @@ def _text(
                 medium = MEDIA_PARTS[kind]
                 if media_marker is None or media is None:
                     raise RequestError(
-                        f"{where}[{k}]: {medium} input needs a multimodal projector: this server was started "
-                        "without --mmproj"
+                        f"{where}[{k}]: {medium} input is not supported by this server: it was started "
+                        "without --mmproj (a multimodal projector)"
                     )
                 if medium not in media_kinds:
                     has = "vision" if medium == "image" else "audio"
