@@ -143,6 +143,13 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+class ApplyTemplateRequest(ChatCompletionRequest, kw_only=True):
+    """``POST /apply-template``: a chat body; ``add_generation_prompt`` false renders the messages
+    without the assistant turn's opening (llama-server's field)."""
+
+    add_generation_prompt: bool = True
+
+
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     content: str
     add_special: bool = False

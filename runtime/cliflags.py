@@ -69,6 +69,17 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in _csv(text))
 
 
+def _reasoning(value: str) -> str:
+    """--reasoning as llama-server reads it: on/enabled/true/1, off/disabled/false/0, auto."""
+    if value in ("on", "enabled", "true", "1"):
+        return "on"
+    if value in ("off", "disabled", "false", "0"):
+        return "off"
+    if value == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"must be on, off or auto, got {value!r}")
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -674,6 +685,16 @@ GROUPS: tuple[Group, ...] = (
                 "a llama.cpp built-in template",
             ),
             opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+            opt(
+                "-rea",
+                "--reasoning",
+                field="reasoning",
+                value="on|off|auto",
+                env="LLAMA_ARG_REASONING",
+                parse=_reasoning,
+                help="thinking in the chat: on or off sets the template's enable_thinking (a request's "
+                "chat_template_kwargs still wins); auto: the template's own default",
+            ),
             opt(
                 "--chat-template-kwargs",
                 field="chat_template_kwargs",
@@ -1294,7 +1315,6 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "llamactor's chat handling has no such switch",
         (
-            opt("-rea", "--reasoning", value="on|off|auto", env="LLAMA_ARG_REASONING", ok=_is("auto")),
             opt("--reasoning-effort", value="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", ok=_is("default")),
             opt("--reasoning-budget-message", value="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
             switch("--reasoning-preserve", neg=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE"),

@@ -71,3 +71,45 @@ async def test_embedding_inputs_as_content_parts(make_config):
             assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
         same = await rt.embed(["hello world", parts])  # the embedding API takes the same shapes
         assert list(same.vectors[0]) == list(same.vectors[1])
+
+
+async def test_template_details_as_llama_cpp(make_config):
+    """What llama.cpp gives a Jinja chat template: today as ``date_string`` and ``datetime``, an
+    undefined variable added to a string is the string; /apply-template's
+    ``add_generation_prompt``; ``--reasoning off`` sets ``enable_thinking`` false unless a
+    request's ``chat_template_kwargs`` says otherwise."""
+    import datetime
+
+    template = (
+        "{{ date_string }}|{{ datetime }}|{{ 'x' + nothing_defined }}|"
+        "{% if enable_thinking %}think{% else %}nothink{% endif %}|"
+        "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}|gen{% endif %}"
+    )
+    now = datetime.datetime.now()
+    today = f"{now.strftime('%d %b %Y')}|{now.strftime('%b %d %Y')}"
+    messages = [{"role": "user", "content": "hi"}]
+    for reasoning, kwargs, thinking in (("auto", None, "think"), ("off", None, "nothink"), ("off", True, "think")):
+        config = make_config(parallel=1, chat_template=template, reasoning=reasoning)
+        async with open_server(config) as (_, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+            body: dict = {"messages": messages}
+            if kwargs is not None:
+                body["chat_template_kwargs"] = {"enable_thinking": kwargs}
+            prompt = (await client.post("/apply-template", json=body)).json()["prompt"]
+            assert prompt == f"{today}|x|{thinking}|hi|gen"
+            bare = (await client.post("/apply-template", json={**body, "add_generation_prompt": False})).json()
+            assert bare["prompt"] == f"{today}|x|{thinking}|hi"
+
+
+def test_reasoning_flag_reads_llama_servers_values():
+    import pytest
+    from serveargs import parse_serve
+
+    assert [parse_serve(["--reasoning", v]).config.reasoning for v in ("on", "1", "off", "false", "auto")] == [
+        "on",
+        "on",
+        "off",
+        "off",
+        "auto",
+    ]
+    with pytest.raises(SystemExit):
+        parse_serve(["--reasoning", "maybe"])

@@ -33,6 +33,7 @@ from llamactor.protocol.errors import Closed, NotFound, NotSupported, RequestErr
 from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import (
     DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS,
+    ApplyTemplateRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -449,8 +450,9 @@ class Api:
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def apply_template(self, request: Request) -> Response:
-        req = await _decode(request, ChatCompletionRequest)
-        return _json({"prompt": self.rt.chat_turn(from_chat(req)).prompt})
+        req = await _decode(request, ApplyTemplateRequest)
+        turn = self.rt.chat_turn(from_chat(req), add_generation_prompt=req.add_generation_prompt)
+        return _json({"prompt": turn.prompt})
 
     async def chat_input_tokens(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)

@@ -138,8 +138,11 @@ class Admission:
         assert req.messages is not None
         cfg = self.config
         kwargs = req.chat_template_kwargs
-        if cfg.chat_template_kwargs:  # the server's (--chat-template-kwargs) under the request's
-            kwargs = {**cfg.chat_template_kwargs, **(kwargs or {})}
+        server = cfg.chat_template_kwargs
+        if cfg.reasoning != "auto":  # --reasoning on|off, as llama-server: a default enable_thinking
+            server = {"enable_thinking": cfg.reasoning == "on", **server}
+        if server:  # the server's (--reasoning, --chat-template-kwargs) under the request's
+            kwargs = {**server, **(kwargs or {})}
         return prepare_chat(
             self.template,
             req.messages,

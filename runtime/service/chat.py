@@ -35,6 +35,17 @@ def _raise(message: str) -> None:
     raise RequestError(f"chat template: {message}")
 
 
+class _Undefined(jinja2.Undefined):
+    """An undefined variable added to a string is the string, as llama.cpp's Jinja engine has it
+    (firefunction-v2's template adds ``functions``, which llama.cpp never defines)."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
@@ -75,7 +86,7 @@ class ChatTemplate:
             assert source, "a built-in template is chosen by its name"
             return
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"], undefined=_Undefined
         )
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
@@ -95,12 +106,15 @@ class ChatTemplate:
             rows = [(str(m["role"]), str(m["content"])) for m in messages]
             return apply_builtin_template(self.source, rows, add_assistant=add_generation_prompt)
         try:
+            now = datetime.datetime.now()
             return self._template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                **extra,
+                # today, as llama.cpp gives every template (Llama 3.x's system prompt shows it);
+                # chat_template_kwargs may set them
+                **{"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **extra},
             )
         except RequestError:
             raise

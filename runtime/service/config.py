@@ -268,6 +268,7 @@ class RuntimeConfig:
     chat_template: str | None = None  # --chat-template: Jinja source, "chatml", or (--no-jinja) a built-in's name
     chat_template_file: str | None = None  # --chat-template-file
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
+    reasoning: str = "auto"  # --reasoning on|off: the template's enable_thinking; auto: its own default
     reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy
     reasoning_budget: int = -1  # --reasoning-budget: thinking tokens, -1 unrestricted
 
