@@ -49,7 +49,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     ``infill`` says what to continue (``prompt`` may go with ``infill``, as the middle's start)."""
 
     # ---- what to continue -------------------------------------------------------------
-    prompt: str | Sequence[int] = ""  # text, or token ids
+    prompt: str | Sequence[int | str] = ""  # text, or token ids (texts among them are tokenized in place)
     messages: Sequence[Mapping[str, Any]] | None = None  # a chat, OpenAI-shaped, rendered by the chat template
     infill: InfillParts | None = None  # fill in the middle (the model's FIM tokens)
     add_special: bool = True  # a text prompt gets the model's BOS token (and the like)

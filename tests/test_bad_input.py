@@ -36,7 +36,7 @@ CASES = [
     ),
     ("bad-token-id", "POST", "/completion", {"prompt": [1, 999999]}, 400, "token id 999999"),
     ("negative-token-id", "POST", "/completion", {"prompt": [-1]}, 400, "token id -1"),
-    ("mixed-prompt", "POST", "/completion", {"prompt": [1, "a"]}, 400, "list of token ids"),
+    ("float-in-prompt", "POST", "/completion", {"prompt": [1, 2.5]}, 400, "list of token ids"),
     ("bad-grammar", "POST", "/completion", {"prompt": "x", "grammar": "root ::= ("}, 400, "invalid grammar"),
     (
         "too-many-stops",

@@ -113,3 +113,35 @@ def test_reasoning_flag_reads_llama_servers_values():
     ]
     with pytest.raises(SystemExit):
         parse_serve(["--reasoning", "maybe"])
+
+
+async def test_several_prompts_and_mixed_prompts(make_config):
+    """/completion as llama-server reads its prompt: several prompts (token ids, texts, objects)
+    answered as an array in order with each answer's index; one prompt of token ids with texts
+    among them tokenized in place (the same answer as its tokens); a stream of several prompts and
+    a bad one among them are 400s."""
+    async with (
+        open_server(make_config(parallel=2)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        text = "I believe the meaning of life is"
+        tokens = (await client.post("/tokenize", json={"content": text, "add_special": True})).json()["tokens"]
+        body = {"n_predict": 4, "temperature": 0, "ignore_eos": True}
+        single = (await client.post("/completion", json={**body, "prompt": tokens})).json()
+        for prompts in ([tokens, tokens], [tokens, text], [tokens, {"prompt_string": text}]):
+            r = await client.post("/completion", json={**body, "prompt": prompts})
+            assert r.status_code == 200, r.text
+            answers = r.json()
+            assert [a["index"] for a in answers] == [0, 1]
+            assert [a["content"] for a in answers] == [single["content"]] * 2
+        plain = (await client.post("/tokenize", json={"content": " life", "add_special": False})).json()["tokens"]
+        mixed = await client.post("/completion", json={**body, "prompt": [*tokens[:3], " life", tokens[3]]})
+        by_ids = await client.post("/completion", json={**body, "prompt": [*tokens[:3], *plain, tokens[3]]})
+        assert mixed.status_code == 200 and mixed.json()["tokens"] == by_ids.json()["tokens"]
+        assert mixed.json()["tokens_evaluated"] == 4 + len(plain)
+        streamed = await client.post("/completion", json={**body, "prompt": [text, text], "stream": True})
+        assert streamed.status_code == 400 and "several prompts" in streamed.text
+        bad = await client.post("/completion", json={**body, "prompt": [text, [1, 10**6]]})
+        assert bad.status_code == 400 and "outside the vocabulary" in bad.text
+        out = await rt.complete([*tokens[:3], " life", tokens[3]], max_tokens=4, temperature=0, ignore_eos=True)
+        assert list(out.choices[0].tokens) == mixed.json()["tokens"]

@@ -11,6 +11,7 @@ request at once, streaming or not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -58,7 +59,7 @@ from llamactor.runtime.http.errors import (
 )
 from llamactor.runtime.http.live import LiveFeed
 from llamactor.runtime.http.page import ASSET_PATH, PAGE_PATHS, PUBLIC_PAGE_PATHS, Page
-from llamactor.runtime.http.requests import from_chat, from_completion, from_infill, from_native
+from llamactor.runtime.http.requests import from_chat, from_completion, from_infill, from_native, several_prompts
 from llamactor.runtime.http.responses import (
     NativeShaper,
     OpenAIShaper,
@@ -334,6 +335,9 @@ class Api:
 
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
+        prompts = several_prompts(req.prompt)
+        if prompts is not None:
+            return await self._completions_of(request, req, prompts)
         handle = await self.rt.submit_request(from_native(req))
         shaper = NativeShaper(
             self.model_id,
@@ -351,6 +355,30 @@ class Api:
                 progress=shaper.progress,
             )
         return _json(shaper.body(await self._collect(request, handle)))
+
+    async def _completions_of(self, request: Request, req: NativeCompletionRequest, prompts: list[Any]) -> Response:
+        """Several prompts in one /completion, as llama-server: run at once, answered as an array
+        in prompt order, each answer's ``index`` its prompt's place. Answered whole: a stream is one
+        prompt's (several in a streaming request are a 400)."""
+        if req.stream:
+            raise RequestError("prompt: several prompts are answered as a whole; send one prompt per streaming request")
+        requests = [from_native(msgspec.structs.replace(req, prompt=p)) for p in prompts]  # all checked first
+        async with contextlib.AsyncExitStack() as stack:
+            handles = [await stack.enter_async_context(await self.rt.submit_request(r)) for r in requests]
+            results = [await self._collect(request, h) for h in handles]
+            bodies = []
+            for i, (handle, result) in enumerate(zip(handles, results)):
+                shaper = NativeShaper(
+                    self.model_id,
+                    want_probs=req.n_probs > 0,
+                    settings=generation_settings(handle.task, stream=False),
+                    post_sampling_probs=req.post_sampling_probs,
+                )
+                body = shaper.body(result)
+                for one in body if isinstance(body, list) else [body]:
+                    one.index = i * req.n + one.index
+                bodies.append(body)
+        return _json([b for body in bodies for b in (body if isinstance(body, list) else [body])])
 
     async def infill(self, request: Request) -> Response:
         """POST /infill: llama-server's fill-in-the-middle prompt, answered in the /completion shape."""

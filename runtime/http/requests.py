@@ -154,7 +154,7 @@ def response_schema(fmt: ResponseFormat) -> dict[str, Any] | None:
     raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.type!r}")
 
 
-def prompt_media_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> tuple[str | list[int], tuple[bytes, ...]]:
+def prompt_media_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> tuple[str | list[int | str], tuple[bytes, ...]]:
     """A prompt (``prompt_of``) and its images: llama-server's multimodal prompt is an object,
     ``{"prompt_string": "... <__media__> ...", "multimodal_data": ["<base64>", ...]}``, alone
     or as a one-element list."""
@@ -177,17 +177,33 @@ def prompt_media_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> tuple[str |
     return text, tuple(files)
 
 
-def prompt_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> str | list[int]:
-    """A prompt is a string, a list of token ids, or a one-element list holding either."""
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def several_prompts(raw: Any) -> list[Any] | None:
+    """llama-server's several prompts in one /completion: an array of two or more prompts, none of
+    its items a token id (else it is one prompt of token ids, maybe mixed with texts); None when
+    ``raw`` is one prompt."""
+    if isinstance(raw, list) and len(raw) > 1 and not any(map(_is_id, raw)):
+        return raw
+    return None
+
+
+def prompt_of(raw: str | Sequence[Any] | Mapping[str, Any]) -> str | list[int | str]:
+    """A prompt is a string, a list of token ids (texts among them are tokenized in place, as
+    llama-server reads ``[1, 2, "text", 3]``), or a one-element list holding either."""
     if isinstance(raw, str):
         return raw
     if isinstance(raw, Mapping):
         raise RequestError("prompt: an object prompt ({prompt_string, multimodal_data}) is read on completions only")
     if len(raw) == 1 and isinstance(raw[0], (str, list)):
         return prompt_of(raw[0])
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+    if not raw:
+        return []  # admission says the prompt is empty
+    if all(_is_id(t) or isinstance(t, str) for t in raw) and any(map(_is_id, raw)):
         return list(raw)
-    raise RequestError("prompt must be a string or a list of token ids (one prompt per request)")
+    raise RequestError("prompt must be a string or a list of token ids (texts may stand among the ids)")
 
 
 def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int | str, float], ...] | None:

@@ -238,7 +238,12 @@ class Admission:
                     raise RequestError("prompt: the prompt is empty")
                 tokens = await self.tokenize(prompt, add_special=req.add_special)
             else:
-                tokens = list(prompt)
+                tokens = []
+                for i, piece in enumerate(prompt):  # as llama-server: a text is tokenized in place,
+                    if isinstance(piece, str):  # with the special tokens only when it comes first
+                        tokens += await self.tokenize(piece, add_special=req.add_special and i == 0)
+                    else:
+                        tokens.append(piece)
                 try:
                     model.check_tokens(tokens)
                 except RequestError as exc:
