@@ -145,3 +145,19 @@ async def test_several_prompts_and_mixed_prompts(make_config):
         assert bad.status_code == 400 and "outside the vocabulary" in bad.text
         out = await rt.complete([*tokens[:3], " life", tokens[3]], max_tokens=4, temperature=0, ignore_eos=True)
         assert list(out.choices[0].tokens) == mixed.json()["tokens"]
+
+
+async def test_generation_settings_logit_bias_as_llama_server(make_config):
+    """generation_settings.logit_bias as llama-server writes it: {"bias", "token"} objects, null
+    for a ban; with ignore_eos every end-of-generation token is listed banned, without it none."""
+    async with (
+        open_server(make_config(parallel=1)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        body = {"prompt": "Once upon a time", "n_predict": 2, "temperature": 0, "logit_bias": [[7, 1.5], [8, False]]}
+        settings = (await client.post("/completion", json=body)).json()["generation_settings"]
+        assert settings["logit_bias"] == [{"bias": 1.5, "token": 7}, {"bias": None, "token": 8}]
+        ignoring = (await client.post("/completion", json={**body, "ignore_eos": True})).json()["generation_settings"]
+        eog = [e for e in ignoring["logit_bias"] if e["token"] not in (7, 8)]
+        assert eog and all(e["bias"] is None for e in eog)
+        assert [e["token"] for e in eog] == list(rt.model.eog_tokens)

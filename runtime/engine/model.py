@@ -239,6 +239,11 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return self._eog[token]
 
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary, ascending."""
+        return tuple(t for t, eog in enumerate(self._eog) if eog)
+
     def check_tokens(self, tokens: Sequence[int]) -> None:
         for t in tokens:
             if not isinstance(t, int) or not 0 <= t < self.n_vocab:

@@ -333,6 +333,11 @@ class Api:
 
     # ---- generation --------------------------------------------------------------------
 
+    def _eog(self) -> tuple[int, ...]:
+        """The model's end-of-generation tokens (generation_settings lists them banned with ignore_eos)."""
+        assert self.rt.model is not None
+        return self.rt.model.eog_tokens
+
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
         prompts = several_prompts(req.prompt)
@@ -342,7 +347,7 @@ class Api:
         shaper = NativeShaper(
             self.model_id,
             want_probs=req.n_probs > 0,
-            settings=generation_settings(handle.task, stream=req.stream),
+            settings=generation_settings(handle.task, stream=req.stream, eog=self._eog()),
             post_sampling_probs=req.post_sampling_probs,
         )
         if req.stream:
@@ -371,7 +376,7 @@ class Api:
                 shaper = NativeShaper(
                     self.model_id,
                     want_probs=req.n_probs > 0,
-                    settings=generation_settings(handle.task, stream=False),
+                    settings=generation_settings(handle.task, stream=False, eog=self._eog()),
                     post_sampling_probs=req.post_sampling_probs,
                 )
                 body = shaper.body(result)
@@ -388,7 +393,9 @@ class Api:
         req = await _decode(request, InfillRequest)
         handle = await self.rt.submit_request(from_infill(req))
         shaper = NativeShaper(
-            self.model_id, want_probs=req.n_probs > 0, settings=generation_settings(handle.task, stream=req.stream)
+            self.model_id,
+            want_probs=req.n_probs > 0,
+            settings=generation_settings(handle.task, stream=req.stream, eog=self._eog()),
         )
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)

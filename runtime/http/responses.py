@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
@@ -103,14 +104,17 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
     }
 
 
-def generation_settings(task: Task, *, stream: bool) -> dict[str, Any]:
-    """A native response's ``generation_settings``: the request's effective settings."""
+def generation_settings(task: Task, *, stream: bool, eog: Sequence[int] = ()) -> dict[str, Any]:
+    """A native response's ``generation_settings``: the request's effective settings. Its
+    ``logit_bias`` as llama-server writes it (``{"bias", "token"}``, null for -inf), with the
+    end-of-generation tokens ``eog`` banned when the request ignores EOS, as llama-server adds them."""
     p = task.params
     out = sampling_settings(p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream)
+    bias = [*p.logit_bias, *((t, -math.inf) for t in eog if task.ignore_eos)]
     out.update(
         dry_sequence_breakers=list(p.dry_sequence_breakers),
         stop=list(task.stop),
-        logit_bias=[[token, bias] for token, bias in p.logit_bias],
+        logit_bias=[{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias],
         grammar=p.grammar,
         lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # the LoRA adapters it ran with
     )
