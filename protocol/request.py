@@ -65,6 +65,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     reasoning_format: str | None = None  # None: the server's --reasoning-format
     reasoning_effort: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None  # over the server's --chat-template-kwargs
+    add_generation_prompt: bool = True  # false: the template's assistant opening is left out
+    # the last message (the assistant's) is continued, not answered; None: when it is the
+    # assistant's, as llama-server's prefill (unless --no-prefill-assistant)
+    continue_final_message: bool | None = None
 
     # ---- how much, how many, when to stop -------------------------------------------
     max_tokens: int | None = None  # None or -1: until EOS or the slot context (capped by the server's -n)

@@ -141,13 +141,11 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     reasoning_format: str | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True  # false: the template's assistant opening is left out
+    continue_final_message: bool | None = None  # continue the last (assistant) message
 
 
-class ApplyTemplateRequest(ChatCompletionRequest, kw_only=True):
-    """``POST /apply-template``: a chat body; ``add_generation_prompt`` false renders the messages
-    without the assistant turn's opening (llama-server's field)."""
-
-    add_generation_prompt: bool = True
+ApplyTemplateRequest = ChatCompletionRequest  # POST /apply-template: a chat body
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

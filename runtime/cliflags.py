@@ -685,6 +685,13 @@ GROUPS: tuple[Group, ...] = (
                 "a llama.cpp built-in template",
             ),
             opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+            switch(
+                "--prefill-assistant",
+                neg=("--no-prefill-assistant",),
+                field="prefill_assistant",
+                env="LLAMA_ARG_PREFILL_ASSISTANT",
+                help="a chat that ends with the assistant's message continues it (on by default)",
+            ),
             opt(
                 "-rea",
                 "--reasoning",
@@ -1319,7 +1326,6 @@ GROUPS: tuple[Group, ...] = (
             opt("--reasoning-budget-message", value="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
             switch("--reasoning-preserve", neg=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE"),
             switch("--skip-chat-parsing", neg=("--no-skip-chat-parsing",), env="LLAMA_ARG_SKIP_CHAT_PARSING", ok=_off),
-            switch("--prefill-assistant", neg=("--no-prefill-assistant",), env="LLAMA_ARG_PREFILL_ASSISTANT"),
             switch("-e", "--escape", neg=("--no-escape",), help="prompts come over HTTP, not from the command line"),
             switch("--spm-infill", help="there is no /infill endpoint"),
         ),

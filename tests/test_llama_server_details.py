@@ -7,6 +7,8 @@ from __future__ import annotations
 import httpx
 from conftest import open_server
 
+from llamactor.runtime import Runtime
+
 PROMPT = "What is the best book"
 
 
@@ -161,3 +163,42 @@ async def test_generation_settings_logit_bias_as_llama_server(make_config):
         eog = [e for e in ignoring["logit_bias"] if e["token"] not in (7, 8)]
         assert eog and all(e["bias"] is None for e in eog)
         assert [e["token"] for e in eog] == list(rt.model.eog_tokens)
+
+
+async def test_assistant_prefill_and_continue_final_message(make_config):
+    """A chat that ends with the assistant's message continues it, as llama-server's prefill: the
+    prompt ends with that text after the assistant's opening, and the answer carries on from it;
+    continue_final_message true (with add_generation_prompt false) does the same; both true, two
+    assistant messages at the end, or continuing a non-assistant message are 400s; with
+    continue_final_message false (or --no-prefill-assistant) the chat is answered as before."""
+    user = {"role": "user", "content": "What is the best book"}
+    prefill = {"role": "assistant", "content": "Whill"}
+    async with (
+        open_server(make_config(parallel=1)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        opening = (await client.post("/apply-template", json={"messages": [user]})).json()["prompt"]
+        prompt = (await client.post("/apply-template", json={"messages": [user, prefill]})).json()["prompt"]
+        assert prompt == opening + "Whill"
+        explicit = {"messages": [user, prefill], "continue_final_message": True, "add_generation_prompt": False}
+        assert (await client.post("/apply-template", json=explicit)).json()["prompt"] == prompt
+        answered = (
+            await client.post("/apply-template", json={"messages": [user, prefill], "continue_final_message": False})
+        ).json()["prompt"]
+        assert answered.startswith(opening + "Whill") and answered != prompt
+        chat = {"messages": [user, prefill], "max_tokens": 4, "temperature": 0}
+        continued = (await client.post("/v1/chat/completions", json=chat)).json()
+        native = (await client.post("/completion", json={"prompt": prompt, "n_predict": 4, "temperature": 0})).json()
+        assert continued["choices"][0]["message"]["content"] == native["content"]
+        for body, why in (
+            ({**explicit, "add_generation_prompt": True}, "both add_generation_prompt and continue_final_message"),
+            ({"messages": [user, prefill, prefill]}, "2 or more assistant messages"),
+            (
+                {"messages": [user], "continue_final_message": True, "add_generation_prompt": False},
+                "must be the assistant",
+            ),
+        ):
+            r = await client.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    async with Runtime.open(make_config(parallel=1, prefill_assistant=False)) as rt:
+        assert rt.apply_chat_template([user, prefill]) == answered

@@ -93,6 +93,8 @@ FIELDS: dict[str, Row] = {
         {"x": 1},
         {api: {"chat_template_kwargs": {"x": 1}} for api in (CHAT, RESPONSES, ANTHROPIC)},
     ),
+    "add_generation_prompt": (False, {api: {"add_generation_prompt": False} for api in (CHAT, RESPONSES)}),
+    "continue_final_message": (False, {api: {"continue_final_message": False} for api in (CHAT, RESPONSES)}),
     "max_tokens": (
         3,
         {
@@ -267,6 +269,8 @@ async def test_each_field_reaches_admission_from_the_embedding_api(fim_model):
         "reasoning_format",
         "reasoning_effort",
         "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
     )
     wrong = []
     async with served(fim_model) as (rt, spy, _):

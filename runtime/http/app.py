@@ -486,8 +486,7 @@ class Api:
 
     async def apply_template(self, request: Request) -> Response:
         req = await _decode(request, ApplyTemplateRequest)
-        turn = self.rt.chat_turn(from_chat(req), add_generation_prompt=req.add_generation_prompt)
-        return _json({"prompt": turn.prompt})
+        return _json({"prompt": self.rt.chat_turn(from_chat(req)).prompt})
 
     async def chat_input_tokens(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)

@@ -91,6 +91,8 @@ def from_chat(body: ChatCompletionRequest) -> GenerationRequest:
         reasoning_format=body.reasoning_format,
         reasoning_effort=body.reasoning_effort,
         chat_template_kwargs=body.chat_template_kwargs,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
         max_tokens=max_tokens,
         n_probs=(body.top_logprobs or 1) if body.logprobs else None,
         **_openai_output(body),

@@ -152,7 +152,9 @@ class Admission:
             reasoning_format=cfg.reasoning_format if req.reasoning_format is None else req.reasoning_format,
             reasoning_effort=req.reasoning_effort,
             chat_template_kwargs=kwargs,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            prefill_assistant=cfg.prefill_assistant,
             media_marker=self.vision.marker if self.vision is not None else None,
             media_kinds=self.vision.modalities if self.vision is not None else (),
         )

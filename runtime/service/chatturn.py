@@ -145,6 +145,8 @@ def prepare_chat(
     reasoning_effort: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool | None = None,
+    prefill_assistant: bool = True,
     media_marker: str | None = None,
     media_kinds: Sequence[str] = ("image", "audio"),
 ) -> ChatTurn:
@@ -156,6 +158,9 @@ def prepare_chat(
     "audio"); a part of another kind is refused, naming it."""
     if reasoning_format not in REASONING_FORMATS:
         raise RequestError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    continued = _continued(messages, continue_final_message, prefill_assistant, add_generation_prompt)
+    if continued is not None:  # rendered up to the assistant's opening, its text after it
+        messages, add_generation_prompt = messages[:-1], True
     specs = parse_tools(tools)
     choice = parse_tool_choice(tool_choice, specs)
     parallel = bool(parallel_tool_calls)
@@ -171,7 +176,7 @@ def prepare_chat(
         extra["tools"] = [t.to_openai() for t in specs]  # as llama-server, even with tool_choice "none"
     elif specs and choice.mode != "none":
         rows = _with_system(rows, generic_tool_prompt(specs, choice, parallel))
-    prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra)
+    prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra) + (continued or "")
     thinking_open = reasoning_format != "none" and prompt.rstrip().endswith(THINK_OPEN)
     turn = ChatTurn(
         prompt,
@@ -195,6 +200,40 @@ def prepare_chat(
         triggers = tuple(THINK_CLOSE + ws for ws in _AFTER_THINK)
         grammar = grammar.replace("root ::=", "calls ::=", 1) + f'\nroot ::= "{THINK_CLOSE}" [ \\n]{{0,3}} calls'
     return replace(turn, syntax=syntax, grammar=grammar, grammar_lazy=lazy, grammar_triggers=triggers)
+
+
+def _continued(
+    messages: Sequence[Mapping[str, Any]],
+    continue_final_message: bool | None,
+    prefill_assistant: bool,
+    add_generation_prompt: bool,
+) -> str | None:
+    """The text of the final assistant message to continue, None when the chat is answered. As
+    llama-server: a chat that ends with the assistant's message continues it (its prefill) unless
+    the request says ``continue_final_message: false`` or the server ``--no-prefill-assistant``
+    (one ending with the assistant's tool calls is answered: llama-server refuses it); asking for
+    both a generation prompt and a continuation is an error."""
+    last = messages[-1] if messages and isinstance(messages[-1], Mapping) else {}
+    prefill = last.get("role") == "assistant" and not last.get("tool_calls")  # a call is answered, not continued
+    if continue_final_message is None and prefill_assistant and prefill:
+        before = messages[-2] if len(messages) >= 2 and isinstance(messages[-2], Mapping) else {}
+        if before.get("role") == "assistant":
+            raise RequestError("messages: cannot have 2 or more assistant messages at the end of the list")
+        continue_final_message, add_generation_prompt = True, False
+    if not continue_final_message:
+        return None
+    if add_generation_prompt:
+        raise RequestError("cannot set both add_generation_prompt and continue_final_message to true")
+    if last.get("role") != "assistant":
+        raise RequestError("continue_final_message: the last message must be the assistant's")
+    if last.get("tool_calls"):
+        raise RequestError("continue_final_message: cannot continue an assistant message that contains tool calls")
+    content = last.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise RequestError("continue_final_message: the assistant message to continue must be text")
 
 
 def template_vars(reasoning_effort: str | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
