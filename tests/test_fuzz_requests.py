@@ -104,6 +104,7 @@ logit_biases = st.one_of(
     st.none(),
     st.lists(st.tuples(st.integers(-3, 470), st.one_of(floats, st.just(False))).map(list), max_size=5),
     st.dictionaries(st.integers(-3, 470).map(str), floats, max_size=5),
+    st.dictionaries(st.text(max_size=4), floats, max_size=3),  # texts, each of their tokens biased
 )
 samplers = st.one_of(
     st.none(),
@@ -139,6 +140,8 @@ SAMPLING = {
     "mirostat": usually(st.integers(0, 2), st.integers(-1, 3)),
     "mirostat_tau": positive,
     "mirostat_eta": positive,
+    "adaptive_target": usually(st.floats(0, 1), floats),
+    "adaptive_decay": usually(st.floats(0, 0.99), floats),
     "min_keep": counts,
     "samplers": samplers,
     "seed": st.one_of(small_ints, st.just(2**32 - 1), st.just(2**32)),
@@ -278,6 +281,8 @@ CHAT = {
             max_size=2,
         ),
     ),
+    "add_generation_prompt": st.booleans(),
+    "continue_final_message": st.one_of(st.none(), st.booleans()),
 }
 
 
