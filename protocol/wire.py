@@ -72,6 +72,9 @@ class _Generation(msgspec.Struct, kw_only=True):
     )
     return_progress: bool = False  # stream prompt-processing progress chunks (``prompt_progress``)
     timings_per_token: bool = False  # each streamed chunk carries ``timings`` so far
+    # OpenAI answers (not streamed) carry ``__verbose``: the native answer and the prompt text;
+    # None: when the server runs with -v
+    verbose: bool | None = None
     t_max_predict_ms: int | None = None  # stop at a newline once the prediction phase took longer
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as "prob"/"top_probs"
     lora: list[LoraScale] | None = None  # LoRA adapters and scales; None (or []): the global scales

@@ -686,6 +686,14 @@ GROUPS: tuple[Group, ...] = (
             ),
             opt("--chat-template-file", field="chat_template_file", value="FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
             switch(
+                "-v",
+                "--verbose",
+                "--log-verbose",
+                field="verbose",
+                help="OpenAI answers carry __verbose (the native answer and the prompt), as llama-server's; "
+                "logging is set by --log-format",
+            ),
+            switch(
                 "--prefill-assistant",
                 neg=("--no-prefill-assistant",),
                 field="prefill_assistant",
@@ -1246,7 +1254,6 @@ GROUPS: tuple[Group, ...] = (
             switch("--log-disable"),
             opt("--log-file", value="FNAME", env="LLAMA_ARG_LOG_FILE"),
             opt("--log-colors", value="on|off|auto", env="LLAMA_ARG_LOG_COLORS"),
-            switch("-v", "--verbose", "--log-verbose"),
             opt("-lv", "--verbosity", "--log-verbosity", env="LLAMA_ARG_LOG_VERBOSITY"),
             switch("--log-prefix", neg=("--no-log-prefix",), env="LLAMA_ARG_LOG_PREFIX"),
             switch("--log-timestamps", neg=("--no-log-timestamps",), env="LLAMA_ARG_LOG_TIMESTAMPS"),

@@ -155,6 +155,7 @@ SAMPLING = {
     "ignore_eos": st.booleans(),
     "return_progress": st.booleans(),
     "timings_per_token": st.booleans(),
+    "verbose": st.one_of(st.none(), st.booleans()),
     "n_keep": usually(st.integers(-1, 64), small_ints),
     "n_discard": usually(st.integers(0, 64), small_ints),
     "n_cache_reuse": usually(st.integers(0, 32), small_ints),

@@ -202,3 +202,26 @@ async def test_assistant_prefill_and_continue_final_message(make_config):
             assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
     async with Runtime.open(make_config(parallel=1, prefill_assistant=False)) as rt:
         assert rt.apply_chat_template([user, prefill]) == answered
+
+
+async def test_verbose_answers(make_config):
+    """verbose: an OpenAI answer (chat or completions) carries llama-server's ``__verbose``: the
+    native answer with the prompt's text; off by default, on by default with -v, and a request's
+    ``verbose: false`` turns it off again."""
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    chat = {"messages": messages, "max_tokens": 2, "temperature": 0}
+    for server_verbose in (False, True):
+        async with (
+            open_server(make_config(parallel=1, verbose=server_verbose)) as (_, url),
+            httpx.AsyncClient(base_url=url, timeout=60) as client,
+        ):
+            on = (await client.post("/v1/chat/completions", json={**chat, "verbose": True})).json()
+            assert "Book" in on["__verbose"]["prompt"] and on["__verbose"]["tokens_predicted"] == 2
+            assert on["__verbose"]["content"] == on["choices"][0]["message"]["content"]
+            off = (await client.post("/v1/chat/completions", json={**chat, "verbose": False})).json()
+            assert "__verbose" not in off
+            default = (await client.post("/v1/chat/completions", json=chat)).json()
+            assert ("__verbose" in default) is server_verbose
+            text = {"prompt": "hello there", "max_tokens": 2, "verbose": True}
+            completion = (await client.post("/v1/completions", json=text)).json()
+            assert completion["__verbose"]["prompt"].endswith("hello there")

@@ -420,7 +420,20 @@ class Api:
                 ping=req.sse_ping_interval,
                 progress=shaper.progress,
             )
-        return _json(shaper.body(await self._collect(request, handle)))
+        result = await self._collect(request, handle)
+        return _json(self._verbose(req.verbose, shaper.body(result), handle, result))
+
+    def _verbose(self, asked: bool | None, body: dict[str, Any], handle: RequestHandle, result: Any) -> dict[str, Any]:
+        """``body`` with llama-server's ``__verbose`` when the request asks (``verbose``; by default
+        when the server runs with ``-v``): the native /completion answer and the prompt's text."""
+        if not (self.rt.config.verbose if asked is None else asked):
+            return body
+        assert self.rt.model is not None
+        native = NativeShaper(
+            self.model_id, want_probs=False, settings=generation_settings(handle.task, stream=False, eog=self._eog())
+        ).body(result)
+        prompt = handle.turn.prompt if handle.turn is not None else self.rt.model.detokenize(list(handle.task.prompt))
+        return {**body, "__verbose": {**msgspec.to_builtins(native), "prompt": prompt}}
 
     async def chat(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
@@ -438,7 +451,8 @@ class Api:
                 ping=req.sse_ping_interval,
                 progress=shaper.progress,
             )
-        return _json(shaper.body(await self._collect(request, handle)))
+        result = await self._collect(request, handle)
+        return _json(self._verbose(req.verbose, shaper.body(result), handle, result))
 
     # ---- chat-shaped APIs over the chat path (Responses, Anthropic Messages) -------------
 

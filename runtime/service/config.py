@@ -269,6 +269,7 @@ class RuntimeConfig:
     chat_template_file: str | None = None  # --chat-template-file
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
     reasoning: str = "auto"  # --reasoning on|off: the template's enable_thinking; auto: its own default
+    verbose: bool = False  # -v: OpenAI answers carry __verbose (a request's ``verbose`` says otherwise)
     prefill_assistant: bool = True  # a chat ending with the assistant's message continues it (--no-prefill-assistant)
     reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy
     reasoning_budget: int = -1  # --reasoning-budget: thinking tokens, -1 unrestricted
