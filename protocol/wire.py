@@ -148,9 +148,6 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     continue_final_message: bool | None = None  # continue the last (assistant) message
 
 
-ApplyTemplateRequest = ChatCompletionRequest  # POST /apply-template: a chat body
-
-
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     content: str
     add_special: bool = False

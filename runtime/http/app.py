@@ -34,7 +34,6 @@ from llamactor.protocol.errors import Closed, NotFound, NotSupported, RequestErr
 from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import (
     DEFAULT_MAX_TOKENS_OPENAI_COMPLETIONS,
-    ApplyTemplateRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -333,10 +332,12 @@ class Api:
 
     # ---- generation --------------------------------------------------------------------
 
-    def _eog(self) -> tuple[int, ...]:
-        """The model's end-of-generation tokens (generation_settings lists them banned with ignore_eos)."""
+    def _native(self, handle: RequestHandle, *, stream: bool, n_probs: int = 0, post: bool = False) -> NativeShaper:
+        """The /completion shape of ``handle``'s answer (its generation_settings list the model's
+        end-of-generation tokens banned when the request ignores EOS)."""
         assert self.rt.model is not None
-        return self.rt.model.eog_tokens
+        settings = generation_settings(handle.task, stream=stream, eog=self.rt.model.eog_tokens)
+        return NativeShaper(self.model_id, want_probs=n_probs > 0, settings=settings, post_sampling_probs=post)
 
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
@@ -344,12 +345,7 @@ class Api:
         if prompts is not None:
             return await self._completions_of(request, req, prompts)
         handle = await self.rt.submit_request(from_native(req))
-        shaper = NativeShaper(
-            self.model_id,
-            want_probs=req.n_probs > 0,
-            settings=generation_settings(handle.task, stream=req.stream, eog=self._eog()),
-            post_sampling_probs=req.post_sampling_probs,
-        )
+        shaper = self._native(handle, stream=req.stream, n_probs=req.n_probs, post=req.post_sampling_probs)
         if req.stream:
             return await self._stream(
                 request,
@@ -371,19 +367,14 @@ class Api:
         async with contextlib.AsyncExitStack() as stack:
             handles = [await stack.enter_async_context(await self.rt.submit_request(r)) for r in requests]
             results = [await self._collect(request, h) for h in handles]
-            bodies = []
+            answers = []
             for i, (handle, result) in enumerate(zip(handles, results)):
-                shaper = NativeShaper(
-                    self.model_id,
-                    want_probs=req.n_probs > 0,
-                    settings=generation_settings(handle.task, stream=False, eog=self._eog()),
-                    post_sampling_probs=req.post_sampling_probs,
-                )
+                shaper = self._native(handle, stream=False, n_probs=req.n_probs, post=req.post_sampling_probs)
                 body = shaper.body(result)
-                for one in body if isinstance(body, list) else [body]:
+                for one in body if isinstance(body, list) else [body]:  # a list: n choices
                     one.index = i * req.n + one.index
-                bodies.append(body)
-        return _json([b for body in bodies for b in (body if isinstance(body, list) else [body])])
+                    answers.append(one)
+        return _json(answers)
 
     async def infill(self, request: Request) -> Response:
         """POST /infill: llama-server's fill-in-the-middle prompt, answered in the /completion shape."""
@@ -392,11 +383,7 @@ class Api:
         check_fim(self.rt.model)  # 501 before the body is read, as llama-server checks first
         req = await _decode(request, InfillRequest)
         handle = await self.rt.submit_request(from_infill(req))
-        shaper = NativeShaper(
-            self.model_id,
-            want_probs=req.n_probs > 0,
-            settings=generation_settings(handle.task, stream=req.stream, eog=self._eog()),
-        )
+        shaper = self._native(handle, stream=req.stream, n_probs=req.n_probs)
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
         return _json(shaper.body(await self._collect(request, handle)))
@@ -429,9 +416,7 @@ class Api:
         if not (self.rt.config.verbose if asked is None else asked):
             return body
         assert self.rt.model is not None
-        native = NativeShaper(
-            self.model_id, want_probs=False, settings=generation_settings(handle.task, stream=False, eog=self._eog())
-        ).body(result)
+        native = self._native(handle, stream=False).body(result)
         prompt = handle.turn.prompt if handle.turn is not None else self.rt.model.detokenize(list(handle.task.prompt))
         return {**body, "__verbose": {**msgspec.to_builtins(native), "prompt": prompt}}
 
@@ -499,7 +484,7 @@ class Api:
         return _json(shaper.body(await self._collect(request, handle)))
 
     async def apply_template(self, request: Request) -> Response:
-        req = await _decode(request, ApplyTemplateRequest)
+        req = await _decode(request, ChatCompletionRequest)
         return _json({"prompt": self.rt.chat_turn(from_chat(req)).prompt})
 
     async def chat_input_tokens(self, request: Request) -> Response:
