@@ -122,12 +122,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (
         r"test_kv_keep_only_active\.py::test_clear_and_restore$",
         "the test reads llama-server's own debug log lines (__TEST_TAG_...)",
     ),
-    (
-        r"test_template\.py::test_reasoning\[.*-off-",
-        "not built: with thinking off, llama.cpp's chat auto-parser closes an empty thought after "
-        "templates that do not read enable_thinking; llamactor passes enable_thinking false to the "
-        "template (Qwen3's reads it) and adds nothing",
-    ),
 )
 
 
