@@ -115,6 +115,7 @@ class _OpenAISampling(_Generation, kw_only=True):
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = None  # llama-server's: as response_format's schema
 
 
 class CompletionRequest(_OpenAISampling, kw_only=True):

@@ -202,6 +202,7 @@ OPENAI = {
         ),
     ),
     "stream_options": st.one_of(st.none(), st.fixed_dictionaries({"include_usage": st.booleans()})),
+    "json_schema": schemas,  # llama-server's field, beside response_format
 }
 COMPLETIONS = {
     **OPENAI,

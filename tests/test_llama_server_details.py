@@ -225,3 +225,26 @@ async def test_verbose_answers(make_config):
             text = {"prompt": "hello there", "max_tokens": 2, "verbose": True}
             completion = (await client.post("/v1/completions", json=text)).json()
             assert completion["__verbose"]["prompt"].endswith("hello there")
+
+
+async def test_chat_json_schema_field_and_prefill_parts(make_config):
+    """llama-server's top-level json_schema on OpenAI chat and completions (beside
+    response_format) constrains the answer; an assistant prefill given as text parts is continued
+    from its texts joined by a blank line, as llama.cpp renders them."""
+    user = {"role": "user", "content": "Write an example"}
+    async with (
+        open_server(make_config(parallel=1)) as (_, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        body = {"messages": [user], "max_tokens": 6, "json_schema": {"const": "42"}}
+        chat = (await client.post("/v1/chat/completions", json=body)).json()
+        assert chat["choices"][0]["message"]["content"] == '"42"'
+        text = (
+            await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 6, "json_schema": {"const": "42"}})
+        ).json()
+        assert text["choices"][0]["text"] == '"42"'
+        parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+        prompt = (
+            await client.post("/apply-template", json={"messages": [user, {"role": "assistant", "content": parts}]})
+        ).json()["prompt"]
+        assert prompt.endswith("Wh\n\nill")

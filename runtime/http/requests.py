@@ -134,6 +134,8 @@ def _openai_output(body: CompletionRequest | ChatCompletionRequest) -> dict[str,
     out: dict[str, Any] = {"logit_bias": logit_bias_of(body.logit_bias)}
     fmt = body.response_format
     if body.grammar or fmt is None or fmt.type == "text":
+        if not body.grammar and body.json_schema is not None:  # llama-server's own field
+            out["json_schema"] = body.json_schema
         return out
     schema = response_schema(fmt)
     if schema is None:

@@ -232,7 +232,7 @@ def _continued(
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
+        return "\n\n".join(str(p.get("text", "")) for p in content)  # as llama.cpp renders text parts
     raise RequestError("continue_final_message: the assistant message to continue must be text")
 
 
