@@ -48,9 +48,10 @@ def _requests() -> list[tuple[str, dict[str, Any]]]:
 
 
 def _payload(line: str) -> Any:
-    """A data line's JSON without what differs between two runs of the same request (ids, times)."""
+    """A data line's JSON without what differs between two runs of the same request: ids, times,
+    and where it ran (a resumed request may be served by another slot, its prompt prefilled anew)."""
     data = json.loads(line[6:])
-    for key in ("id", "created", "timings", "system_fingerprint"):
+    for key in ("id", "created", "timings", "system_fingerprint", "id_slot", "tokens_cached"):
         data.pop(key, None)
     return data
 
