@@ -51,7 +51,9 @@ def _payload(line: str) -> Any:
     """A data line's JSON without what differs between two runs of the same request: ids, times,
     and where it ran (a resumed request may be served by another slot, its prompt prefilled anew)."""
     data = json.loads(line[6:])
-    for key in ("id", "created", "timings", "system_fingerprint", "id_slot", "tokens_cached"):
+    if data.get("stop") is True:  # a native stream's last chunk: what was generated, not how
+        return {k: data[k] for k in ("content", "tokens", "stop_type", "stopping_word", "tokens_predicted")}
+    for key in ("id", "created", "timings", "system_fingerprint"):
         data.pop(key, None)
     return data
 
