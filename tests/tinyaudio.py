@@ -248,19 +248,9 @@ def _self_check(outdir: pathlib.Path) -> None:
     assert [k for k, _ in kinds] == [0, 2, 0], kinds
     print(f"chunks (type, n_pos): {kinds}")
 
-    cparams = ll.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch = 512, 512
-    lctx = ll.llama_init_from_model(model, cparams)
-    n_past = ll.llama_pos(0)
-    assert mtmd.mtmd_helper_eval_chunks(ctx, lctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
-    assert n_past.value == sum(n for _, n in kinds)
-    print(f"evaluated {n_past.value} positions")
-    ll.llama_free(lctx)
-    mtmd.mtmd_input_chunks_free(chunks)
-    mtmd.mtmd_bitmap_free(bitmap)
-    mtmd.mtmd_free(ctx)
-    ll.llama_model_free(model)
-    print("self-check passed")
+    import tinyvision
+
+    tinyvision.eval_and_free(model, ctx, chunks, bitmap, sum(n for _, n in kinds))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import pathlib
 import struct
 import sys
 import zlib
+from typing import Any
 
 import gguf
 import numpy as np
@@ -203,12 +204,21 @@ def _self_check(outdir: pathlib.Path) -> None:
     assert [k for k, _ in kinds] == [0, 1, 0], kinds
     print(f"chunks (type, n_pos): {kinds}")
 
+    eval_and_free(model, ctx, chunks, bitmap, sum(n for _, n in kinds))
+
+
+def eval_and_free(model: Any, ctx: Any, chunks: Any, bitmap: Any, n_positions: int) -> None:
+    """The self-checks' last step: every chunk evaluated into a fresh context (``n_positions`` in
+    all), then everything freed."""
+    import llama_cpp as ll
+    import llama_cpp.mtmd_cpp as mtmd
+
     cparams = ll.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch = 512, 512
     lctx = ll.llama_init_from_model(model, cparams)
     n_past = ll.llama_pos(0)
     assert mtmd.mtmd_helper_eval_chunks(ctx, lctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
-    assert n_past.value == sum(n for _, n in kinds)
+    assert n_past.value == n_positions
     print(f"evaluated {n_past.value} positions")
     ll.llama_free(lctx)
     mtmd.mtmd_input_chunks_free(chunks)

@@ -420,13 +420,7 @@ def image_bytes(image_url: Any, where: str) -> bytes | ImageURL:
         return ImageURL(url, where)
     elif url.split(":", 1)[0].lower() in ("ftp", "ftps", "sftp"):
         raise RequestError(f"{where}.url: only data:, http(s):// and file:// URLs are read, not {url[:40]!r}")
-    try:
-        raw = base64.b64decode("".join(data.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError(f"{where}.url: not valid base64") from None
-    if not raw:
-        raise RequestError(f"{where}.url: the image is empty")
-    return raw
+    return _base64_file(data, f"{where}.url", "image")
 
 
 def audio_bytes(input_audio: Any, where: str) -> bytes | ImageURL:
@@ -445,12 +439,18 @@ def audio_bytes(input_audio: Any, where: str) -> bytes | ImageURL:
             raise RequestError(f"{where}.data: expected base64 or a data:audio/<type>;base64, URL, got {head[:40]!r}")
     elif named_by_url(data):
         return ImageURL(data, where)
+    return _base64_file(data, f"{where}.data", "audio")
+
+
+def _base64_file(data: str, where: str, kind: str) -> bytes:
+    """A media file given in base64 (whitespace allowed); RequestError naming ``where`` if it is
+    not base64 or is empty."""
     try:
         raw = base64.b64decode("".join(data.split()), validate=True)
     except (binascii.Error, ValueError):
-        raise RequestError(f"{where}.data: not valid base64") from None
+        raise RequestError(f"{where}: not valid base64") from None
     if not raw:
-        raise RequestError(f"{where}.data: the audio is empty")
+        raise RequestError(f"{where}: the {kind} is empty")
     return raw
 
 
