@@ -1,6 +1,9 @@
 # Two commands do all set-up on a fresh machine (both create .venv idempotently):
 #   make run          serve the embedded default model (SmolLM2-135M-Instruct) on 127.0.0.1:8080
 #   make test         everything, stopping at the first failure: `make check`, then the whole suite
+# Both build llama.cpp for the instruction sets this CPU really runs (ops/cpuprobe.py). BACKEND=cuda
+# (or vulkan, rocm, metal) adds that GPU backend: `make run BACKEND=cuda`; CMAKE_ARGS=... is passed
+# through to llama.cpp's CMake (docs/gpu.md).
 # and while working:
 #   make test-fast    the fast tier: every test not marked `slow` (well under a minute)
 #   make check        the static checks alone: ruff lint, ruff format, mypy, the layer contracts
@@ -10,7 +13,9 @@
 #   make conformance  llama.cpp's own server test suite against llama-server and llamactor, compared
 #                     (writes docs/conformance.md; not part of `make test`; ARGS='-- -k metrics')
 VENV := .venv
-STAMP := $(VENV)/.llamactor-installed
+BACKEND ?= cpu
+# one stamp per backend: `make run BACKEND=cuda` after a CPU set-up runs the set-up again
+STAMP := $(VENV)/.llamactor-installed-$(BACKEND)
 ARGS ?=
 PYTEST_ARGS ?=
 SEED ?=
@@ -21,8 +26,9 @@ PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 .PHONY: install run check docs test test-fast test-random conformance clean
 
-$(STAMP): pyproject.toml ops/setup_venv.sh
-	bash ops/setup_venv.sh
+$(STAMP): pyproject.toml ops/setup_venv.sh ops/cpuprobe.py
+	BACKEND=$(BACKEND) bash ops/setup_venv.sh
+	rm -f $(VENV)/.llamactor-installed-*
 	touch $(STAMP)
 
 install: $(STAMP)

