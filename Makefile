@@ -1,9 +1,10 @@
 # Two commands do all set-up on a fresh machine (both create .venv idempotently):
 #   make run          serve the embedded default model (SmolLM2-135M-Instruct) on 127.0.0.1:8080
 #   make test         everything, stopping at the first failure: `make check`, then the whole suite
-# Both build llama.cpp for the instruction sets this CPU really runs (ops/cpuprobe.py). BACKEND=cuda
-# (or vulkan, rocm, metal) adds that GPU backend: `make run BACKEND=cuda`; CMAKE_ARGS=... is passed
-# through to llama.cpp's CMake (docs/gpu.md).
+# Both build llama.cpp for the instruction sets this CPU really runs (ops/cpuprobe.py) and check
+# the build by decoding a prompt with it (ops/buildcheck.py). BACKEND=cuda (or vulkan, rocm,
+# metal) adds that GPU backend: `make run BACKEND=cuda`; CMAKE_ARGS=... is passed through to
+# llama.cpp's CMake (docs/gpu.md).
 # and while working:
 #   make test-fast    the fast tier: every test not marked `slow` (well under a minute)
 #   make check        the static checks alone: ruff lint, ruff format, mypy, the layer contracts
@@ -14,6 +15,8 @@
 #                     (writes docs/conformance.md; not part of `make test`; ARGS='-- -k metrics')
 VENV := .venv
 BACKEND ?= cpu
+# what ops/setup_venv.sh reads beside BACKEND (docs/gpu.md): extra CMake arguments, GPU architectures
+export CMAKE_ARGS CUDA_ARCHITECTURES AMDGPU_TARGETS
 # one stamp per backend: `make run BACKEND=cuda` after a CPU set-up runs the set-up again
 STAMP := $(VENV)/.llamactor-installed-$(BACKEND)
 ARGS ?=
@@ -26,7 +29,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 .PHONY: install run check docs test test-fast test-random conformance clean
 
-$(STAMP): pyproject.toml ops/setup_venv.sh ops/cpuprobe.py
+$(STAMP): pyproject.toml ops/setup_venv.sh ops/cpuprobe.py ops/buildcheck.py
 	BACKEND=$(BACKEND) bash ops/setup_venv.sh
 	rm -f $(VENV)/.llamactor-installed-*
 	touch $(STAMP)

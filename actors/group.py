@@ -110,6 +110,8 @@ class GroupActor(Actor[GroupMsg]):
     async def setup(self) -> None:
         self.engine = await anyio.to_thread.run_sync(Context, self.model, self.ctx_opts, self.hooks, self.group)
         self.engine.holds_ready = self.policy.holds_ready
+        if self.ctx_opts.warmup:
+            await anyio.to_thread.run_sync(self.engine.warmup, limiter=self._limiter)
 
     async def teardown(self) -> None:
         self.fail_all("the runtime is shutting down", "Closed")

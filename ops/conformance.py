@@ -31,6 +31,7 @@ import tarfile
 from pathlib import Path
 
 from llamactor.ops import conformance_report
+from llamactor.runtime.engine import backends
 
 REPO = Path(__file__).resolve().parent.parent
 SDIST_NAME = "llama_cpp_python-0.3.36"
@@ -83,7 +84,11 @@ def llama_server_binary(sources: Path, cache: Path) -> Path:
             return Path(candidate)
     build = cache / "build"
     log(f"building llama-server from {sources} into {build} (takes a while)")
-    flags = ["-DLLAMA_BUILD_SERVER=ON", "-DGGML_RPC=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"]
+    # the CMake arguments of llamactor's own build (setup's record: the instruction sets this CPU
+    # runs), so that both servers run the same kernels and can be compared token for token
+    record = backends.build_record()
+    same = record["cmake_args"].split() if record else ["-DGGML_RPC=ON"]
+    flags = ["-DLLAMA_BUILD_SERVER=ON", *same, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"]
     subprocess.run(["cmake", "-S", str(sources), "-B", str(build), *flags], check=True)
     jobs = str(os.cpu_count() or 1)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
@@ -196,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.pause_file:
             env["CONFORMANCE_PAUSE_FILE"] = args.pause_file
+        # token-for-token parity on the tiny model: both servers built for the same kernels here
+        parity = [sys.executable, str(REPO / "ops/record_golden.py"), "--check", str(binaries["llama-server"])]
+        log("sampling parity with llama-server: " + ("passed" if subprocess.run(parity).returncode == 0 else "FAILED"))
         for server in args.servers.split(","):
             run_suite(server, binaries[server], suite, args.work, env, args)
     reference = conformance_report.read_junit(args.work / "junit-llama-server.xml")

@@ -8,7 +8,11 @@ instruction. A build made with ``-march=native`` (llama.cpp's default, ``GGML_NA
 compiles AMX in because the CPU says it has it, and every decode dies by SIGILL. So each
 candidate instruction set here is a tiny C program compiled with that set's ``-m`` flags and run
 in a child process; a set is kept only when its program ran to the end and printed the answer
-the instructions compute. The build then names every ggml instruction-set option explicitly
+the instructions compute. AMX is also run as ggml's kernels are written and compiled (C++,
+optimised): a compiler can drop the tile configuration's stores, and such a build traps on a CPU
+whose AMX works. Setup then builds, and checks the built library by decoding a prompt of a
+quantised model in a child process; a build that dies there is rebuilt without the sets named
+by ``--drop``. The build then names every ggml instruction-set option explicitly
 (``GGML_NATIVE=OFF``, ``GGML_AVX2=ON``, ``GGML_AMX_TILE=OFF``, ...), so llama.cpp is compiled for
 exactly what ran here: AMX where it works (on the CPUs that really have it, it is llama.cpp's
 fastest prompt path), nothing that traps.
@@ -63,6 +67,45 @@ static void amx_config(int rows, int colsb) {
 }
 """
 
+# ggml's AMX kernels configure the tiles from a struct on the stack (ggml-cpu/amx/mmq.cpp,
+# ggml_tile_config_init). Some compilers (GCC 12 among them) give ``ldtilecfg`` a memory operand
+# of 8 bytes, not 64, and drop the stores of the rows and column widths as dead: the tiles are
+# left unconfigured and the first tile instruction traps (SIGILL), on a CPU whose AMX works. The
+# plain program above cannot see that (it configures through memset and a loop); this one is
+# ggml's function, as ggml's build compiles it.
+_AMX_GGML_FORM = """
+#include <immintrin.h>
+#include <cstdint>
+#include <cstdio>
+#include <unistd.h>
+#include <sys/syscall.h>
+struct tile_config_t {
+    uint8_t palette_id = 0; uint8_t start_row = 0; uint8_t reserved_0[14] = {0};
+    uint16_t colsb[16] = {0}; uint8_t rows[16] = {0};
+};
+inline void tile_config_init(void) {
+    static thread_local bool done = false;
+    if (done) return;
+    alignas(64) tile_config_t tc = {};
+    tc.palette_id = 1; tc.start_row = 0;
+    tc.rows[0] = 8;  tc.colsb[0] = 64;  tc.rows[1] = 8;  tc.colsb[1] = 64;
+    tc.rows[2] = 16; tc.colsb[2] = 32;  tc.rows[3] = 16; tc.colsb[3] = 32;
+    tc.rows[4] = 16; tc.colsb[4] = 64;  tc.rows[5] = 16; tc.colsb[5] = 64;
+    tc.rows[6] = 16; tc.colsb[6] = 64;  tc.rows[7] = 16; tc.colsb[7] = 64;
+    _tile_loadconfig(&tc);
+    done = true;
+}
+int main(int argc, char **) {
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) return 3;
+    tile_config_init();
+    alignas(64) static int32_t r[16 * 16]; r[0] = 7;
+    _tile_zero(4); _tile_stored(4, r, 64); _tile_release();
+    if (r[0] == 0 && argc == 1) puts("ok");
+    return 0;
+}
+"""
+GGML_FORM_LEVELS = ("-O1", "-O2", "-O3")  # ggml builds with -O3; what survives depends on inlining
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -73,6 +116,9 @@ class Candidate:
     requires: tuple[str, ...]  # options that must also be kept (ggml's code assumes them)
     body: str  # C statements of main(int argc, ...): print "ok" when the answer is right
     support: str = ""  # C declarations the body uses
+    # a C++ program written the way ggml's kernels use the set, compiled at each of
+    # GGML_FORM_LEVELS by the C++ compiler: the set is kept only if it runs too (see AMX_TILE)
+    ggml_form: str = ""
 
 
 CANDIDATES: tuple[Candidate, ...] = (
@@ -173,6 +219,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "static int32_t r[16 * 16]; r[0] = 7; if (!amx_permission()) return 3; amx_config(16, 64);"
         ' _tile_zero(0); _tile_stored(0, r, 64); _tile_release(); if (r[0] == 0 && argc == 1) puts("ok");',
         _AMX_SETUP,
+        _AMX_GGML_FORM,
     ),
     Candidate(
         # ggml's AMX kernels need AVX512-VNNI beside the tiles (ggml-cpu/amx: __AMX_INT8__ && __AVX512VNNI__)
@@ -275,33 +322,62 @@ def _compiler() -> str | None:
     return None
 
 
-def run_candidate(cand: Candidate, cc: str, work: Path) -> Verdict:
-    """Compile ``cand``'s program with its flags and run it in a child process."""
-    src = work / f"{cand.name}.c"
-    exe = work / cand.name
-    main = f"int main(int argc, char **argv) {{ (void)argv; {cand.body} return 0; }}"
-    src.write_text(f"{_PRELUDE}{cand.support}\n{main}\n")
+def _cxx_compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build_and_run(compiler: str, level: str, flags: Sequence[str], src: Path, exe: Path) -> str:
+    """Compile and run one program: OK, or what went wrong."""
     try:
         built = subprocess.run(
-            [cc, "-O0", *cand.flags, str(src), "-o", str(exe)],
+            [compiler, level, *flags, str(src), "-o", str(exe)],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        return Verdict(cand.name, "the compiler timed out", cand.flags)
+        return "the compiler timed out"
     if built.returncode != 0:
-        return Verdict(cand.name, "the compiler lacks it", cand.flags)
+        return "the compiler lacks it"
     try:
         ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return Verdict(cand.name, "hung", cand.flags)
+        return "hung"
     if ran.returncode < 0:
-        return Verdict(cand.name, f"trapped ({_signal_name(ran.returncode)})", cand.flags)
+        return f"trapped ({_signal_name(ran.returncode)})"
     if ran.returncode == 3:
-        return Verdict(cand.name, "the kernel refused the AMX tile permission", cand.flags)
+        return "the kernel refused the AMX tile permission"
     if ran.returncode != 0 or ran.stdout.strip() != "ok":
-        return Verdict(cand.name, "wrong answer", cand.flags)
+        return "wrong answer"
+    return OK
+
+
+def run_candidate(cand: Candidate, cc: str, work: Path, cxx: str | None = None) -> Verdict:
+    """Compile ``cand``'s program with its flags and run it in a child process; then, for a set
+    with a ggml form, that program as ggml's build would compile it."""
+    src = work / f"{cand.name}.c"
+    exe = work / cand.name
+    main = f"int main(int argc, char **argv) {{ (void)argv; {cand.body} return 0; }}"
+    src.write_text(f"{_PRELUDE}{cand.support}\n{main}\n")
+    verdict = _build_and_run(cc, "-O0", cand.flags, src, exe)
+    if verdict != OK or not cand.ggml_form or cxx is None:
+        return Verdict(cand.name, verdict, cand.flags)
+    src = work / f"{cand.name}-ggml.cpp"
+    src.write_text(cand.ggml_form)
+    for level in GGML_FORM_LEVELS:
+        got = _build_and_run(cxx, level, cand.flags, src, exe)
+        if got.startswith("trapped"):
+            return Verdict(
+                cand.name,
+                f"runs, but {got} when compiled as ggml's kernels are (C++ {level}): this compiler"
+                " drops the tile configuration's stores",
+                cand.flags,
+            )
+        if got != OK:
+            return Verdict(cand.name, f"{got} when compiled as ggml's kernels are (C++ {level})", cand.flags)
     return Verdict(cand.name, OK, cand.flags)
 
 
@@ -319,16 +395,28 @@ def is_x86_64(machine: str | None = None) -> bool:
     return (machine or platform.machine()).lower() in ("x86_64", "amd64")
 
 
-def probe(candidates: Iterable[Candidate] = CANDIDATES, *, machine: str | None = None) -> Probe:
-    """Run every candidate (x86-64 only; elsewhere an empty, undeciding probe)."""
+def probe(
+    candidates: Iterable[Candidate] = CANDIDATES,
+    *,
+    machine: str | None = None,
+    dropped: Mapping[str, str] | None = None,
+) -> Probe:
+    """Run every candidate (x86-64 only; elsewhere an empty, undeciding probe). ``dropped`` names
+    sets turned off without running them, each with the reason (setup's fallback after a built
+    library died in its check)."""
     machine = machine or platform.machine()
+    dropped = dropped or {}
     cc = _compiler()
-    result = Probe(machine=machine, cpu=_cpu_name(), compiler=cc or "none")
+    cxx = _cxx_compiler()
+    result = Probe(machine=machine, cpu=_cpu_name(), compiler=" and ".join(filter(None, (cc, cxx))) or "none")
     if not is_x86_64(machine) or cc is None:
         return result
     with tempfile.TemporaryDirectory(prefix="llamactor-cpuprobe-") as tmp:
         for cand in candidates:
-            result.verdicts[cand.name] = run_candidate(cand, cc, Path(tmp))
+            if cand.name in dropped:
+                result.verdicts[cand.name] = Verdict(cand.name, "turned off: " + dropped[cand.name], cand.flags)
+            else:
+                result.verdicts[cand.name] = run_candidate(cand, cc, Path(tmp), cxx)
     return result
 
 
@@ -426,8 +514,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--record", type=Path, help="write the probe and the build options here (JSON)")
     ap.add_argument("--cmake", action="store_true", help="print the build's -D options on stdout")
     ap.add_argument("--quiet", action="store_true", help="do not print the decision on stderr")
+    ap.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="SET=WHY",
+        help="turn an instruction set off without running it (repeatable), e.g. AMX_TILE='the build check died'",
+    )
     args = ap.parse_args(argv)
-    p = probe()
+    dropped = dict(item.partition("=")[::2] for item in args.drop)
+    unknown = set(dropped) - {c.name for c in CANDIDATES}
+    if unknown:
+        ap.error(f"unknown instruction set(s): {', '.join(sorted(unknown))}")
+    p = probe(dropped=dropped)
     options = build_options(args.backend, p)
     if not args.quiet:
         print(describe(p), file=sys.stderr)

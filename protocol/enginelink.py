@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import EmbedderInfo
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.live import LiveSnapshot
@@ -82,6 +83,7 @@ class Embed(msgspec.Struct, frozen=True, tag=True):
 class Ready(msgspec.Struct, frozen=True, tag=True):
     pid: int
     embedder: EmbedderInfo | None = None  # the engine serves embeddings (--embedding)
+    build: BuildInfo | None = None  # its llama.cpp build and devices (GET /props' engine.build)
 
 
 class Events(msgspec.Struct, frozen=True, tag=True):

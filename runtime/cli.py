@@ -233,9 +233,9 @@ def _gpu_layers_ignored(cfg: RuntimeConfig) -> bool:
     """-ngl without a GPU or a split: the layers stay on the CPU, as llama-server warns."""
     if cfg.n_gpu_layers <= 0 or cfg.rpc_servers or cfg.devices:
         return False
-    from llamactor.runtime.engine import rpc
+    from llamactor.runtime.engine import backends
 
-    return all(name.startswith("CPU") for name, _ in rpc.list_devices())
+    return not backends.gpus()
 
 
 def _address(host: str, port: int) -> str:

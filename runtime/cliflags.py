@@ -540,8 +540,9 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Weights placement",
         Use.CONFIG,
-        "-ngl on a machine without a GPU is logged and ignored, as llama-server warns; -ot/-cmoe/-ncmoe/-ncffn "
-        "place the tensors their patterns match in a device's buffer type (CPU here; an unknown name is exit 2 "
+        "-ngl puts layers on the GPUs of a GPU build (make install BACKEND=cuda; auto, the default: all of "
+        "them) and is logged and ignored without one, as llama-server warns; -ot/-cmoe/-ncmoe/-ncffn "
+        "place the tensors their patterns match in a device's buffer type (an unknown name is exit 2 "
         "listing the available ones)",
         (
             opt(
@@ -551,7 +552,51 @@ GROUPS: tuple[Group, ...] = (
                 field="n_gpu_layers",
                 env="LLAMA_ARG_N_GPU_LAYERS",
                 parse=_layers,
-                help="a number, auto or all",
+                help="a number, auto or all (default: auto, every layer on the GPUs; llama-server's fitting "
+                "to free memory, -fit, is not built: give a number where the model does not fit)",
+            ),
+            opt(
+                "-mg",
+                "--main-gpu",
+                field="main_gpu",
+                value="INDEX",
+                env="LLAMA_ARG_MAIN_GPU",
+                parse=int,
+                help="the GPU for the whole model with -sm none, or for intermediate results and KV with -sm row",
+            ),
+            switch(
+                "-kvo",
+                "--kv-offload",
+                neg=("-nkvo", "--no-kv-offload"),
+                field="kv_offload",
+                env="LLAMA_ARG_KV_OFFLOAD",
+                help="-nkvo: the KV cache stays in host memory",
+            ),
+            switch(
+                "--repack",
+                neg=("-nr", "--no-repack"),
+                field="repack",
+                env="LLAMA_ARG_REPACK",
+                help="-nr: weights stay in the CPU's plain buffer type (no AMX or repacked layouts)",
+            ),
+            switch(
+                "--no-host",
+                field="no_host",
+                env="LLAMA_ARG_NO_HOST",
+                help="no host buffers for weights on a GPU (llama.cpp's no_host)",
+            ),
+            switch(
+                "--op-offload",
+                neg=("--no-op-offload",),
+                field="op_offload",
+                help="--no-op-offload: ops on host-resident weights are not offloaded to the GPU",
+            ),
+            switch(
+                "--warmup",
+                neg=("--no-warmup",),
+                field="warmup",
+                help="a warm-up decode of each new context before it serves (default on; a build this CPU cannot "
+                "run then fails at startup, saying why)",
             ),
             opt(
                 "-lm",
@@ -1276,18 +1321,12 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "llama.cpp's defaults are used for these",
         (
-            switch("-kvo", "--kv-offload", neg=("-nkvo", "--no-kv-offload"), env="LLAMA_ARG_KV_OFFLOAD"),
-            switch("--repack", neg=("-nr", "--no-repack"), env="LLAMA_ARG_REPACK"),
-            switch("--no-host", env="LLAMA_ARG_NO_HOST"),
-            switch("--op-offload", neg=("--no-op-offload",)),
-            opt("-mg", "--main-gpu", value="INDEX", env="LLAMA_ARG_MAIN_GPU", parse=int, ok=_is(0)),
             opt("-fit", "--fit", value="on|off", env="LLAMA_ARG_FIT", ok=_is("off")),
             opt("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET"),
             opt("-fitc", "--fit-ctx", env="LLAMA_ARG_FIT_CTX"),
             switch("--check-tensors"),
             switch("--swa-full", env="LLAMA_ARG_SWA_FULL"),
             opt("-dt", "--defrag-thold", env="LLAMA_ARG_DEFRAG_THOLD", help="deprecated in llama.cpp"),
-            switch("--warmup", neg=("--no-warmup",), ok=_off, help="llamactor runs no warmup decode"),
         ),
     ),
     Group(

@@ -6,6 +6,7 @@ hook can act in the first engine only."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,22 @@ class AbortOnPoison(Slow):
     def before_sample(self, group: int, task: Any) -> None:
         if len(task.prompt) and int(task.prompt[0]) == self.POISON:
             os.abort()
+
+
+class IllegalInWarmup(_Quiet):
+    """Every engine's warm-up decode dies by SIGILL, as a build with an instruction set this CPU
+    traps on dies there (the AMX tile instructions of a VM that advertises them)."""
+
+    def before_warmup(self, group: int) -> None:
+        os.kill(os.getpid(), signal.SIGILL)
+
+
+class IllegalInLaterWarmup(IllegalInWarmup):
+    """The first engine serves; the engines started after it die by SIGILL in their warm-up."""
+
+    def __init__(self) -> None:
+        self.first = _first_engine()
+
+    def before_warmup(self, group: int) -> None:
+        if not self.first:
+            super().before_warmup(group)

@@ -33,8 +33,8 @@ from serveargs import parse_serve
 from llamactor.runtime.engine import model as model_module
 from llamactor.runtime.engine import ngramcache
 from llamactor.runtime.engine.backends import cpu_buffer_types
-from llamactor.runtime.engine.placement import buffer_types
 from llamactor.runtime.engine.model import Model
+from llamactor.runtime.engine.placement import buffer_types
 from llamactor.runtime.presets import load_models
 from llamactor.runtime.service.inprocess import load_options
 

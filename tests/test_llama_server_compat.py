@@ -213,7 +213,7 @@ def test_llama_server_value_forms():
     assert cfg.n_gpu_layers == 999 and cfg.flash_attn == "on" and cfg.model_load_mode == "none"
     assert cfg.aliases == ("first", "second") and cfg.model_name == "first"  # llama-server's sorted set
     assert cfg.devices == () and cfg.context_shift is True
-    assert _parse(["-ngl", "auto", "--no-mmap"]).config.n_gpu_layers == 0
+    assert _parse(["-ngl", "auto", "--no-mmap"]).config.n_gpu_layers == -1  # every layer on the GPUs there are
     kv = _parse(["-ctk", "q8_0", "-ctv", "q4_0", "--cache-ram", "0"]).config
     assert (kv.cache_type_k, kv.cache_type_v, kv.cache_ram_mib) == ("q8_0", "q4_0", 0)
     assert _parse(["--no-mmap"]).config.model_load_mode == "none"

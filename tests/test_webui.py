@@ -149,6 +149,7 @@ async def test_chat_streams_a_reply(make_config, tmp_path: Path) -> None:
             await page.goto(url + "/")
             await expect_ok(page.locator("#server-info"), to_contain_text="2 slots")
             await expect_ok(page.locator("#props"), to_contain_text="tiny.gguf")
+            await expect_ok(page.locator("#props"), to_contain_text="device CPU")  # the engine's devices, memory
             await page.fill("#system", "You are terse.")
             reply = await send_chat(page, "Hello there", max_tokens=24)
             assert await reply.get_attribute("data-finish") == "length"

@@ -24,11 +24,12 @@ import functools
 import json
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
+
+from llamactor.protocol.build import BuildInfo, Device
 
 BUILD_RECORD = "llamactor-build.json"  # written by ops/setup_venv.sh into the venv
 # ggml-backend.h's enum ggml_backend_dev_type
@@ -85,24 +86,6 @@ def load_backends() -> int:
     return int(lib.ggml_backend_reg_count())
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str  # ggml's name: CPU, CUDA0, Vulkan0, RPC0, ...
-    description: str
-    kind: str  # cpu, gpu, igpu, accel
-    memory_total: int  # bytes; the host's memory for the CPU
-    memory_free: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "type": self.kind,
-            "memory_total": self.memory_total,
-            "memory_free": self.memory_free,
-        }
-
-
 def devices() -> list[Device]:
     """Every device ggml knows now, in its order (GPUs before the CPU, as llama.cpp lists them)."""
     load_backends()
@@ -116,7 +99,7 @@ def devices() -> list[Device]:
             Device(
                 name=lib.ggml_backend_dev_name(dev).decode(),
                 description=lib.ggml_backend_dev_description(dev).decode(),
-                kind=DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                type=DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
                 memory_total=total.value,
                 memory_free=free.value,
             )
@@ -127,7 +110,7 @@ def devices() -> list[Device]:
 def gpus() -> list[Device]:
     """The devices that take offloaded layers (-ngl): GPUs, integrated GPUs and accelerators,
     not the CPU and not ggml-rpc workers (those are named with --rpc/--device)."""
-    return [d for d in devices() if d.kind != "cpu" and not d.name.startswith("RPC")]
+    return [d for d in devices() if d.type != "cpu" and not d.name.startswith("RPC")]
 
 
 _EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), _dev_t)
@@ -155,10 +138,10 @@ def cpu_buffer_types() -> list[str]:
     return []
 
 
-def cpu_features() -> list[str]:
+def cpu_features() -> tuple[str, ...]:
     """The CPU backend's compiled features as llama.cpp reports them (``AVX2``, ``AMX_INT8``, ...)."""
     info = llama_cpp.llama_print_system_info().decode()
-    return sorted(set(re.findall(r"(\w+) = 1", info)))
+    return tuple(sorted(set(re.findall(r"(\w+) = 1", info))))
 
 
 def build_record() -> dict[str, Any] | None:
@@ -172,15 +155,16 @@ def build_record() -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def summary() -> dict[str, Any]:
-    """The build as ``/props`` shows it (``build``) and the startup log states it."""
+def summary() -> BuildInfo:
+    """The build as ``/props`` shows it (``engine.build``) and the startup log states it."""
     record = build_record() or {}
     probe = record.get("probe") or {}
-    return {
-        "backend": record.get("backend", "unknown"),
-        "cpu": probe.get("cpu"),
-        "cpu_features": cpu_features(),
-        "probed": probe.get("kept"),  # the instruction sets the setup's probe ran (None: no probe)
-        "cmake_args": record.get("cmake_args"),
-        "devices": [d.to_json() for d in devices()],
-    }
+    kept = probe.get("kept")
+    return BuildInfo(
+        backend=str(record.get("backend", "unknown")),
+        cpu=probe.get("cpu"),
+        cpu_features=cpu_features(),
+        probed=tuple(kept) if isinstance(kept, list) else None,
+        cmake_args=record.get("cmake_args"),
+        devices=tuple(devices()),
+    )

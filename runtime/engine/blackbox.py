@@ -9,6 +9,7 @@ writes survive the process: they sit in the page cache):
 - ``SAMPLE task`` while a token of ``task`` is sampled (its sampler chain: grammar, DRY, ...),
 - ``START task`` while a task's sampler chain is built in the group,
 - ``DECODE`` while ``llama_decode`` runs (any request of the batch may be the cause),
+- ``WARMUP`` while a new context's warm-up decode runs (no request: the build or the machine),
 - ``IDLE`` otherwise.
 
 After a death the API process reads it (``suspects``): a death inside sampling or a start
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-IDLE, DECODE, SAMPLE, START = 0, 1, 2, 3
+IDLE, DECODE, SAMPLE, START, WARMUP = 0, 1, 2, 3, 4
 MAX_GROUPS = 256
 ENV = "LLAMACTOR_BLACKBOX"  # set by the API process for the engine process it starts
 
@@ -52,6 +53,10 @@ class Blackbox:
             return None
         marked = (states == SAMPLE) | (states == START)
         return {int(t) for t in ids[marked]} or None
+
+    def in_warmup(self) -> bool:
+        """Whether a group was inside its warm-up decode (a death there is no request's doing)."""
+        return bool((self.rows[:, 0] == WARMUP).any())
 
     def clear(self) -> None:
         self.rows[:] = 0

@@ -25,9 +25,10 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from llamactor.protocol.errors import EngineError
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.plan import StepPlan
-from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, Blackbox, engine_blackbox
+from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, WARMUP, Blackbox, engine_blackbox
 from llamactor.runtime.engine.controlvector import ControlVector
 from llamactor.runtime.engine.draftmodel import make_drafter
 from llamactor.runtime.engine.hooks import GroupHooks
@@ -65,6 +66,9 @@ class ContextOptions:
     vision: Vision | None = None  # --mmproj: the projector a prompt's images are decoded with (shared)
     rope: RopeOptions = RopeOptions()  # --rope-*/--yarn-*: the model's own unless set (its draft context too)
     control_vector: ControlVector | None = None  # --control-vector: set on this context when it is made
+    offload_kqv: bool = True  # -nkvo/--no-kv-offload: False keeps the KV cache in host memory
+    op_offload: bool = True  # --no-op-offload: False runs host-resident tensors' ops on the CPU
+    warmup: bool = True  # --no-warmup: no warm-up decode when the context is made
 
 
 class Context:
@@ -86,6 +90,8 @@ class Context:
             flash_attn_type=opts.flash_attn,
             type_k=opts.type_k,
             type_v=opts.type_v,
+            offload_kqv=opts.offload_kqv,
+            op_offload=opts.op_offload,
             **opts.rope.settings(),
         )
         if opts.control_vector is not None:
@@ -134,8 +140,13 @@ class Context:
         step, out = self._step, self.output
         decode, sample = step.decode, out.sample
 
+        warm = getattr(hooks, "before_warmup", None)  # optional: most hooks watch requests only
+
         def hooked_decode(ctx: Any, batch: Any) -> int:
-            hooks.before_decode(group, step.n_prompt, step.n_generate)
+            if not self._warming:
+                hooks.before_decode(group, step.n_prompt, step.n_generate)
+            elif warm is not None:
+                warm(group)
             return decode(ctx, batch)
 
         def hooked_sample(s: Slot, i: int, logits: np.ndarray | None) -> int:
@@ -153,7 +164,7 @@ class Context:
         decode, emit, start = step.decode, out.emit, self.start
 
         def boxed_decode(ctx: Any, batch: Any) -> int:
-            box.enter(group, DECODE)
+            box.enter(group, WARMUP if self._warming else DECODE)
             try:
                 return decode(ctx, batch)
             finally:
@@ -178,6 +189,30 @@ class Context:
         step.decode = boxed_decode
         out.emit = boxed_emit  # type: ignore[method-assign]  # sampling, a resume's replay, its text
         self.start = boxed_start  # type: ignore[method-assign]
+
+    _warming = False  # inside ``warmup`` (the blackbox tells the API process a death there apart)
+
+    def warmup(self) -> None:
+        """llama-server's warm-up: a decode of the vocabulary's BOS and EOS (a prompt's path
+        through the kernels), then one of a single token (a generation's), then the KV cleared.
+        Run once per new context, in the group's thread, before the engine says it is ready: a
+        build the CPU cannot execute (an instruction set it advertises and traps on) or a GPU
+        that cannot run the model fails here, once, at startup, not in every request."""
+        vocab = self.model.vocab
+        tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)) if t >= 0] or [0]
+        self._warming = True
+        llama_cpp.llama_set_warmup(self.ptr, True)
+        try:
+            for batch in (tokens, tokens[:1]):
+                ids = (llama_cpp.llama_token * len(batch))(*batch)
+                rc = self._step.decode(self.ptr, llama_cpp.llama_batch_get_one(ids, len(batch)))
+                if rc != 0:
+                    raise EngineError(f"the warm-up decode failed (llama_decode returned {rc})")
+            llama_cpp.llama_synchronize(self.ptr)
+        finally:
+            llama_cpp.llama_set_warmup(self.ptr, False)
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ptr), True)
+            self._warming = False
 
     def close(self) -> None:
         drafter, self.drafter = getattr(self, "drafter", None), None

@@ -19,7 +19,10 @@ class GroupHooks(Protocol):
         """A task reached its group; its sampler chains are built next (per request)."""
 
     def before_decode(self, group: int, n_prompt: int, n_generate: int) -> None:
-        """In the group's worker thread, before ``llama_decode`` (per step)."""
+        """In the group's worker thread, before ``llama_decode`` (per step; not the warm-up's)."""
+
+    # Optional (looked up with getattr): ``before_warmup(group)``, in the worker thread before
+    # each of a new context's warm-up decodes (twice per context, before the engine is ready).
 
     def before_sample(self, group: int, task: Task) -> None:
         """In the worker thread, before one of the task's tokens is sampled (per token)."""

@@ -74,7 +74,9 @@ def init_backend(*, quiet: bool = True) -> None:
             return
         if quiet:
             llama_cpp.llama_log_set(_silent_log_callback(), ctypes.c_void_p())
-        llama_cpp.llama_backend_init()
+        from llamactor.runtime.engine.backends import load_backends
+
+        load_backends()  # a modular build's (GPU backends) modules, before any device is asked for
         _backend_ready = True
 
 
@@ -82,7 +84,10 @@ def init_backend(*, quiet: bool = True) -> None:
 class LoadOptions:
     """How to place the weights. ``devices`` is a NULL-terminated ggml device array or None."""
 
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = 0  # negative: every layer on the GPUs there are (none without one)
+    main_gpu: int = 0  # -mg
+    use_extra_bufts: bool = True  # --repack/--no-repack: the CPU's extra buffer types (AMX, CPU_REPACK)
+    no_host: bool = False  # --no-host
     load_mode: str = "auto"  # -lm/--load-mode: auto | none | mmap | mlock | mmap+mlock | dio (placement.LOAD_MODES)
     lazy_mode: str = "auto"  # -lzm/--lazy-mode: on | auto | off (placement.LAZY_MODES)
     tensor_overrides: tuple[Override, ...] = ()  # -ot/-cmoe/-ncmoe/-ncffn: (pattern, buffer type name)
@@ -117,6 +122,9 @@ class Model:
             raise ConfigError(f"model file not found: {path}")
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = options.n_gpu_layers
+        params.main_gpu = options.main_gpu
+        params.use_extra_bufts = options.use_extra_bufts
+        params.no_host = options.no_host
         params.load_mode = LOAD_MODES[options.load_mode]
         params.lazy_mode = LAZY_MODES[options.lazy_mode]
         params.split_mode = options.split_mode

@@ -94,7 +94,9 @@ def check_reachable(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None
 def list_devices() -> list[tuple[str, str]]:
     """(name, description) of every device ggml knows now (CPU, registered RPC workers, …)."""
     ggml, _ = _libs()
-    llama_cpp.llama_backend_init()
+    from llamactor.runtime.engine.backends import load_backends
+
+    load_backends()
     out = []
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)
@@ -133,7 +135,9 @@ def device_array(names: list[str]) -> ctypes.Array:
 def serve_worker(host: str, port: int, threads: int, device: str = "CPU", cache_dir: str | None = None) -> None:
     """Run a ggml-rpc server on HOST:PORT with one local device; blocks until the process ends."""
     ggml, rpc = _libs()
-    llama_cpp.llama_backend_init()
+    from llamactor.runtime.engine.backends import load_backends
+
+    load_backends()  # a GPU build's modules: the worker may serve a GPU (--device CUDA0)
     dev = ggml.ggml_backend_dev_by_name(device.encode())
     if not dev:
         known = ", ".join(n for n, _ in list_devices())

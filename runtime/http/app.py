@@ -167,9 +167,12 @@ class Api:
         state = self.rt.health()
         if state == "ok":
             return _json({"status": "ok"})
+        down = self.rt.engine_status()
         message = {
             "loading": "Loading model",
-            "unhealthy": "a group is down past its restart limit",
+            "unhealthy": f"the engine process is down: {down.last_exit}"
+            if down.state == "down" and down.last_exit
+            else "a group is down past its restart limit",
             "draining": "the server is shutting down: it finishes the requests it has",
             "restarting": "engine restarting: the requests in flight resume when it is back",
         }.get(state, "the server is shutting down")

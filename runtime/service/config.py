@@ -44,6 +44,7 @@ FLASH_ATTN = ("on", "off", "auto")
 CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context may hold
 ALL_LAYERS = 999  # n_gpu_layers meaning "every layer on the listed devices"
+AUTO_LAYERS = -1  # n_gpu_layers meaning llama-server's "auto": every layer on the GPUs there are
 _ANY_VOCAB = 2**31 - 1  # validated() checks sampling bounds before the model (and its vocabulary) loads
 # RFC 3986 path characters but "%": routes match the decoded path, so a prefix is given decoded
 _PATH_CHARS = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/-]+")
@@ -104,7 +105,15 @@ class RuntimeConfig:
     n_ubatch: int = DEFAULT_N_UBATCH  # physical batch
     threads: int = field(default_factory=_default_threads)
     threads_batch: int = 0  # 0 = same as threads
-    n_gpu_layers: int = 0
+    # -ngl: layers on the GPUs; AUTO_LAYERS (llama-server's "auto") puts every layer there when the
+    # build has a GPU and none when it has not (llama.cpp's negative value); no fitting to free memory
+    n_gpu_layers: int = AUTO_LAYERS
+    main_gpu: int = 0  # -mg: the GPU of the whole model with -sm none (and of small tensors with -sm row)
+    kv_offload: bool = True  # -nkvo/--no-kv-offload: False keeps the KV cache in host memory
+    op_offload: bool = True  # --no-op-offload: host-resident weights' ops stay on the CPU
+    repack: bool = True  # -nr/--no-repack: no extra CPU buffer types (AMX, CPU_REPACK) for weights
+    no_host: bool = False  # --no-host: no host (pinned) buffers for weights offloaded to a GPU
+    warmup: bool = True  # --no-warmup: no warm-up decode of each new context before it serves
     # how the weights are read (runtime.engine.placement): -lm/--load-mode, or the older
     # --mmap/--no-mmap (use_mmap) and --mlock (use_mlock) it replaced; ``model_load_mode`` combines them
     load_mode: str = "auto"
@@ -400,7 +409,7 @@ class RuntimeConfig:
         if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
             raise ConfigError(f"--slot-save-path is not a directory: {self.slot_save_path}")
         n_gpu_layers = self.n_gpu_layers
-        if (self.rpc_servers or self.devices) and n_gpu_layers == 0:
+        if (self.rpc_servers or self.devices) and n_gpu_layers in (0, AUTO_LAYERS):
             n_gpu_layers = ALL_LAYERS  # a split over devices means offloading the layers to them
         return replace(
             self,

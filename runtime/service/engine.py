@@ -19,6 +19,7 @@ from typing import Protocol
 
 import msgspec
 
+from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Task
@@ -52,6 +53,7 @@ class EngineStatus(msgspec.Struct, frozen=True, kw_only=True):
     last_exit: str = ""
     requests_in_flight: int = 0
     replicas: tuple[ReplicaStatus, ...] = ()  # a replica set's replicas (empty for one engine)
+    build: BuildInfo | None = None  # the engine's llama.cpp build: CPU features, backend, devices
 
 
 class Embedder(Protocol):

@@ -80,7 +80,8 @@ class EngineSide:
 
     async def run(self) -> None:
         embedder = self.engine.embedder
-        await self.stream.send(link.frame(link.Ready(os.getpid(), embedder.info if embedder else None)))
+        ready = link.Ready(os.getpid(), embedder.info if embedder else None, self.engine.build)
+        await self.stream.send(link.frame(ready))
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._write)
             tg.start_soon(self._beat)

@@ -29,12 +29,14 @@ from llamactor.actors.policies.guard import GuardedPolicy
 from llamactor.actors.policy import Policy
 from llamactor.actors.recorder import TraceRecorder
 from llamactor.actors.supervisor import Supervisor
+from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import Embedded, EmbedderInfo, EmbedJob
 from llamactor.protocol.errors import EngineError, LlamactorError, error_from
 from llamactor.protocol.events import Failed
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.runtime.engine import backends
 from llamactor.runtime.engine.context import ContextOptions
 from llamactor.runtime.engine.controlvector import ControlVector, control_vector_for
 from llamactor.runtime.engine.draftmodel import check_compatible
@@ -106,6 +108,7 @@ class InProcessEngine:
         self.embedder = embedder
         self.prompt_cache = prompt_cache  # the host-memory prompt cache the groups share (--cache-ram)
         self.vision: Vision | None = None  # --mmproj: the projector the groups decode images with
+        self.build: BuildInfo | None = None  # the llama.cpp build and its devices, read at open
         self.started_at = time.time()
 
     @classmethod
@@ -117,6 +120,14 @@ class InProcessEngine:
             assert cfg.model is not None
             model = await anyio.to_thread.run_sync(Model, cfg.model, load_options(cfg))
             stack.callback(model.close)
+            build = backends.summary()
+            log.info(
+                "engine_build",
+                backend=build.backend,
+                cpu_features=list(build.cpu_features),
+                devices=[f"{d.name} ({d.description}, {d.memory_total / 2**30:.1f} GiB)" for d in build.devices],
+                gpu_layers=cfg.n_gpu_layers if backends.gpus() else 0,
+            )
             if cfg.tensor_overrides:  # -ot and friends: which tensors their patterns placed, where
                 log.info("tensor_overrides", tensors=dict(model.overridden))
             for path, _ in cfg.lora:  # once per model, before any context exists
@@ -143,6 +154,9 @@ class InProcessEngine:
                 spec=spec,
                 rope=rope,
                 control_vector=cvec,
+                offload_kqv=cfg.kv_offload,
+                op_offload=cfg.op_offload,
+                warmup=cfg.warmup,
             )
             n = cfg.pipeline_groups
             make_inner = policies.policy_factory(cfg.scheduler, policy_options(cfg))
@@ -226,6 +240,7 @@ class InProcessEngine:
             log.info("engine_loaded", model=str(cfg.model), groups=n, pid=os.getpid())
             engine = cls(cfg, model, sup, coord, metrics, embedder, prompt_cache)
             engine.vision = vision
+            engine.build = build
             yield engine
 
     # ---- EngineClient ---------------------------------------------------------------------
@@ -272,6 +287,7 @@ class InProcessEngine:
             state="up" if self.health() == "ok" else "down",
             pid=os.getpid(),
             requests_in_flight=self.in_flight(),
+            build=self.build,
         )
 
     async def restart(self) -> None:
@@ -435,6 +451,9 @@ def load_options(cfg: RuntimeConfig) -> LoadOptions:
         placement.check_buffer_types(cfg.tensor_overrides)  # a ggml-rpc worker's are known by now
     return LoadOptions(
         n_gpu_layers=cfg.n_gpu_layers,
+        main_gpu=cfg.main_gpu,
+        use_extra_bufts=cfg.repack,
+        no_host=cfg.no_host,
         load_mode=cfg.model_load_mode,
         lazy_mode=cfg.lazy_mode,
         tensor_overrides=cfg.tensor_overrides,

@@ -41,6 +41,7 @@ from anyio.abc import Process, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol import enginelink as link
+from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Overloaded, Unavailable, error_from
 from llamactor.protocol.events import Event, Failed
@@ -50,6 +51,7 @@ from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.blackbox import ENV as BLACKBOX_ENV
 from llamactor.runtime.engine.blackbox import Blackbox
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire
+from llamactor.runtime.service.deathcause import CannotStart, startup_death
 from llamactor.runtime.service.engine import EngineStatus
 from llamactor.runtime.service.journal import Journal, wire
 
@@ -176,6 +178,7 @@ class ProcessEngine:
         self.process: Process | None = None
         self.embedder: RemoteEmbedder | None = None
         self.blackbox = Blackbox(os.path.join(folder, "blackbox"), create=True)  # runtime.engine.blackbox
+        self.build: BuildInfo | None = None  # the engine's build and devices, from its Ready
         self._config_path = Path(folder) / "config.msgpack"
         self._config_path.write_bytes(config_to_wire(replace(config, isolate=False)))
         self._conn: _Connection | None = None
@@ -304,6 +307,7 @@ class ProcessEngine:
             watchdog_kills=c.watchdog_kills,
             last_exit=c.last_exit,
             requests_in_flight=len(self.journal),
+            build=self.build,
         )
 
     async def restart(self) -> None:
@@ -442,6 +446,11 @@ class ProcessEngine:
             except Exception as exc:
                 if self.state is EngineState.STARTING:
                     raise
+                if isinstance(exc, CannotStart):  # the build or the machine: every restart would die so
+                    self._set_state(EngineState.DOWN)
+                    log.error("engine_down", reason=str(exc))
+                    self._fail_journal(str(exc))
+                    return
                 log.error("engine_start_failed", error=f"{type(exc).__name__}: {exc}")
             first = False
             if self._closing:
@@ -519,6 +528,7 @@ class ProcessEngine:
             conn = self._conn = _Connection(stream)
             if hello.embedder is not None:
                 self.embedder = RemoteEmbedder(self, hello.embedder)
+            self.build = hello.build
             self._set_state(EngineState.UP)
             log.info("engine_ready", pid=hello.pid, restarts=self.counters.restarts)
             if task_status is not None:
@@ -592,6 +602,12 @@ class ProcessEngine:
             await process.wait()
         code = process.returncode
         self.counters.last_exit = exit_reason(code)
+        cause = startup_death(code, in_warmup=self.blackbox.in_warmup())
+        self.blackbox.clear()
+        if cause is not None:
+            self.counters.last_exit = cause
+            log.error("engine_cannot_start", pid=process.pid, cause=cause)
+            return CannotStart(cause)
         cls = ConfigError if code == 2 else EngineError
         return cls(f"the engine process ended before it was ready ({self.counters.last_exit}); see its log above")
 

@@ -127,6 +127,7 @@ async function loadProps() {
       ["context per request", props.n_ctx],
       ["context total", props.n_ctx_total],
       ["KV", props.kv_unified ? "unified" : "split"],
+      ...devices(props.engine && props.engine.build),
     ].filter(([, v]) => v !== undefined && v !== null && v !== "");
     dl.replaceChildren();
     for (const [k, v] of rows) {
@@ -139,6 +140,20 @@ async function loadProps() {
     $("server-info").textContent = err.status === 401 ? "API key needed" : err.message;
     if (err.status === 503 || !err.status) propsTimer = setTimeout(loadProps, RETRY_MS);  // loading, or down
   }
+}
+
+// The engine's devices (GPUs, ggml-rpc workers, the CPU) with their memory, and the CPU
+// features llama.cpp was built for: /props' engine.build.
+function devices(build) {
+  if (!build) return [];
+  const gib = (n) => `${(n / 2 ** 30).toFixed(1)} GiB`;
+  const rows = (build.devices || []).map((d) => [
+    `device ${d.name}`,
+    `${d.description} · ${d.type} · ${gib(d.memory_free)} free of ${gib(d.memory_total)}`,
+  ]);
+  rows.push(["backend", build.backend]);
+  if (build.cpu_features && build.cpu_features.length) rows.push(["CPU features", build.cpu_features.join(" ")]);
+  return rows;
 }
 
 // ---- small DOM helpers ---------------------------------------------------------------------
