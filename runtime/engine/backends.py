@@ -6,7 +6,9 @@
   the NVIDIA driver) does not load, and the server runs on the CPU. A build without modules has
   its backends compiled in; nothing is loaded then.
 - ``devices``: every device ggml knows (CPU, GPUs, ggml-rpc workers once registered) with its
-  kind and memory, as ``/props`` and the startup log show them.
+  kind and memory, as ``/props`` and the startup log show them. A ggml-rpc worker's memory is
+  not asked (0): that is a call over the network, and ggml-rpc aborts the process when the
+  worker it was registered for has gone (a process that served a split model before).
 - ``cpu_features``: the instruction sets the CPU backend was compiled for (llama.cpp's system
   info); ``build_record``: how setup built it (ops/cpuprobe.py's verdicts and the CMake
   arguments, in ``.venv/llamactor-build.json``).
@@ -93,11 +95,13 @@ def devices() -> list[Device]:
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
+        name = lib.ggml_backend_dev_name(dev).decode()
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        if not name.startswith("RPC"):  # a worker's memory is a round trip, and an abort once it is gone
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         out.append(
             Device(
-                name=lib.ggml_backend_dev_name(dev).decode(),
+                name=name,
                 description=lib.ggml_backend_dev_description(dev).decode(),
                 type=DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
                 memory_total=total.value,
