@@ -26,8 +26,10 @@ from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
 from llamactor.runtime.http import vertex
-from llamactor.runtime.http.tools import localhost_cors
+from llamactor.runtime.http.deadlines import DEFAULT_TIMEOUT_S
+from llamactor.runtime.http.tools import localhost_cors, require_api_key
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot
+from llamactor.runtime.service.egress import host_names
 from llamactor.runtime.service.logging import configure_logging
 from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
 
@@ -35,6 +37,9 @@ log = structlog.get_logger("llamactor.cli")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+# llama-server's keep-alive timeout (cpp-httplib's): an idle connection, or one that has not
+# sent a whole request head, is closed after this long
+KEEP_ALIVE_TIMEOUT_S = 5
 _TRUE = {"1", "true", "yes", "on", "enabled"}
 
 
@@ -111,6 +116,7 @@ class ServeOptions:
     config: RuntimeConfig
     hosts: tuple[str, ...] = (DEFAULT_HOST,)  # --host a,b: one listening socket each
     port: int = DEFAULT_PORT
+    timeout: int = DEFAULT_TIMEOUT_S  # -to/--timeout: a request body's deadline, one write's limit
     ssl_cert_file: str | None = None
     ssl_key_file: str | None = None
     log_format: str = "auto"
@@ -142,7 +148,8 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
     if parsed.refused:
         raise ConfigError("; ".join(f"{flag} is not supported: {why}" for flag, why in parsed.refused))
     kw = dict(parsed.config)
-    localhost_cors(kw)  # tools or MCP servers on: CORS for localhost unless --cors-origins says
+    require_api_key(kw, parsed.spelled)  # tools, MCP servers, the proxy: an API key or --insecure-tools
+    localhost_cors(kw)  # tools, MCP servers or the proxy on: CORS for localhost unless --cors-origins says
     if parsed.sampling:
         kw["sampling"] = msgspec.structs.replace(SamplingParams(), **parsed.sampling)
     process = dict(parsed.process)
@@ -154,6 +161,8 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
             raise ConfigError(f"--host {host}: UNIX sockets are not supported; give IP addresses to listen on")
     if len(hosts) > 1 and process.get("port") == 0:
         raise ConfigError("--port 0 is not supported with several --host addresses")  # as llama-server
+    # the names the server listens under are names /tools and /cors-proxy answer to (Host header)
+    kw["allowed_hosts"] = host_names([*kw.get("allowed_hosts", ()), *hosts])
     ignored = list(parsed.ignored)
     if kw.get("model") is not None or not (process.get("models_dir") or process.get("models_preset")):
         for name in ROUTER_OPTIONS:  # one model: the router's flags mean nothing (llama-server's too)
@@ -242,16 +251,22 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def bind_listener(host: str, port: int, *, v6only: bool = False) -> socket.socket:
+def bind_listener(host: str, port: int, *, v6only: bool = False, timeout_s: int = 0) -> socket.socket:
     """One listening socket of the server, bound as Hypercorn binds one (``SO_REUSEADDR``, IPv6
     for a host with a colon) and listening at once, so that the same address given twice fails
     here too. Bound before the model loads or anything logs "listening", so that an address in
     use is a ConfigError naming it; Hypercorn is handed this socket (``fd://``) rather than
-    binding the address a second time. ``v6only``: an IPv6 address takes IPv6 only."""
+    binding the address a second time. ``v6only``: an IPv6 address takes IPv6 only.
+
+    ``timeout_s`` (--timeout) is also the kernel's limit on data a client leaves unacknowledged
+    (``TCP_USER_TIMEOUT``, which the accepted connections inherit): a client that stops reading
+    cannot keep a connection, and the answer buffered for it, past it once the server gave up."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if timeout_s > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, timeout_s * 1000)
         if v6only and sock.family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
@@ -263,14 +278,14 @@ def bind_listener(host: str, port: int, *, v6only: bool = False) -> socket.socke
     return sock
 
 
-def bind_listeners(hosts: Sequence[str], port: int) -> list[socket.socket]:
+def bind_listeners(hosts: Sequence[str], port: int, timeout_s: int = 0) -> list[socket.socket]:
     """A listening socket for each --host address, as llama-server listens on each; with several,
     an IPv6 address takes IPv6 only (as in llama-server: ``::`` must not also claim ``0.0.0.0``).
     The first address that cannot be bound is a ConfigError naming it, the others are closed."""
     sockets: list[socket.socket] = []
     try:
         for host in hosts:
-            sockets.append(bind_listener(host, port, v6only=len(hosts) > 1))
+            sockets.append(bind_listener(host, port, v6only=len(hosts) > 1, timeout_s=timeout_s))
     except ConfigError:
         for sock in sockets:
             sock.close()
@@ -285,16 +300,20 @@ async def serve(
     ssl: tuple[str, str] | None = None,
     listeners: Sequence[socket.socket] = (),
     models: ModelSet | None = None,
+    timeout_s: int = DEFAULT_TIMEOUT_S,
 ) -> int:
     """Serve until SIGINT/SIGTERM. /health answers 503 while the model loads. ``listeners``
     (``bind_listeners``) are the bound sockets to serve on; without them Hypercorn binds each
     of ``hosts``. With ``models`` (the router mode) it serves those, each loaded when used,
-    and ``cfg`` is the command line's (the server's own settings: keys, CORS, prefix)."""
+    and ``cfg`` is the command line's (the server's own settings: keys, CORS, prefix).
+    ``timeout_s`` (--timeout): a request body's deadline and one write's limit
+    (``runtime.http.deadlines``)."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     from llamactor.runtime.api import Runtime
     from llamactor.runtime.http.app import build_app
+    from llamactor.runtime.http.deadlines import ClientDeadlines
     from llamactor.runtime.http.router import build_router_app
 
     rt: Runtime | ModelSet = Runtime(cfg) if models is None else models
@@ -349,6 +368,13 @@ async def serve(
     hc.accesslog = None
     hc.errorlog = None
     hc.graceful_timeout = 3.0
+    # What a slow or silent client may hold: a connection without a whole request head, or idle
+    # between requests, KEEP_ALIVE_TIMEOUT_S; a TLS handshake at most --timeout (and 60 s); a
+    # request head at most Hypercorn's 16 KiB; a request body --timeout (ClientDeadlines).
+    # Hypercorn's per-read socket timeout (read_timeout) stays off: it would also cut a stream
+    # whose client listens in silence.
+    hc.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    hc.ssl_handshake_timeout = min(60, timeout_s)
     if ssl is not None:
         hc.certfile, hc.keyfile = ssl
     for host, bound in addresses:
@@ -357,8 +383,9 @@ async def serve(
         else:
             log.info("listening", host=host, port=bound, models=len(models.views()), mode="router")
     # an ASGI app; hypercorn's stub names its own scope types
-    app: Any = (
-        build_app(rt, lifespan=lifespan) if isinstance(rt, Runtime) else build_router_app(rt, cfg, lifespan=lifespan)
+    app: Any = ClientDeadlines(
+        build_app(rt, lifespan=lifespan) if isinstance(rt, Runtime) else build_router_app(rt, cfg, lifespan=lifespan),
+        timeout_s,
     )
     await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
     if any(isinstance(exc, ConfigError) for exc in failed):
@@ -432,12 +459,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_options(cfg)  # register workers and check device names now: errors before listening
         if vertex.enabled():  # Vertex AI's container contract: AIP_HTTP_PORT overrides --port, as llama-server
             opts = replace(opts, port=vertex.port(opts.port))
-        listeners = bind_listeners(opts.hosts, opts.port)  # a port in use: one line, exit 2, nothing loaded
+        listeners = bind_listeners(opts.hosts, opts.port, opts.timeout)  # a port in use: one line, exit 2
     except ConfigError as exc:
         print(f"llamactor: error: {exc}", file=sys.stderr)
         return 2
     ssl = (opts.ssl_cert_file, opts.ssl_key_file) if opts.ssl_cert_file and opts.ssl_key_file else None
-    return anyio.run(serve, cfg, opts.hosts, opts.port, ssl, listeners, models)
+    return anyio.run(serve, cfg, opts.hosts, opts.port, ssl, listeners, models, opts.timeout)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,14 @@ def _hosts(text: str) -> tuple[str, ...]:
     return hosts
 
 
+def _timeout(text: str) -> int:
+    """``--timeout N``: whole seconds, at least 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {n}")
+    return n
+
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in _csv(text))
 
@@ -1201,6 +1209,15 @@ GROUPS: tuple[Group, ...] = (
                 help="IP addresses to listen on, comma-separated (UNIX sockets are not supported)",
             ),
             opt("--port", field="port", value="PORT", env="LLAMA_ARG_PORT", parse=int),
+            opt(
+                "-to",
+                "--timeout",
+                field="timeout",
+                env="LLAMA_ARG_TIMEOUT",
+                parse=_timeout,
+                help="seconds a client has to send a request's whole body, and that one write to a client "
+                "may wait (default 600, as llama-server's read and write timeout)",
+            ),
             opt("--ssl-key-file", field="ssl_key_file", value="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
             opt("--ssl-cert-file", field="ssl_cert_file", value="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
             switch(
@@ -1349,8 +1366,11 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "hypercorn on asyncio serves HTTP; these knobs have no counterpart",
         (
-            opt("-to", "--timeout", env="LLAMA_ARG_TIMEOUT"),
-            opt("--threads-http", env="LLAMA_ARG_THREADS_HTTP"),
+            opt(
+                "--threads-http",
+                env="LLAMA_ARG_THREADS_HTTP",
+                help="one asyncio event loop serves every connection: there are no HTTP threads to size",
+            ),
             switch("--reuse-port", env="LLAMA_ARG_REUSE_PORT"),
         ),
     ),
@@ -1390,6 +1410,24 @@ GROUPS: tuple[Group, ...] = (
                 value="PATH",
                 help="directory file:// media URLs are read from (paths relative to it, never out of it); "
                 "default: file:// URLs refused",
+            ),
+            opt(
+                "--allowed-media-domains",
+                field="allowed_media_domains",
+                value="HOST,...",
+                env="LLAMACTOR_ALLOWED_MEDIA_DOMAINS",
+                parse=_csv,
+                many=True,
+                convert=_flatten,
+                help="the only hosts http(s) media URLs may name, on every redirect too (as vLLM's; "
+                "comma-separated, repeatable; default: any host at a public address)",
+            ),
+            switch(
+                "--allow-private-media-urls",
+                field="allow_private_media_urls",
+                env="LLAMACTOR_ALLOW_PRIVATE_MEDIA_URLS",
+                help="media URLs may reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7) and "
+                "CGNAT addresses (refused by default; link-local, where cloud metadata is, stays refused)",
             ),
             switch(
                 "--mmproj-offload",
@@ -1562,8 +1600,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Agent tools, MCP servers, CORS proxy",
         Use.CONFIG,
-        "experimental, as in llama-server: never where untrusted clients reach the server; with "
-        "tools or MCP servers on, --cors-origins defaults to localhost",
+        "experimental, as in llama-server: they refuse to start without --api-key (or --insecure-tools); "
+        "with any of them on, --cors-origins defaults to localhost",
         (
             opt(
                 "--tools",
@@ -1606,6 +1644,42 @@ GROUPS: tuple[Group, ...] = (
                 field="ui_mcp_proxy",
                 env="LLAMA_ARG_UI_MCP_PROXY",
                 help="/cors-proxy forwards requests (403 when off)",
+            ),
+            opt(
+                "--ui-mcp-proxy-allowed-hosts",
+                field="ui_mcp_proxy_allowed_hosts",
+                value="HOST,...",
+                env="LLAMACTOR_UI_MCP_PROXY_ALLOWED_HOSTS",
+                parse=_csv,
+                many=True,
+                convert=_flatten,
+                help="the only hosts /cors-proxy forwards to, on every redirect too (comma-separated, "
+                "repeatable; default: any host at a public address)",
+            ),
+            switch(
+                "--ui-mcp-proxy-allow-private",
+                field="ui_mcp_proxy_allow_private",
+                env="LLAMACTOR_UI_MCP_PROXY_ALLOW_PRIVATE",
+                help="/cors-proxy may reach loopback, private and CGNAT addresses (MCP servers on this "
+                "machine or its network; refused by default)",
+            ),
+            opt(
+                "--allowed-hosts",
+                field="allowed_hosts",
+                value="HOST,...",
+                env="LLAMACTOR_ALLOWED_HOSTS",
+                parse=_csv,
+                many=True,
+                convert=_flatten,
+                help="Host header names /tools and /cors-proxy answer under, besides IP addresses, localhost "
+                "and the --host names (a name a page rebound to this server's address is refused)",
+            ),
+            switch(
+                "--insecure-tools",
+                field="insecure_tools",
+                env="LLAMACTOR_INSECURE_TOOLS",
+                help="allow --tools, MCP servers, --ui-mcp-proxy and --agent without --api-key (without "
+                "it they refuse to start): any client that reaches the server runs them",
             ),
             switch(
                 "-ag",

@@ -191,12 +191,15 @@ class _Options:
     def merged(self, over: _Options) -> _Options:
         return _Options({**self.values, **over.values}, {**self.only, **over.only})
 
-    def argv(self, *, joined: bool = True) -> list[str]:
+    def argv(self, *, joined: bool = True, redact: bool = False) -> list[str]:
         """The command-line words these options amount to (llama-server's ``to_args``).
         ``joined``: ``--flag=value``, so that a value starting with "-" stays a value (for the
-        parser); else ``--flag value`` (to show)."""
+        parser); else ``--flag value`` (to show). ``redact``: the values of ``SECRET_FLAGS``
+        shown as ``REDACTED`` (what ``GET /models`` shows)."""
         words: list[str] = []
         for o, value in self.values.items():
+            if redact and _long(o) in SECRET_FLAGS:
+                value = REDACTED
             if o.value is None:
                 if _switch_value(value):
                     words.append(_long(o))
@@ -210,12 +213,21 @@ class _Options:
                 words += [_long(o), value]
         return words
 
-    def ini(self, name: str) -> str:
+    def ini(self, name: str, *, redact: bool = False) -> str:
         """The section as llama-server prints a preset (``GET /models``' ``status.preset``)."""
         lines = [f"[{name}]"]
-        lines += [f"{_long(o).lstrip('-')} = {value}" for o, value in self.values.items()]
+        lines += [
+            f"{_long(o).lstrip('-')} = {REDACTED if redact and _long(o) in SECRET_FLAGS else value}"
+            for o, value in self.values.items()
+        ]
         lines += [f"{key} = {value}" for key, value in self.only.items()]
         return "\n".join(lines) + "\n\n"
+
+
+# flags whose values are secrets or reach other machines (an MCP server's tokens, an ssh target,
+# keys): never shown by GET /models
+SECRET_FLAGS = frozenset({"--api-key", "--mcp-servers-json", "--tools-runtime", "--hf-token", "--ssl-key-file"})
+REDACTED = "REDACTED"
 
 
 def shown_options(argv: Sequence[str]) -> _Options:
@@ -347,8 +359,8 @@ def load_models(
                 source=source,
                 aliases=tuple(a for a in config.aliases if a != name),
                 tags=config.tags,
-                args=("llamactor", "serve", *options.merged(shown).argv(joined=False), "--alias", name),
-                preset=options.merged(shown).ini(name),
+                args=("llamactor", "serve", *options.merged(shown).argv(joined=False, redact=True), "--alias", name),
+                preset=options.merged(shown).ini(name, redact=True),
                 load_on_startup=_switch_value(options.only.get(LOAD_ON_STARTUP, "false")),
                 stop_timeout_s=_stop_timeout(options.only.get(STOP_TIMEOUT)),
             )

@@ -127,6 +127,8 @@ def serve(
 ) -> Iterator[tuple[str, list[str]]]:
     """A ``llamactor serve`` process; yields its base URL and its log (filled once it stopped)."""
     port = free_port()
+    if "--api-key" not in argv:  # tools and the proxy refuse to start without a key, unless told
+        argv = [*argv, "--insecure-tools"]
     proc = subprocess.Popen(
         [*LLAMACTOR, "serve", "-m", str(model), "-t", "1", "-c", "256", "-np", "1", "--port", str(port), *argv],
         env={**os.environ, **(env or {})},
@@ -431,7 +433,21 @@ def test_bad_requests(tools_server: str):
         400,
         {"code": 400, "message": "key 'tool' not found", "type": "invalid_request_error"},
     )
-    assert answer(httpx.post(url, content=b"not json"))[0] == 400
+    assert answer(httpx.post(url, content=b"not json", headers={"Content-Type": "application/json"}))[0] == 400
+    # what a page on another site can send without a CORS preflight: a text/plain or form POST,
+    # refused before anything runs; and a page whose name was rebound to this server's address
+    # (DNS rebinding) sends its own name as the Host header: refused
+    command = json.dumps({"tool": "exec_shell_command", "params": {"command": "echo pwned"}}).encode()
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        res = httpx.post(url, content=command, headers={"Content-Type": kind} if kind else {})
+        assert res.status_code == 415 and "must be sent as application/json" in res.json()["error"]["message"]
+    for host in ("evil.example", "evil.example:8080", "rebind.attacker.test."):
+        res = httpx.post(url, content=command, headers={"Content-Type": "application/json", "Host": host})
+        assert res.status_code == 403 and "does not name this server" in res.json()["error"]["message"], host
+        assert httpx.get(url, headers={"Host": host}).status_code == 403
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "app.localhost", f"[::1]:{port}"):
+        assert httpx.get(url, headers={"Host": host}).status_code == 200, host
     assert answer(httpx.post(url, json=["read_file"]))[0] == 400
     assert answer(httpx.post(url, json={"tool": "read_file", "params": {}})) == (
         400,
@@ -465,8 +481,8 @@ def test_cors_proxy_off_and_cors_for_localhost(tools_server: str):
 
 def test_tools_runtime_container(tiny_model: Path, tmp_path: Path):
     """``--tools-runtime docker:IMAGE`` starts a container (``docker run --rm -i ... sh``) and runs
-    every tool call through ``docker exec``; the x-tool-runtime header picks another container;
-    the container stops when the server does."""
+    every tool call through ``docker exec``; an x-tool-runtime header naming another container is
+    refused (the runtime is the operator's); the container stops when the server does."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     engine = bin_dir / "docker"
@@ -488,16 +504,18 @@ def test_tools_runtime_container(tiny_model: Path, tmp_path: Path):
         res = call(base, "file_glob_search", {"path": ".", "type": "all"}, headers)
         assert sorted(e["path"] for e in res["entries"]) == ["d", "d/t.log"]
         assert call(base, "get_info", {})["cwd"] == os.getcwd()  # pwd, run in the "container"
-        call(base, "exec_shell_command", {"command": "true"}, {"x-tool-runtime": "docker-container:other1"})
+        # no request header overrides the operator's --tools-runtime
+        res = post(base, "exec_shell_command", {"command": "true"}, {"x-tool-runtime": "docker-container:other1"})
+        assert res.status_code == 403 and "a request cannot pick another" in res.json()["message"], res.text
         used = (tmp_path / "exec.log").read_text().split()
-        assert set(used) == {"fakecid0123", "other1"} and used[-1] == "other1"
+        assert set(used) == {"fakecid0123"}
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.kill(container, 0)
     # a container that does not start stops the server at startup, as llama-server (exit 1)
     proc = subprocess.run(
         [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "--port", str(free_port())]
-        + ["--tools", "all", "--tools-runtime", "docker:broken"],
+        + ["--tools", "all", "--tools-runtime", "docker:broken", "--insecure-tools"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -621,8 +639,18 @@ def test_agent_turns_on_the_proxy_and_keeps_explicit_cors(agent_server: tuple[st
     assert httpx.get(base + "/props").json()["cors_proxy_enabled"] is True
     res = httpx.get(base + "/tools", headers={"Origin": "http://localhost:3000"})
     assert res.headers["Access-Control-Allow-Origin"] == "http://app.example"  # --cors-origins as given
-    res = httpx.get(base + f"/cors-proxy?url={base}/health")
-    assert (res.status_code, res.json()) == (200, {"status": "ok"})
+    # the proxy's default egress policy: nothing on loopback (this server itself included), the
+    # private networks, link-local (cloud metadata) or written inside IPv6; refused before any
+    # connection is tried
+    for url in (
+        f"{base}/health",
+        "http://10.0.0.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::ffff:127.0.0.1]:1/",
+        "http://localhost:1/",
+    ):
+        res = httpx.get(base + "/cors-proxy", params={"url": url})
+        assert res.status_code == 403 and res.text.startswith("proxy error: the target is not allowed"), url
 
 
 def test_shutdown_cancels_mcp_calls_in_flight(tiny_model: Path, tmp_path: Path):
@@ -634,7 +662,7 @@ def test_shutdown_cancels_mcp_calls_in_flight(tiny_model: Path, tmp_path: Path):
     port = free_port()
     proc = subprocess.Popen(
         [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "-c", "256", "-np", "1", "--port", str(port)]
-        + ["--mcp-servers-json", json.dumps(config)],
+        + ["--mcp-servers-json", json.dumps(config), "--api-key", "k"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -642,7 +670,7 @@ def test_shutdown_cancels_mcp_calls_in_flight(tiny_model: Path, tmp_path: Path):
     try:
         wait_healthy(proc, base + "/health", STARTUP_TIMEOUT_S)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(post, base, "slow_sleep", {"s": 30})
+            pending = pool.submit(post, base, "slow_sleep", {"s": 30}, {"Authorization": "Bearer k"})
             time.sleep(1.5)  # the call is waiting for its reply
             assert not pending.done()
             stopped_at = time.monotonic()
@@ -670,9 +698,10 @@ class _Target(BaseHTTPRequestHandler):
             self.send_response(204)
             self.end_headers()
             return
-        if self.path.startswith("/redirect"):
+        if self.path.startswith(("/redirect", "/away")):
             self.send_response(302)
-            self.send_header("Location", "/echo?from=redirect")
+            away = f"http://localhost:{self.server.server_address[1]}/echo"  # the same server, another name
+            self.send_header("Location", away if self.path.startswith("/away") else "/echo?from=redirect")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -706,7 +735,11 @@ def target() -> Iterator[str]:
 
 
 def test_cors_proxy(tiny_model: Path, target: str):
-    with serve(tiny_model, ["--ui-mcp-proxy"]) as (base, _):
+    """The proxy, opened to this machine's own addresses (the test's target runs on loopback)
+    and to the one host 127.0.0.1: a redirect to another name is refused, link-local stays
+    refused, a body over the limit is a 413."""
+    policy = ["--ui-mcp-proxy-allow-private", "--ui-mcp-proxy-allowed-hosts", "127.0.0.1"]
+    with serve(tiny_model, ["--ui-mcp-proxy", *policy]) as (base, _):
         res = httpx.get(f"{base}/cors-proxy", params={"url": f"{target}/echo?a=1"})
         assert res.status_code == 200
         assert res.json() == {"method": "GET", "path": "/echo?a=1", "body": "", "headers": {}}
@@ -728,6 +761,11 @@ def test_cors_proxy(tiny_model: Path, target: str):
         assert (res.status_code, res.content) == (204, b"")
         res = httpx.get(f"{base}/cors-proxy?url={target}/redirect")
         assert res.json()["path"] == "/echo?from=redirect"
+        for url in (f"{target}/away", "http://169.254.169.254/", f"http://localhost:{target.rsplit(':', 1)[1]}/"):
+            res = httpx.get(f"{base}/cors-proxy", params={"url": url})  # another host; link-local
+            assert res.status_code == 403 and res.text.startswith("proxy error: the target is not allowed"), url
+        res = httpx.post(f"{base}/cors-proxy?url={target}/echo", content=b"x" * (8 * 1024 * 1024 + 1))
+        assert res.status_code == 413 and "exceeds the limit" in res.json()["error"]["message"]
         res = httpx.get(f"{base}/cors-proxy?url={target}/teapot")
         assert res.status_code == 418 and res.json()["path"] == "/teapot"
         res = httpx.get(f"{base}/cors-proxy", params={"url": f"{base}/models"})  # the server itself
@@ -749,9 +787,9 @@ def test_cors_proxy(tiny_model: Path, target: str):
         for method in ("GET", "POST"):
             res = httpx.request(method, base + "/tools")
             assert (res.status_code, res.json()) == (403, DISABLED)
-        # the proxy alone leaves CORS as it was (every origin)
+        # the proxy on and no --cors-origins: CORS for localhost only, as with the tools
         res = httpx.get(base + "/health", headers={"Origin": "https://any.example"})
-        assert res.headers["Access-Control-Allow-Origin"] == "https://any.example"
+        assert "Access-Control-Allow-Origin" not in res.headers
 
 
 def test_router_mode_serves_the_tools_and_the_proxy(tiny_model: Path, tmp_path: Path):
@@ -763,7 +801,7 @@ def test_router_mode_serves_the_tools_and_the_proxy(tiny_model: Path, tmp_path: 
     port = free_port()
     proc = subprocess.Popen(
         [*LLAMACTOR, "serve", "--models-dir", str(models), "--port", str(port), "-t", "1", "-c", "256"]
-        + ["--tools", "read_file,get_info", "--ui-mcp-proxy"],
+        + ["--tools", "read_file,get_info", "--ui-mcp-proxy", "--insecure-tools", "--ui-mcp-proxy-allow-private"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -801,3 +839,9 @@ def test_bad_agent_flags_exit_2(tmp_path: Path):
         ["--mcp-servers-config", "/nonexistent/path.json"]
     )
     assert "disagree" in start_fails(["--agent", "--tools", "read_file"])
+    # tools, MCP servers and the proxy run for whoever reaches the server: not without an API key
+    # unless the operator says so (each starts with --api-key or --insecure-tools: the servers above)
+    for argv in (["--tools", "read_file"], ["--agent"], ["--ui-mcp-proxy"], ["--mcp-servers-json", "{}"]):
+        err = start_fails(argv)
+        assert "without --api-key" in err and "--insecure-tools" in err, err
+    assert "without --api-key" in start_fails([], env={"LLAMA_ARG_TOOLS": "all"})

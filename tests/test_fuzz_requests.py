@@ -2,7 +2,8 @@
 
 Every field of ``/completion``, ``/v1/completions`` and ``/v1/chat/completions`` is drawn from
 valid values, edge values and wrong types, in combination (n, stop, logprobs, penalties, DRY,
-XTC, mirostat, grammar/json_schema, logit_bias, seed, id_slot, stream), and sent to a real
+XTC, mirostat, grammar/json_schema (repetition counts about and past the caps among them),
+logit_bias, seed, id_slot, stream, prompts past the cap per request), and sent to a real
 server (Hypercorn + the runtime on the tiny model, in a thread of its own). Properties:
 
 - every answer is 200 or a 4xx with an OpenAI-shaped error body (no 5xx: nothing here is an
@@ -84,7 +85,13 @@ text_prompts = st.one_of(
     st.sampled_from(["hello", "a b c", "é ü 中文 🙂", "\n\n", " ", "x" * 200]), st.text(max_size=40)
 )
 token_prompts = st.lists(st.one_of(st.integers(0, 459), st.sampled_from([-1, 460, 10**9])), min_size=0, max_size=20)
-prompts = st.one_of(text_prompts, text_prompts, token_prompts, st.lists(text_prompts, min_size=1, max_size=2))
+prompts = st.one_of(
+    text_prompts,
+    text_prompts,
+    token_prompts,
+    st.lists(text_prompts, min_size=1, max_size=2),
+    st.just(["p"] * 129),  # one prompt over the cap of prompts per request
+)
 stops = st.one_of(st.none(), st.text(max_size=4), st.lists(st.text(max_size=6), max_size=20))
 grammars = st.sampled_from(
     ["", 'root ::= [a-z ]+ "."', 'root ::= "yes" | "no"', "root ::= (", "root ::= x", "root ::= [^\\x00]*"]
@@ -99,6 +106,18 @@ schemas = st.sampled_from(
         {"type": "bogus"},
         {"$ref": "#/nowhere"},
     ]
+)
+# repetition counts about the cap (2000 each, 20000 in all) and past it, and a remote $ref
+repetitions = st.sampled_from([0, 1, 1999, 2000, 2001, 20_001, 10**9])
+schemas = st.one_of(
+    schemas,
+    repetitions.map(lambda n: {"type": "string", "minLength": n}),
+    repetitions.map(lambda n: {"type": "array", "items": {"type": "integer"}, "maxItems": n}),
+    repetitions.map(lambda n: {"type": "string", "pattern": f"^a{{{n}}}$"}),
+    repetitions.map(
+        lambda n: {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": n} for i in range(11)}}
+    ),
+    st.just({"$ref": "https://example.invalid/schema.json"}),
 )
 logit_biases = st.one_of(
     st.none(),

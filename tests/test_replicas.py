@@ -23,6 +23,7 @@ from conftest import free_port, serve_runtime, wait_healthy, wait_until
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime
+from llamactor.runtime.service.replicas import start_local_ray
 
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed")
 
@@ -41,7 +42,7 @@ KILL_AT = 50
 @pytest.fixture(scope="module")
 def local_ray():
     """A Ray instance for this module's replica sets (they leave a running Ray alone)."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_local_ray(ray, num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield
     finally:
@@ -49,6 +50,22 @@ def local_ray():
 
         serve.shutdown()
         ray.shutdown()
+
+
+def _listening(pid: int) -> list[tuple[str, str]]:
+    """The TCP addresses process ``pid`` and its descendants listen on (address, process name)."""
+    import psutil  # Ray's own copy (ray/thirdparty_files, on the path once ray is imported)
+
+    me = psutil.Process(pid)
+    found = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.append((f"{conn.laddr.ip}:{conn.laddr.port}", proc.name()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def _replicas(make_config, **overrides):
@@ -369,6 +386,10 @@ async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, 
             assert [s["id"] for s in slots] == [0, 1, 2, 3]
             props = (await client.get("/props")).json()["engine"]
             assert len(props["replicas"]) == 2
+            # every port the local Ray opened (GCS, raylet, workers, the replicas, the agents) is on loopback
+            listening = _listening(os.getpid())
+            assert len(listening) >= 5, listening
+            assert all(addr.startswith(("127.", "::ffff:127.", "::1")) for addr, _ in listening), listening
             assert all(r["pid"] > 0 and r["engine_pid"] == r["pid"] and r["state"] == "up" for r in props["replicas"])
             text = (await client.get("/metrics")).text
             assert 'replica="' in text and "llamactor:replicas_up 2.0" in text

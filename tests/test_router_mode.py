@@ -321,6 +321,23 @@ def test_preset_options_and_precedence(tmp_path: Path):
         load_models(None, str(preset), _given([]))
 
 
+def test_models_list_shows_no_secrets(tmp_path: Path):
+    """GET /models shows each model's command line (``status.args``, ``status.preset``) but never
+    the values of the flags that hold secrets or name other machines: MCP servers' tokens, an ssh
+    target, keys."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    preset = tmp_path / "p.ini"
+    mcp = json.dumps({"mcpServers": {"x": {"command": "true", "env": {"TOKEN": "s3cret-token"}}}})
+    preset.write_text(f"[m]\nmodel = {model}\nmcp-servers-json = {mcp}\nhf-token = s3cret-hf\n")
+    argv = ["--tools-runtime", "ssh:admin@db.internal", "--api-key", "s3cret-key"]
+    (spec,) = load_models(None, str(preset), _given(argv), argv).specs
+    shown = " ".join(spec.args) + spec.preset
+    assert "--mcp-servers-json" in shown and "REDACTED" in shown
+    for secret in ("s3cret", "admin@db.internal"):
+        assert secret not in shown, shown
+
+
 def test_models_dir_layout(tmp_path: Path):
     """llama-server's models folder: a .gguf file is a model named after it, a subfolder a model
     named after the subfolder (its first shard when split, a draft file its --model-draft);

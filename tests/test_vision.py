@@ -9,18 +9,24 @@ as llama-cpp-python 0.3.36 vendors it, with libmtmd): the prompt's token count o
 the generated tokens on a build of the CPU class they were recorded on (they hang on the
 kernels' rounding of the tiny model's flat logits). The same image sent again
 is served from the cached prefix; a different image at the same place is not. Bad input is a
-400 naming it and the server goes on; a projector made for another model stops startup with
-exit code 2.
+400 naming it and the server goes on (an image whose header declares too many pixels is
+refused before it is decoded); images are decoded in a process of the server's own, whose
+death fails the request it was decoding alone; a projector made for another model stops
+startup with exit code 2.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
+import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +41,14 @@ from tinymodel import assert_llama_servers
 from llamactor.protocol.errors import ConfigError, RequestError
 from llamactor.protocol.media import MediaChunk
 from llamactor.runtime import Runtime, RuntimeConfig
+from llamactor.runtime.engine.imagesize import check_pixels, image_size
 from llamactor.runtime.engine.promptcache import common_prefix, media_floor
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_server_vision.json").read_text())
 STARTUP_TIMEOUT_S = 60
 N_IMAGE = tinyvision.N_IMAGE_TOKENS
+SERVER_PID: list[int] = []  # the module's server process
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +63,7 @@ def server(vision_files: tuple[Path, Path]) -> Iterator[str]:
     argv = [*LLAMACTOR, "serve", "-m", str(model), "--mmproj", str(mmproj), "-t", str(TEST_THREADS)]
     argv += ["-np", "2", "-c", "4096", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    SERVER_PID[:] = [proc.pid]
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url + "/health", STARTUP_TIMEOUT_S)
@@ -190,11 +199,66 @@ def test_bad_image_input_is_a_400_and_the_server_goes_on(server: str):
     for response, says in cases:
         assert response.status_code == 400, response.text
         assert says in response.json()["error"]["message"], response.text
+    # a PNG header declaring 30,000 x 30,000 pixels (2.7 GB decoded) in 33 bytes: refused unread
+    started = time.perf_counter()
+    bomb = _chat(server, [_image_part(_png_header(30000, 30000)), {"type": "text", "text": "?"}])
+    assert bomb.status_code == 400, bomb.text
+    assert "30000 x 30000 pixels" in bomb.json()["error"]["message"]
+    assert time.perf_counter() - started < 1.0
     ok = _chat(
         server, [{"type": "text", "text": "Still there?"}, _image_part(OTHER_IMAGE), {"type": "text", "text": "."}]
     )
     assert ok.status_code == 200, ok.text
     assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def _png_header(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + b"\0\0\0\0"
+
+
+def _decoders() -> list[int]:
+    """The pids of the server's media decoder processes (its child of that name)."""
+    server = SERVER_PID[0]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == server and b"llamactor.runtime.service.mediaproc" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_decoder_that_dies_fails_its_request_alone(server: str):
+    """Images are decoded in a process of the server's own: when it dies on a file (here it is
+    stopped, then killed, while the request waits on it), that request gets a 400, requests
+    without media are answered meanwhile, and the next image is decoded by a new one."""
+    content = [{"type": "text", "text": "Decode me:"}, _image_part(IMAGE), {"type": "text", "text": "ok?"}]
+    before = _chat(server, content)
+    assert before.status_code == 200, before.text
+    (decoder,) = _decoders()
+    os.kill(decoder, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_chat, server, content)
+        time.sleep(0.5)
+        assert not waiting.done()
+        text_only = _chat(server, [{"type": "text", "text": "Anyone there?"}])  # nobody else waits on it
+        assert text_only.status_code == 200, text_only.text
+        assert httpx.get(server + "/health").json()["status"] == "ok"
+        os.kill(decoder, signal.SIGKILL)
+        lost = waiting.result(timeout=30)
+    assert lost.status_code == 400, lost.text
+    assert "ended the decoder" in lost.json()["error"]["message"]
+    after = _chat(server, content)
+    assert after.status_code == 200, after.text
+    assert after.json()["choices"][0]["message"] == before.json()["choices"][0]["message"]
+    assert after.json()["usage"]["prompt_tokens"] == before.json()["usage"]["prompt_tokens"]
+    assert _decoders() not in ([], [decoder])
 
 
 async def test_images_without_a_projector_are_refused(make_config):
@@ -285,3 +349,20 @@ def test_a_kept_prefix_never_ends_inside_an_image():
     assert [media_floor(tokens, n) for n in range(len(tokens) + 1)] == [0, 1, 2, 2, 2, 5, 6, 6, 6, 6, 10, 11]
     chunk = MediaChunk(pos=2, n_pos=3, n_tokens=3, data=b"")
     assert chunk.end == 5
+
+
+def test_image_sizes_are_read_from_the_headers():
+    """The pixel cap reads the size each format's header declares, without decoding."""
+    assert image_size(tinyvision.png_bytes(48, 32)) == (48, 32)
+    assert image_size(_png_header(30000, 30000)) == (30000, 30000)
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\0" + bytes(9)
+    sof = b"\xff\xc2" + struct.pack(">HBHHB", 11, 8, 600, 800, 1) + bytes(3)  # progressive, 800 x 600
+    assert image_size(b"\xff\xd8" + app0 + b"\xff\xff" + sof) == (800, 600)
+    assert image_size(b"GIF89a" + struct.pack("<HH", 640, 480) + bytes(4)) == (640, 480)
+    bmp = b"BM" + bytes(16) + struct.pack("<ii", 100, -50) + bytes(8)  # a top-down BMP: negative height
+    assert image_size(bmp) == (100, 50)
+    assert image_size(b"not an image at all") is None
+    assert image_size(b"\xff\xd8\xff\xda" + bytes(8)) is None  # a scan before any frame header
+    with pytest.raises(RequestError, match="more than the 89,478,485"):
+        check_pixels(_png_header(10000, 9000), "image 1 of 1")
+    check_pixels(_png_header(9000, 9000), "image 1 of 1")  # 81 million: under the cap

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.server
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,10 @@ class _Images(http.server.BaseHTTPRequestHandler):
             self._send(200, IMAGE, "image/png")
         elif path == "/other.png":
             self._send(200, OTHER_IMAGE, "image/png")
-        elif path == "/moved.png":
+        elif path in ("/moved.png", "/elsewhere.png"):  # elsewhere: the same server under another name
             self.send_response(302)
-            self.send_header("Location", "/cat.png")
+            port = self.server.server_address[1]
+            self.send_header("Location", "/cat.png" if path == "/moved.png" else f"http://localhost:{port}/cat.png")
             self.send_header("Content-Length", "0")
             self.end_headers()
         elif path == "/slow.png":
@@ -115,9 +117,13 @@ def media_dir(tmp_path: Path) -> Path:
     return media
 
 
-def _config(vision_files: tuple[Path, Path], media_dir: Path) -> RuntimeConfig:
+def _config(vision_files: tuple[Path, Path], media_dir: Path, **policy: Any) -> RuntimeConfig:
+    """The test's images are on loopback: the media egress policy is opened to 127.0.0.1 alone
+    (``--allowed-media-domains 127.0.0.1 --allow-private-media-urls``) unless ``policy`` says."""
     model, mmproj = vision_files
+    policy = {"allowed_media_domains": ("127.0.0.1",), "allow_private_media_urls": True, **policy}
     return RuntimeConfig(
+        **policy,
         model=model,
         mmproj=mmproj,
         n_ctx=2048,
@@ -197,13 +203,18 @@ async def test_a_bad_image_url_is_a_400_naming_it_and_the_server_goes_on(
     vision_files: tuple[Path, Path], media_dir: Path, image_host: str
 ):
     closed = f"http://127.0.0.1:{free_port()}/cat.png"  # nothing listens there
+    # every failed download says the same (the reason is logged): a client cannot tell a refused
+    # address from a closed port or a 404, so it cannot map the network with it
+    failed = "could not be downloaded: its host is not allowed, or it did not answer with a file of at most 20000"
     cases = {
-        f"{image_host}/slow.png": f"was not downloaded within {TIMEOUT_S:g} s",
-        f"{image_host}/big.png": "over the 20000 bytes limit",
-        f"{image_host}/big-unsized.png": "sends more than the 20000 bytes limit",
-        f"{image_host}/missing.png": "answered HTTP 404",
+        f"{image_host}/slow.png": failed,
+        f"{image_host}/big.png": failed,
+        f"{image_host}/big-unsized.png": failed,
+        f"{image_host}/missing.png": failed,
+        f"{image_host}/elsewhere.png": failed,  # a redirect to a host not allowed
+        "http://169.254.169.254/latest/meta-data/": failed,  # link-local stays refused
         f"{image_host}/page.html": "is not an image libmtmd can read",
-        closed: "could not be downloaded",
+        closed: failed,
         "file://../secret.png": "file path is not allowed",
         "file://sub/../../secret.png": "file path is not allowed",
         "file://out.png": "leads out of --media-path",
@@ -222,7 +233,7 @@ async def test_a_bad_image_url_is_a_400_naming_it_and_the_server_goes_on(
             assert says in message and image_url in message and "messages[0].content[1]" in message, message
         parts = [{"type": "input_image", "image_url": f"{image_host}/missing.png"}, {"type": "input_text", "text": "?"}]
         r = await client.post("/v1/responses", json={"input": [{"role": "user", "content": parts}]})
-        assert r.status_code == 400 and "answered HTTP 404" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400 and failed in r.json()["error"]["message"], r.text
         r = await client.post("/v1/responses", json={"input": [{"role": "user", "content": [{"type": "input_image"}]}]})
         assert r.status_code == 400 and "input[0].content[0].image_url is required" in r.text, r.text
         block = {"type": "image", "source": {"type": "url", "url": f"{image_host}/page.html"}}
@@ -233,6 +244,36 @@ async def test_a_bad_image_url_is_a_400_naming_it_and_the_server_goes_on(
         assert ok.status_code == 200, ok.text
         props = (await client.get("/props")).json()
         assert props["modalities"] == {"vision": True, "video": False, "audio": False}
+
+
+async def test_media_urls_under_the_default_egress_policy(
+    vision_files: tuple[Path, Path], media_dir: Path, image_host: str
+):
+    """No --allowed-media-domains, no --allow-private-media-urls: loopback, link-local (cloud
+    metadata), private networks and their IPv6 spellings are refused before any connection,
+    each within a second, with the one text; and 200 URLs in one request are refused before
+    any is fetched."""
+    cases = [
+        f"{image_host}/cat.png",  # served: refused for its address
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/cat.png",
+        "http://[::ffff:127.0.0.1]/cat.png",
+        "http://localhost/cat.png",
+        "http://0.0.0.0/cat.png",
+    ]
+    config = _config(vision_files, media_dir, allowed_media_domains=(), allow_private_media_urls=False)
+    async with open_server(config) as (_, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+        for image_url in cases:
+            started = time.monotonic()
+            r = await client.post("/v1/chat/completions", json=_chat_body(image_url))
+            assert r.status_code == 400 and "its host is not allowed" in r.json()["error"]["message"], r.text
+            assert time.monotonic() - started < 1.0, image_url
+        many = [{"type": "image_url", "image_url": {"url": f"{image_host}/cat.png?{i}"}} for i in range(200)]
+        body = {"messages": [{"role": "user", "content": many}], "max_tokens": 1}
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and "names at most 16 media files by URL" in r.json()["error"]["message"], r.text
+        ok = await client.post("/v1/chat/completions", json=_chat_body(data_url(IMAGE)))
+        assert ok.status_code == 200, ok.text
 
 
 # ---- the rules, without a model ------------------------------------------------------------------

@@ -18,9 +18,13 @@ Two operations, each where llama-server does it:
   Audio is cut into 30 s chunks (Whisper-style encoders): a longer clip is several chunks.
 
 Stand-in values come from ``MediaKeys``: one per distinct file (SHA-256) and chunk, never
-reused in this process, so two different files never compare equal. The isolated engine's
-API process loads a projector of its own, on the CPU and without warmup: libmtmd reads a
-medium's token count from the projector's settings only with its weights loaded.
+reused in this process, so two different files never compare equal. ``tokenize`` is
+``layout`` (decode the files and tokenize: libmtmd's work) then ``place`` (give stand-ins):
+the isolated engine's API process runs ``layout`` in a decoder process of its own
+(``runtime.service.mediaproc``: a projector on the CPU, without warmup; libmtmd reads a
+medium's token count from the projector's settings only with its weights loaded) and
+``place`` itself, with its ``MediaKeys``. An image whose header declares more pixels than
+``imagesize.MAX_IMAGE_PIXELS`` is refused before it is decoded.
 
 Encoding is not thread-safe in libmtmd (one output buffer per context): decodes hold a lock,
 so the groups of one engine encode one medium at a time. Tokenizing is thread-safe.
@@ -39,9 +43,11 @@ from typing import Any
 
 import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
+import msgspec
 
 from llamactor.protocol.errors import ConfigError, RequestError
 from llamactor.protocol.media import NO_TOKEN, MediaChunk
+from llamactor.runtime.engine.imagesize import check_pixels
 from llamactor.runtime.engine.model import Model, init_backend
 
 GGML_LOG_LEVEL_ERROR = 4
@@ -122,7 +128,76 @@ class MediaKeys:
             return value
 
 
-class Vision:
+class MediaSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """One media chunk of a prompt as libmtmd tokenized it: the ``part``-th chunk of file
+    ``index``, taking ``n_pos`` positions and decoding ``n_tokens`` embeddings."""
+
+    index: int
+    part: int
+    n_pos: int
+    n_tokens: int
+    audio: bool = False
+    non_causal: bool = False  # decoded at once (non-causal attention): must fit one physical batch
+
+
+def place(
+    spans: Sequence[list[int] | MediaSpan], files: Sequence[bytes], keys: MediaKeys, n_ubatch: int = 0
+) -> tuple[list[int], tuple[MediaChunk, ...]]:
+    """A prompt's tokens and media chunks from its layout: each chunk's positions hold the
+    stand-in ``keys`` gives its file and part. RequestError for a chunk over the physical batch
+    ``n_ubatch`` that must be decoded at once, and for a prompt that ends with media."""
+    tokens: list[int] = []
+    media: list[MediaChunk] = []
+    digests: dict[int, str] = {}
+    for span in spans:
+        if not isinstance(span, MediaSpan):
+            tokens.extend(span)
+            continue
+        noun = "audio" if span.audio else "image"
+        if not 0 <= span.index < len(files):
+            raise RequestError(f"the media decoder named file {span.index + 1} of {len(files)}")
+        if 0 < n_ubatch < span.n_tokens and span.non_causal:
+            raise RequestError(
+                f"{noun} {span.index + 1} makes {span.n_tokens} embeddings, decoded at once (non-causal attention): "
+                f"more than the physical batch, --ubatch-size {n_ubatch}"
+            )
+        if span.index not in digests:
+            digests[span.index] = hashlib.sha256(files[span.index]).hexdigest()
+        media.append(
+            MediaChunk(
+                pos=len(tokens), n_pos=span.n_pos, n_tokens=span.n_tokens, data=files[span.index], part=span.part
+            )
+        )
+        tokens.extend([keys.standin(digests[span.index], span.part)] * span.n_pos)
+    if media and media[-1].end == len(tokens):
+        last = "audio" if [s for s in spans if isinstance(s, MediaSpan)][-1].audio else "an image"
+        raise RequestError(
+            f"the prompt ends with {last}: put text after it (a chat template's turn end does), the first token is "
+            "sampled after the last prompt token"
+        )
+    return tokens, tuple(media)
+
+
+class MediaFacts:
+    """What a projector takes (its media marker, images, audio), as a server reports it:
+    ``Vision`` itself, or the API process's handle on a decoder process that loaded one."""
+
+    marker: str
+    vision: bool  # takes images
+    audio: bool  # takes audio
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The kinds of media it takes: "image", "audio"."""
+        return (("image",) if self.vision else ()) + (("audio",) if self.audio else ())
+
+    @property
+    def takes(self) -> str:
+        """What it takes, as errors say it."""
+        return " and ".join(k if k == "audio" else "images" for k in self.modalities)
+
+
+class Vision(MediaFacts):
     """A projector loaded next to ``model`` (the whole model, or its vocabulary only)."""
 
     def __init__(
@@ -161,21 +236,11 @@ class Vision:
         self.ptr: Any = ptr
         self.path = path
         self.model = model
-        self.marker: str = (mtmd.mtmd_get_marker(ptr) or mtmd.mtmd_default_marker()).decode()
-        self.vision = bool(mtmd.mtmd_support_vision(ptr))  # takes images
-        self.audio = bool(mtmd.mtmd_support_audio(ptr))  # takes audio
+        self.marker = (mtmd.mtmd_get_marker(ptr) or mtmd.mtmd_default_marker()).decode()
+        self.vision = bool(mtmd.mtmd_support_vision(ptr))
+        self.audio = bool(mtmd.mtmd_support_audio(ptr))
         self.keys = MediaKeys()
         self._encode_lock = threading.Lock()
-
-    @property
-    def modalities(self) -> tuple[str, ...]:
-        """The kinds of media it takes: "image", "audio"."""
-        return (("image",) if self.vision else ()) + (("audio",) if self.audio else ())
-
-    @property
-    def takes(self) -> str:
-        """What it takes, as errors say it."""
-        return " and ".join(k if k == "audio" else "images" for k in self.modalities)
 
     def close(self) -> None:
         if self.ptr:
@@ -199,6 +264,21 @@ class Vision:
         ``n_ubatch``: the contexts' physical batch, which media decoded with non-causal
         attention (Gemma 3's images) must fit in whole (0: not checked). ``names``: where each
         file came from (its URL; "" for none), said in errors."""
+        spans = self.layout(text, files, add_special=add_special, parse_special=parse_special, names=names)
+        return place(spans, files, self.keys, n_ubatch)
+
+    def layout(
+        self,
+        text: str,
+        files: Sequence[bytes],
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+        names: Sequence[str] = (),
+    ) -> list[list[int] | MediaSpan]:
+        """What ``tokenize`` makes of the prompt before stand-ins are given: its text runs'
+        token ids and its media chunks, in order. This is the part that decodes the files
+        (the isolated server runs it in a process of its own: ``runtime.service.mediaproc``)."""
         markers = text.count(self.marker)
         if markers != len(files):
             noun = "image" if not self.audio else "audio file" if not self.vision else "media file"
@@ -219,7 +299,7 @@ class Vision:
             if rc != 0:
                 why = {1: "the media markers and the files do not pair up", 2: "a file could not be preprocessed"}
                 raise RequestError(f"the prompt with its media could not be tokenized: {why.get(rc, f'status {rc}')}")
-            return self._read(chunks, files, n_ubatch)
+            return self._spans(chunks)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             for bitmap in bitmaps:
@@ -236,6 +316,8 @@ class Vision:
                 f"{which} is audio ({AUDIO_FORMATS}): audio input is not supported by this multimodal projector "
                 f"(--mmproj), it has no audio encoder: it takes {self.takes} only"
             )
+        if not audio:
+            check_pixels(data, which)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(data), False) if data else None
         if not bitmap:
@@ -258,40 +340,31 @@ class Vision:
         mtmd.mtmd_bitmap_set_id(bitmap, str(index).encode())
         return bitmap
 
-    def _read(self, chunks: Any, files: Sequence[bytes], n_ubatch: int) -> tuple[list[int], tuple[MediaChunk, ...]]:
-        tokens: list[int] = []
-        media: list[MediaChunk] = []
+    def _spans(self, chunks: Any) -> list[list[int] | MediaSpan]:
+        spans: list[list[int] | MediaSpan] = []
         parts: dict[int, int] = {}  # file index -> media chunks seen of it
-        digests: dict[int, str] = {}
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
             kind = mtmd.mtmd_input_chunk_get_type(chunk)
             if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = ctypes.c_size_t(0)
                 ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-                tokens.extend(ids[: n.value] if n.value else ())
+                spans.append(list(ids[: n.value]) if n.value else [])
                 continue
-            noun = "audio" if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO else "image"
             index = int((mtmd.mtmd_input_chunk_get_id(chunk) or b"0").decode())
             part = parts.get(index, 0)
             parts[index] = part + 1
-            if index not in digests:
-                digests[index] = hashlib.sha256(files[index]).hexdigest()
-            n_pos = mtmd.mtmd_input_chunk_get_n_pos(chunk)
-            n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-            if 0 < n_ubatch < n_tokens and mtmd.mtmd_decode_use_non_causal(self.ptr, chunk):
-                raise RequestError(
-                    f"{noun} {index + 1} makes {n_tokens} embeddings, decoded at once (non-causal attention): "
-                    f"more than the physical batch, --ubatch-size {n_ubatch}"
+            spans.append(
+                MediaSpan(
+                    index=index,
+                    part=part,
+                    n_pos=mtmd.mtmd_input_chunk_get_n_pos(chunk),
+                    n_tokens=mtmd.mtmd_input_chunk_get_n_tokens(chunk),
+                    audio=kind == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO,
+                    non_causal=bool(mtmd.mtmd_decode_use_non_causal(self.ptr, chunk)),
                 )
-            media.append(MediaChunk(pos=len(tokens), n_pos=n_pos, n_tokens=n_tokens, data=files[index], part=part))
-            tokens.extend([self.keys.standin(digests[index], part)] * n_pos)
-        if media and media[-1].end == len(tokens):
-            raise RequestError(
-                f"the prompt ends with {'audio' if noun == 'audio' else 'an image'}: put text after it (a chat "
-                "template's turn end does), the first token is sampled after the last prompt token"
             )
-        return tokens, tuple(media)
+        return spans
 
     # ---- a group's step -------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,11 +47,11 @@ from llamactor.protocol.wire import (
 )
 from llamactor.runtime.http import anthropic, embeddings, responses_api, transcriptions, vertex
 from llamactor.runtime.http.agent import Agent
+from llamactor.runtime.http.body import read_body
 from llamactor.runtime.http.chat_api import ChatShaper, named_frame
 from llamactor.runtime.http.cors import Cors
 from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import (
-    BodyTooLarge,
     anthropic_error_body,
     anthropic_error_response,
     error_body,
@@ -66,7 +67,7 @@ from llamactor.runtime.http.responses import (
     generation_settings,
 )
 from llamactor.runtime.http.slots import slot_action_json, slots_json
-from llamactor.runtime.service.config import MAX_BODY_BYTES, RuntimeConfig, route_prefix
+from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.service.infill import check_fim
@@ -122,17 +123,7 @@ class _ApiKey:
         await self.app(scope, receive, send)
 
 
-async def _body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+_body = read_body  # every body through the one size-limited reader
 
 
 async def _decode(request: Request, type_: type) -> Any:
@@ -261,13 +252,16 @@ class Api:
         if req.with_pieces:
             model = self.rt.model
             assert model is not None
-            pieces = [{"id": t, "piece": model.piece(t).decode("utf-8", "replace")} for t in tokens]
-            return _json({"tokens": pieces})
+
+            def pieces() -> list[dict[str, Any]]:
+                return [{"id": t, "piece": model.piece(t).decode("utf-8", "replace")} for t in tokens]
+
+            return _json({"tokens": await anyio.to_thread.run_sync(pieces)})  # as long as the text: off the loop
         return _json({"tokens": tokens})
 
     async def detokenize(self, request: Request) -> Response:
         req = await _decode(request, DetokenizeRequest)
-        return _json({"content": self.rt.detokenize(req.tokens)})
+        return _json({"content": await anyio.to_thread.run_sync(self.rt.detokenize, req.tokens)})  # off the loop
 
     async def slots(self, request: Request) -> Response:
         """GET /slots: llama-server's 501 when started with --no-slots. ``POST /slots/{id}``
@@ -459,7 +453,10 @@ class Api:
         vision, template = self.rt.vision, self.rt.chat_template
         if vision is None or not vision.audio:
             raise NotSupported("The current model does not support audio input.")
-        fields, files = transcriptions.parse_form(request.headers.get("content-type", ""), await _body(request))
+        body = await _body(request)
+        fields, files = await anyio.to_thread.run_sync(  # ~0.2 s a MiB: off the event loop
+            transcriptions.parse_form, request.headers.get("content-type", ""), body
+        )
         req = transcriptions.to_chat(fields, files, template.source if template is not None else None)
         handle = await self.rt.submit_request(from_chat(msgspec.structs.replace(req, n=1)))
         assert handle.turn is not None
@@ -488,7 +485,8 @@ class Api:
 
     async def apply_template(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
-        return _json({"prompt": self.rt.chat_turn(from_chat(req)).prompt})
+        turn = await anyio.to_thread.run_sync(self.rt.chat_turn, from_chat(req))  # rendering: off the loop
+        return _json({"prompt": turn.prompt})
 
     async def chat_input_tokens(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
@@ -503,7 +501,7 @@ class Api:
         return _json(anthropic.count_tokens_body(await self._count(req)))
 
     async def _count(self, req: ChatCompletionRequest) -> int:
-        return await self.rt.count_prompt(self.rt.chat_turn(from_chat(req)))
+        return await self.rt.count_prompt(await anyio.to_thread.run_sync(self.rt.chat_turn, from_chat(req)))
 
     async def _collect(self, request: Request, handle: RequestHandle) -> Any:
         """Collect a non-streaming result; a client disconnect cancels the request."""

@@ -1,8 +1,13 @@
 """``/cors-proxy`` (``--ui-mcp-proxy``, or ``--agent``): llama-server's CORS proxy for the web
 UI's MCP clients, a 403 when off.
 
-``GET|POST /cors-proxy?url=http(s)://host[:port]/path`` sends the same method and body to
-``url`` (redirects followed, 600 s timeouts) and streams back its status, headers and body.
+``GET|POST /cors-proxy?url=http(s)://host[:port]/path`` sends the same method and body (at most
+the server's body limit: 413 past it) to ``url`` and streams back its status, headers and body,
+under the egress policy of ``runtime.service.egress`` on the first hop and on each of at most
+``MAX_REDIRECTS`` redirects: by default never to loopback, private or link-local addresses
+(``--ui-mcp-proxy-allow-private`` lets loopback and private ones through, for MCP servers on
+this machine or its network), and only to ``--ui-mcp-proxy-allowed-hosts`` when given. A target
+the policy refuses is a 403 ``proxy error: ...``. Reads time out after 600 s, as llama-server's.
 Only the request headers named ``X-Llama-Server-Proxy-Header-<name>`` go along, as ``<name>``
 (never Accept-Encoding, Transfer-Encoding or Content-Length). The response loses Server,
 Transfer-Encoding, Content-Length, Keep-Alive and the Access-Control-* headers (this server's
@@ -20,6 +25,10 @@ import httpx
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+
+from llamactor.runtime.http.body import read_body
+from llamactor.runtime.http.errors import BodyTooLarge
+from llamactor.runtime.service.egress import EgressPolicy, EgressRefused
 
 log = structlog.get_logger("llamactor.cors_proxy")
 
@@ -90,13 +99,14 @@ def _why(exc: httpx.HTTPError) -> str:
 
 
 class CorsProxy:
-    def __init__(self) -> None:
+    def __init__(self, policy: EgressPolicy | None = None) -> None:
         self.client: httpx.AsyncClient | None = None
+        self.policy = policy if policy is not None else EgressPolicy()
 
     def _client(self) -> httpx.AsyncClient:
-        if self.client is None:
+        if self.client is None:  # redirects are the policy's to follow, each hop checked
             self.client = httpx.AsyncClient(
-                follow_redirects=True, timeout=httpx.Timeout(TIMEOUT_S), trust_env=False, headers={}
+                follow_redirects=False, timeout=httpx.Timeout(TIMEOUT_S), trust_env=False, headers={}
             )
         return self.client
 
@@ -124,13 +134,25 @@ class CorsProxy:
                 value = shown if default else f"{shown}:{port}"
             headers[name] = value
         headers.setdefault("accept-encoding", "identity")  # the body goes back as it comes
-        body = await request.body()
-        client = self._client()
-        upstream = client.build_request(
-            request.method, f"{scheme}://{shown}:{port}{path}", headers=headers, content=body or None
-        )
         try:
-            response = await client.send(upstream, stream=True)
+            body = await read_body(request)
+        except BodyTooLarge as exc:
+            return Response(
+                json.dumps({"error": {"code": 413, "message": str(exc), "type": "invalid_request_error"}}),
+                status_code=413,
+                media_type=JSON_TYPE,
+            )
+        try:
+            response = await self.policy.send(
+                self._client(), request.method, f"{scheme}://{shown}:{port}{path}", headers, body or None
+            )
+        except EgressRefused as exc:
+            log.warning("proxy_refused", url=f"{scheme}://{shown}:{port}{path}", reason=str(exc))
+            return Response(
+                "proxy error: the target is not allowed (--ui-mcp-proxy-allowed-hosts, --ui-mcp-proxy-allow-private)",
+                status_code=403,
+                media_type=JSON_TYPE,
+            )
         except httpx.HTTPError as exc:
             log.warning("proxy_failed", error=str(exc) or type(exc).__name__)
             return Response(f"proxy error: {_why(exc)}", status_code=500, media_type=JSON_TYPE)

@@ -185,11 +185,18 @@ def _is_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
+# prompts one /completion may carry: each is a task admitted at once, so the count is bounded
+# like Vertex's instances (llama-server has no bound)
+MAX_PROMPTS = 128
+
+
 def several_prompts(raw: Any) -> list[Any] | None:
     """llama-server's several prompts in one /completion: an array of two or more prompts, none of
     its items a token id (else it is one prompt of token ids, maybe mixed with texts); None when
     ``raw`` is one prompt."""
     if isinstance(raw, list) and len(raw) > 1 and not any(map(_is_id, raw)):
+        if len(raw) > MAX_PROMPTS:
+            raise RequestError(f"prompt: at most {MAX_PROMPTS} prompts in one request, got {len(raw)}")
         return raw
     return None
 

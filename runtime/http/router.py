@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -185,7 +186,10 @@ class Router:
     async def _to_model(self, request: Request, method: str, *, body: bool) -> Response:
         data = await _body(request) if body else None
         kind = request.headers.get("content-type", "")
-        name = (_model_in(data, kind) if data else "") or request.query_params.get("model", "")
+        # a JSON body or a form of up to the body limit: read off the event loop
+        name = (await anyio.to_thread.run_sync(_model_in, data, kind) if data else "") or request.query_params.get(
+            "model", ""
+        )
         if not name:
             raise RequestError("model name is missing from the request")
         autoload = _autoload(request.query_params.get("autoload"))

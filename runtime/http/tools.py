@@ -10,8 +10,9 @@ field is a 400, an unknown tool a 404, a bad runtime a 500.
 
 Headers, as llama-server reads them: ``x-tool-cwd`` is the directory relative paths resolve
 against and commands run in; ``x-tool-runtime`` runs the tool's I/O in an isolate
-(``docker-container:<id>``, ``podman-container:<id>``, ``ssh:<target>``), else the
-``--tools-runtime`` one; ``x-resp-type: base64`` makes ``read_file`` answer the raw bytes. The
+(``docker-container:<id>``, ``podman-container:<id>``, ``ssh:<target>``) when the operator gave
+no ``--tools-runtime`` (with one, a request naming another is a 403: no header overrides an
+operator's flag); ``x-resp-type: base64`` makes ``read_file`` answer the raw bytes. The
 same keys in ``params`` are dropped: the model cannot choose them.
 
 Every tool runs in a worker thread (file and process I/O block). ``exec_shell_command`` with
@@ -45,7 +46,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from llamactor.protocol.errors import ConfigError
-from llamactor.runtime.service.config import MAX_BODY_BYTES
+from llamactor.runtime.http.body import read_body
+from llamactor.runtime.http.errors import BodyTooLarge
 
 if TYPE_CHECKING:
     from llamactor.runtime.http.mcp import McpManager
@@ -104,6 +106,10 @@ class ToolRequestError(Exception):
 
 class ToolNotFound(Exception):
     """An unknown tool, or stream asked of a tool that cannot stream: 404."""
+
+
+class ToolForbidden(Exception):
+    """A request that asks for what only the operator decides (403)."""
 
 
 class ToolFailure(Exception):
@@ -1325,10 +1331,16 @@ class AgentTools:
         params = {k: v for k, v in params.items() if k not in ("cwd", "runtime", "resp_type")}
         if cwd := request.headers.get("x-tool-cwd", ""):
             params["cwd"] = cwd
-        if runtime := request.headers.get("x-tool-runtime", ""):
-            params["runtime"] = runtime
-        elif self.runtime_spec:
+        runtime = request.headers.get("x-tool-runtime", "")
+        if self.runtime_spec:  # the operator's --tools-runtime: no request picks another
+            if runtime and runtime not in (self.runtime_spec, self.container.spec() if self.container else ""):
+                raise ToolForbidden(
+                    f"x-tool-runtime: the tools run in --tools-runtime {self.runtime_spec}; "
+                    "a request cannot pick another"
+                )
             params["runtime"] = self.container.spec() if self.container is not None else self.runtime_spec
+        elif runtime:
+            params["runtime"] = runtime
         if resp_type := request.headers.get("x-resp-type", ""):
             params["resp_type"] = resp_type
         tool = next((t for t in self.tools if t.name == name), None)
@@ -1340,9 +1352,10 @@ class AgentTools:
 
     async def post(self, request: Request) -> Response:
         try:
-            raw = await request.body()
-            if len(raw) > MAX_BODY_BYTES:
-                return _error(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes", 413, "invalid_request_error")
+            try:
+                raw = await read_body(request)
+            except BodyTooLarge as exc:
+                return _error(str(exc), 413, "invalid_request_error")
             try:
                 body = json.loads(raw)
             except ValueError as exc:
@@ -1359,6 +1372,8 @@ class AgentTools:
             return _error(str(exc), 400, "invalid_request_error")
         except ToolNotFound as exc:
             return _error(str(exc), 404, "not_found_error")
+        except ToolForbidden as exc:
+            return _error(str(exc), 403, "permission_error")
         except ToolFailure as exc:
             return _error(str(exc), 500, "server_error")
 
@@ -1438,8 +1453,35 @@ def mcp_config_json_flag(text: str) -> str:
 
 
 def localhost_cors(fields: dict[str, Any]) -> None:
-    """llama-server's rule: with tools or MCP servers on and no --cors-origins given, CORS
-    allows localhost origins only (``fields``: the command line's config fields, changed here)."""
-    on = fields.get("server_tools") or fields.get("mcp_servers_config") or fields.get("mcp_servers_json")
+    """llama-server's rule, widened to the proxy: with tools, MCP servers or the CORS proxy on and
+    no --cors-origins given, CORS allows localhost origins only (``fields``: the command line's
+    config fields, changed here)."""
+    on = any(fields.get(name) for name, _ in _EXPOSING)
     if on and "cors_origins" not in fields:
         fields["cors_origins"] = "localhost"
+
+
+# the config fields that run something or reach a network for whoever calls the server, and
+# the flag that sets each
+_EXPOSING = (
+    ("server_tools", "--tools"),
+    ("mcp_servers_config", "--mcp-servers-config"),
+    ("mcp_servers_json", "--mcp-servers-json"),
+    ("ui_mcp_proxy", "--ui-mcp-proxy"),
+)
+
+
+def require_api_key(fields: dict[str, Any], spelled: dict[str, str] | None = None) -> None:
+    """Tools run commands and read and write files, MCP servers and the CORS proxy reach what
+    the server's machine reaches: for any client that reaches the server, unless an API key
+    stands in front. So with any of them on and no ``--api-key``, the server refuses to start,
+    unless ``--insecure-tools`` says the operator means it (``fields``: the command line's
+    config fields; ``spelled``: how each was given, for the message)."""
+    spelled = spelled or {}
+    on = sorted({spelled.get(name, flag) for name, flag in _EXPOSING if fields.get(name)})
+    if on and not (fields.get("api_key") or fields.get("api_keys")) and not fields.get("insecure_tools"):
+        raise ConfigError(
+            f"{', '.join(on)} without --api-key: every client that reaches the server could run tools or "
+            "reach this machine's network through it; give --api-key (or --api-key-file), or "
+            "--insecure-tools to allow it without one"
+        )

@@ -26,6 +26,8 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from llamactor.protocol.errors import ConfigError
+from llamactor.runtime.http.body import read_body
+from llamactor.runtime.http.errors import BodyTooLarge
 
 MAX_INSTANCES = 128  # llama-server's limit
 
@@ -82,7 +84,9 @@ def routes(
 
     async def predict(request: Request) -> Response:
         try:
-            data = json.loads(await request.body())
+            data = json.loads(await read_body(request))
+        except BodyTooLarge as exc:
+            return _json(_error(str(exc)), 413)
         except ValueError as exc:
             return _json(_error(f"the request body is not JSON: {exc}"), 400)
         if not isinstance(data, dict):

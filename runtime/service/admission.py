@@ -40,15 +40,18 @@ from llamactor.protocol.sampling import (
 )
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.sampling import check_chain
-from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatturn import ChatTurn, prepare_chat
 from llamactor.runtime.service.config import RuntimeConfig
+from llamactor.runtime.service.egress import EgressPolicy, host_names
 from llamactor.runtime.service.infill import infill_tokens
 from llamactor.runtime.service.lora import LoraAdapters
 from llamactor.runtime.service.mediafetch import ImageURL, MediaFetcher
+from llamactor.runtime.service.mediaproc import MediaTokenizer
+from llamactor.runtime.service.schemalimits import check_limits
 
 MAX_N_PREDICT = 1 << 24  # a larger max_tokens means as many as the context holds (llama-server takes any)
+INLINE_CHAT_BYTES = 16 * 1024  # a chat's messages (as JSON) rendered on the event loop up to this size
 EVENT_HEADROOM = 8  # result-stream buffer beyond one event per token
 TOKENIZE_IN_THREAD_CHARS = 4096  # longer prompts are tokenized off the event loop
 
@@ -72,7 +75,7 @@ class Admission:
         config: RuntimeConfig,
         template: ChatTemplate,
         adapters: LoraAdapters | None = None,
-        vision: Vision | None = None,
+        vision: MediaTokenizer | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -80,7 +83,8 @@ class Admission:
         self.adapters = adapters if adapters is not None else LoraAdapters()
         self.vision = vision  # --mmproj: prompts with images are tokenized with it
         media_path = Path(config.media_path) if config.media_path is not None else None
-        self.fetcher = MediaFetcher(media_path, config.media_fetch_max_bytes, config.media_fetch_timeout_s)
+        policy = EgressPolicy(host_names(config.allowed_media_domains), config.allow_private_media_urls)
+        self.fetcher = MediaFetcher(media_path, config.media_fetch_max_bytes, config.media_fetch_timeout_s, policy)
         self._ids = itertools.count(1)
 
     async def admit(self, request: GenerationRequest) -> Admitted:
@@ -88,7 +92,9 @@ class Admission:
         naming the field. The task's stream has room for every event the engine may send."""
         req = validated(request)
         cfg = self.config
-        turn = self.chat_turn(req) if req.messages is not None else None
+        turn = None
+        if req.messages is not None:  # rendering grows with the chat (and its tools' schemas)
+            turn = await anyio.to_thread.run_sync(self.chat_turn, req) if _heavy_chat(req) else self.chat_turn(req)
         params = await self.sampling(req, turn)
         stops = stop_strings(req.stop)
         stops = stops if any(stops) else cfg.stop  # none, or only empty ones: the server's (-r)
@@ -163,7 +169,10 @@ class Admission:
         """The request's sampling over the server's defaults, checked against the model."""
         if req.logit_bias:
             req = msgspec.structs.replace(req, logit_bias=await self._bias_tokens(req.logit_bias))
-        params = resolve_sampling(req, self.config.sampling)
+        if req.json_schema is not None:  # a schema's grammar grows with it: off the event loop
+            params = await anyio.to_thread.run_sync(resolve_sampling, req, self.config.sampling)
+        else:
+            params = resolve_sampling(req, self.config.sampling)
         if turn is not None:
             params = turn.sampling(params)  # adds the tool-call grammar
         try:
@@ -208,10 +217,8 @@ class Admission:
         vision = self.vision
         files = await self.fetcher.fetch_images(refs)
         names = media_names(refs, turn.media_where if turn is not None else ())
-        tokens, media = await anyio.to_thread.run_sync(
-            lambda: vision.tokenize(
-                prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch, names=names
-            )
+        tokens, media = await vision.tokenize(
+            prompt, files, add_special=req.add_special, n_ubatch=self.config.n_ubatch, names=names
         )
         self.check_length(tokens)
         return tokens, media
@@ -331,8 +338,16 @@ def resolve_sampling(req: GenerationRequest, defaults: SamplingParams) -> Sampli
     return msgspec.structs.replace(defaults, **given)
 
 
+def _heavy_chat(req: GenerationRequest) -> bool:
+    """Whether rendering ``req``'s chat may take long enough to belong off the event loop: it
+    has tools (their schemas become grammars) or its messages are over ``INLINE_CHAT_BYTES``.
+    A small chat renders in tens of microseconds, less than a worker thread's round trip."""
+    return bool(req.tools) or len(msgspec.json.encode(req.messages)) > INLINE_CHAT_BYTES
+
+
 def schema_grammar(schema: Mapping[str, Any]) -> str:
     """The GBNF grammar of a JSON schema (RequestError naming ``json_schema`` if unsupported)."""
+    check_limits(schema, "json_schema")
     try:
         return str(json_schema_to_gbnf(json.dumps(schema)))
     except Exception as exc:

@@ -140,6 +140,10 @@ class RuntimeConfig:
     media_path: str | Path | None = None
     media_fetch_max_bytes: int = MEDIA_FETCH_MAX_BYTES  # an image fetched by URL (http(s) or file)
     media_fetch_timeout_s: float = MEDIA_FETCH_TIMEOUT_S  # the whole download of an http(s) image
+    # the egress policy of media URLs (runtime.service.egress): the hosts they may name (empty:
+    # any), and whether loopback and private addresses are allowed (never by default)
+    allowed_media_domains: tuple[str, ...] = ()  # --allowed-media-domains, as vLLM's
+    allow_private_media_urls: bool = False  # --allow-private-media-urls
     # the scheduling policy: a built-in name, "module:Class", "path/file.py:Class", a Policy
     # class, or a Policy instance (copied for each group); docs/policies.md says why adaptive
     scheduler: str | type[Policy] | Policy = "slo"
@@ -199,6 +203,13 @@ class RuntimeConfig:
     mcp_servers_config: str = ""  # --mcp-servers-config: a Cursor-style mcpServers JSON file
     mcp_servers_json: str = ""  # --mcp-servers-json: the same, inline
     ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards requests (403 when off)
+    # the proxy's egress policy, as the media URLs' (runtime.service.egress)
+    ui_mcp_proxy_allowed_hosts: tuple[str, ...] = ()  # --ui-mcp-proxy-allowed-hosts (empty: any)
+    ui_mcp_proxy_allow_private: bool = False  # --ui-mcp-proxy-allow-private
+    # host names /tools and /cors-proxy answer under besides IP addresses, localhost and the
+    # --host names (a page whose name was rebound to this server's address sends its own name)
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts
+    insecure_tools: bool = False  # --insecure-tools: tools and the proxy without --api-key
     api_prefix: str = ""  # --api-prefix: every route (the page too) is served under this path
     # the model's names, as llama-server's --alias set: its id in responses is ``alias``, else
     # the first of ``aliases`` in sorted order, else the file name (``model_name``)

@@ -35,7 +35,6 @@ from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.builtin_templates import builtin_template_names
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.model import LoadOptions, Model
-from llamactor.runtime.engine.vision import Vision
 from llamactor.runtime.service import live
 from llamactor.runtime.service.admission import Admission, media_names
 from llamactor.runtime.service.chat import ChatTemplate
@@ -46,6 +45,7 @@ from llamactor.runtime.service.engine import EngineClient, EngineStatus
 from llamactor.runtime.service.handles import EventStream, RequestHandle, collect, nothing_generated
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.lora import LoraAdapters
+from llamactor.runtime.service.mediaproc import InThread, MediaProcess, MediaTokenizer
 from llamactor.runtime.service.processengine import ProcessEngine
 from llamactor.runtime.service.results import Completion
 
@@ -130,7 +130,7 @@ class RuntimeCore:
         self.admission: Admission | None = None
         self.engine: EngineClient | None = None
         self.embeddings: EmbeddingService | None = None
-        self.vision: Vision | None = None  # --mmproj: the projector admission tokenizes images with
+        self.vision: MediaTokenizer | None = None  # --mmproj: what admission tokenizes media with
         self.adapters = LoraAdapters()  # LoRA adapters and their global scales
         self.started_at = 0.0
         self.draining = False  # drain(): no new requests, the ones in flight finish
@@ -186,11 +186,8 @@ class RuntimeCore:
             vocab = LoadOptions(vocab_only=True, kv_overrides=cfg.kv_overrides, special=cfg.special)
             model = await anyio.to_thread.run_sync(Model, cfg.model, vocab)
             stack.callback(model.close)
-            if cfg.mmproj is not None:  # tokenizing images needs the projector here too (on the CPU)
-                self.vision = await anyio.to_thread.run_sync(
-                    functools.partial(Vision, cfg.mmproj, model, use_gpu=False)
-                )
-                stack.callback(self.vision.close)
+            if cfg.mmproj is not None:  # tokenizing media decodes it: in a child process of its own
+                self.vision = await stack.enter_async_context(MediaProcess.open(cfg))
             admission = await self._admission(model)
             if cfg.replicas:  # on Ray Serve (an optional extra: imported only here)
                 from llamactor.runtime.service.replicas import ReplicaSet
@@ -201,7 +198,7 @@ class RuntimeCore:
         else:
             engine = inprocess = await stack.enter_async_context(InProcessEngine.open(cfg, hooks=self.hooks))
             model = inprocess.model
-            self.vision = inprocess.vision
+            self.vision = InThread(inprocess.vision) if inprocess.vision is not None else None
             admission = await self._admission(model)
         self.model, self.admission, self.engine = model, admission, engine
         self.embeddings = EmbeddingService(model, engine.embedder, normalize=cfg.embd_normalize)
@@ -301,9 +298,7 @@ class RuntimeCore:
         vision = self.admission.vision
         if turn.media and vision is not None:
             files = await self.admission.fetcher.fetch_images(turn.media)  # images named by URL
-            tokens, _ = await anyio.to_thread.run_sync(
-                functools.partial(vision.tokenize, turn.prompt, files, names=media_names(turn.media, turn.media_where))
-            )
+            tokens, _ = await vision.tokenize(turn.prompt, files, names=media_names(turn.media, turn.media_where))
             return len(tokens)
         return len(await self.tokenize(turn.prompt))
 

@@ -12,8 +12,9 @@ each of its requests goes on on another replica by exact replay of the tokens al
 delivered, and the client sees neither a gap nor a duplicate. Ray Serve starts a new replica
 in its place. A request whose replicas died ``resume_max`` times while serving it fails alone.
 
-Ray is started here (a local instance, dashboard off) unless ``ray_address`` names a cluster to
-join; what this module started, it stops. Ray Serve's HTTP proxy is not used: the stream a
+Ray is started here (a local instance, dashboard off, listening on 127.0.0.1 only:
+``start_local_ray``) unless ``ray_address`` names a cluster to join; what this module started,
+it stops. Ray Serve's HTTP proxy is not used: the stream a
 client reads must come from the process that holds its journal.
 """
 
@@ -597,9 +598,31 @@ def _init_ray(ray: Any, config: RuntimeConfig, most: int) -> None:
             ) from None
         return
     cpus = max(os.cpu_count() or 1, int(most * config.replica_cpus + 0.999))
+    start_local_ray(ray, num_cpus=cpus, **kwargs)
+
+
+def start_local_ray(ray: Any, **kwargs: Any) -> None:
+    """``ray.init`` of a local instance every process of which listens on 127.0.0.1 only.
+
+    Ray has no bind address of its own: each of its servers (GCS, raylet, object manager,
+    workers' gRPC, the dashboard and runtime-env agents, the metrics exporters) binds
+    loopback when the node's address is 127.0.0.1 and every interface otherwise, and
+    ``ray.init`` replaces a loopback node address by the machine's network address unless
+    it is told that no cluster is wanted (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read
+    where ``ray._private.ray_constants`` sets ``ENABLE_RAY_CLUSTER``, once when Ray is
+    imported: so it is set on the module too). An unauthenticated Ray accepts jobs, which
+    is code execution for whoever reaches its ports; this instance is reached from this
+    machine only. A cluster to join is given with ``--ray-address`` (its operator's binding)."""
     for name, value in QUIET_RAY.items():  # read by the processes Ray starts now
         os.environ.setdefault(name, value)
-    ray.init(num_cpus=cpus, **kwargs)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    except (ImportError, AttributeError):  # another Ray: the environment variable alone
+        pass
+    ray.init(_node_ip_address="127.0.0.1", **kwargs)
 
 
 def _deployment(serve: Any, rep: Any, config: RuntimeConfig, lo: int, hi: int) -> Any:

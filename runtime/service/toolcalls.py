@@ -33,6 +33,7 @@ from typing import Any
 from llama_cpp.llama_grammar import SchemaConverter
 
 from llamactor.protocol.errors import RequestError
+from llamactor.runtime.service.schemalimits import check_limits
 
 MAX_TOOLS = 128
 MAX_SCHEMA_DEPTH = 32
@@ -101,6 +102,7 @@ def parse_tools(raw: Sequence[Any] | None, field: str = "tools") -> tuple[ToolSp
         if params is None:
             params = {"type": "object", "properties": {}}
         check_schema(params, f"{where}.function.parameters")
+        check_limits(params, f"{where}.function.parameters")  # what its grammar would cost
         if not isinstance(params, Mapping) or params.get("type", "object") != "object":
             raise RequestError(f"{where}.function.parameters must describe an object (type 'object')")
         out.append(ToolSpec(name, description, params))

@@ -1,0 +1,29 @@
+"""The one reader of request bodies: every route reads its body through ``read_body``.
+
+A body is read as it arrives, and the read stops at ``MAX_BODY_BYTES`` (a declared
+``Content-Length`` over it stops before a byte is read): whatever a route does with a body, no
+client makes the server hold more than the limit of it. Past the limit, ``BodyTooLarge`` (413).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from llamactor.runtime.http.errors import BodyTooLarge
+from llamactor.runtime.service.config import MAX_BODY_BYTES
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+__all__ = ["read_body"]
