@@ -400,6 +400,19 @@ class GroupActor(Actor[GroupMsg]):
             send_final(sink, final)
         elif sink is not None:
             sink.close()
+        task, s0 = members[0].task, members[0]
+        if cancelled and final is None and task is not None:  # the client left (a failure logs its own)
+            log.info(
+                "request_done",
+                task=task.id,
+                group=self.group,
+                slot=s0.id,
+                reason="cancelled",
+                n_prompt=len(s0.prompt),
+                n_cached=s0.n_cached,
+                n_predicted=sum(m.n_decoded for m in members),
+                total_ms=round((time.perf_counter() - task.arrived) * 1e3, 2),
+            )
         self._tell_coordinator(PhaseKind.CANCELLED if cancelled else PhaseKind.FINISHED, members[0])
         if self.recorder is not None:
             self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
@@ -502,6 +515,7 @@ class GroupActor(Actor[GroupMsg]):
             task=s.task.id,
             group=self.group,
             slot=s.id,
+            reason="finished",
             n_prompt=len(s.prompt),
             n_cached=s.n_cached,
             n_predicted=sum(m.n_decoded for m in members),

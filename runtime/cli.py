@@ -440,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(completion_script(), end="")
             return 0
         configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
+        opts = replace(opts, config=replace(opts.config, log_format=opts.log_format))  # the engine's logs too
         models = router_models(opts) if opts.router else None
         cfg = opts.config if models is not None else opts.config.validated()  # the router loads no model itself
         for flag, why in opts.ignored:

@@ -52,3 +52,35 @@ def test_example_runs(tiny_model, name, code):
         cwd=ROOT,
     )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-3000:]}"
+
+
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)
+
+
+def test_example_files_are_included_whole_and_a_broken_marker_stops_the_build():
+    """The pages that show an example program include it with a snippet marker that names a
+    file of the repository; a marker a formatter mangled (``--8 < --"..."``) would render as a
+    literal line, and the docs build's hook refuses such a page."""
+    from mkdocs.exceptions import PluginError
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    import plain_words
+
+    included = {page.name: SNIPPET.findall(page.read_text(encoding="utf-8")) for page in (ROOT / "docs").glob("*.md")}
+    assert included["embedding.md"] == ["examples/embed_app.py"]
+    assert included["writing-a-policy.md"] == ["examples/custom_policy.py"]
+    assert all((ROOT / path).is_file() for paths in included.values() for path in paths)
+
+    class Page:
+        class file:
+            src_path = "embedding.md"
+
+    said = '<p>Include a file with <code>--8&lt;-- "examples/embed_app.py"</code>.</p>'  # the marker, shown
+    assert plain_words.on_page_content(said, Page, None, None) == said
+    mangled = (  # as the highlighter renders it
+        '<pre><span></span><code><span class="o">--</span><span class="mi">8</span> <span class="o">&lt;</span> '
+        '<span class="o">--</span><span class="s2">&quot;examples/embed_app.py&quot;</span></code></pre>'
+    )
+    for left in (mangled, '<pre><code>--8&lt;-- "examples/embed_app.py"</code></pre>'):
+        with pytest.raises(PluginError, match="snippet marker"):
+            plain_words.on_page_content(left, Page, None, None)

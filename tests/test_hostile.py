@@ -1,18 +1,24 @@
 """Hostile requests against one real server: each row a request and what must hold after it.
 
-One ``llamactor serve`` process (the tiny model, ``--timeout 2``, the tools, the CORS proxy and
-Vertex's prediction route on, behind an API key) takes, row by row: schema bombs (a string
-length, an array's items, nested repetitions, a pattern's repetition, a tool's parameters, a
-remote ``$ref``), a body sent a byte a second, 200 prompts in one /completion, and bodies over
-the limit on the three routes that read their own (Vertex's /predict, /cors-proxy, /tools).
-Each is refused with a 4xx within a second (the slow body: at the timeout), and while each runs
-a stream on the same server keeps its inter-token gap: its p99 no worse than twice the p99 it
-had alone (plus 20 ms, the scheduling noise of a 2-core machine). Media URLs are the rows of
-tests/test_vision_urls.py (they need a projector).
+One ``llamactor serve`` process (the tiny vision model and its projector, ``--timeout 2``, the
+tools, the CORS proxy and Vertex's prediction route on, behind an API key, the default egress
+policy) takes, row by row: schema bombs (a string length, an array's items, nested
+repetitions, a pattern's repetition, a tool's parameters, a remote ``$ref``), 200 prompts in
+one /completion, media URLs at loopback (a test server there, which must never be reached),
+at the link-local metadata address, at a private address and at a name for loopback, 200
+media URLs in one request, a cross-site ``text/plain`` POST to /tools, a body sent a byte a
+second, and bodies over the limit on the three routes that read their own (Vertex's
+/predict, /cors-proxy, /tools). Each is refused with a 4xx within a second (the slow body: at
+the timeout), and while each runs a stream on the same server keeps its inter-token gap: its
+p99 no worse than twice the p99 it had alone (plus 20 ms, the scheduling noise of a 2-core
+machine). A redirect from an allowed host to a refused one is a row of
+tests/test_vision_urls.py (it needs a policy that allows a host on loopback).
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import signal
 import socket
@@ -21,11 +27,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import tinyvision
 from conftest import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow  # a server process for the file
@@ -38,10 +44,40 @@ LIMIT = 8 * 1024 * 1024  # the server's body limit
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[str]:
+def image_host() -> Iterator[str]:
+    """An HTTP server on loopback with an image at /a.png: what a fetch refused by address never reaches."""
+    png = tinyvision.png_bytes(32, 32)
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert fetched == [], fetched  # the egress policy refused every address before connecting
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model, mmproj = tinyvision.write_tiny_vision(tmp_path_factory.mktemp("vision"))
     port = free_port()
     env = {**os.environ, "AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port)}
-    argv = [*LLAMACTOR, "serve", "-m", str(tiny_model), "-t", "1", "-c", "512", "-np", "2", "--port", str(port)]
+    argv = [*LLAMACTOR, "serve", "-m", str(model), "--mmproj", str(mmproj), "-t", "1", "-c", "512", "-np", "2"]
+    argv += ["--port", str(port)]
     argv += ["--timeout", str(TIMEOUT_S), "--api-key", KEY, "--tools", "read_file", "--ui-mcp-proxy"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -137,15 +173,50 @@ ROWS: list[tuple[str, str, Any, int, str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_hostile_requests_are_refused_and_stall_no_one(server: str, unloaded_p99: float, row) -> None:
+def _image_chat(*urls: str) -> dict[str, Any]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "?"}]}], "max_tokens": 2}
+
+
+REFUSED_URL = "could not be downloaded: its host is not allowed, or it did not answer"
+# media URLs under the default egress policy; "{host}" is the loopback image server's address
+MEDIA_ROWS: list[tuple[str, str, Any, int, str]] = [
+    ("media at loopback", "/v1/chat/completions", _image_chat("{host}/a.png"), 400, REFUSED_URL),
+    ("media at link-local metadata", "/v1/chat/completions",
+     _image_chat("http://169.254.169.254/latest/meta-data/"), 400, REFUSED_URL),
+    ("media at a private address", "/v1/chat/completions", _image_chat("http://10.0.0.1/a.png"), 400, REFUSED_URL),
+    ("media at a name for loopback", "/v1/chat/completions",
+     _image_chat("http://localhost:{port}/a.png"), 400, REFUSED_URL),
+    ("200 media URLs", "/v1/chat/completions", _image_chat(*[f"http://10.0.0.{i % 250}/{i}.png" for i in range(200)]),
+     400, "a request names at most 16 media files by URL (this one names 200)"),
+]  # fmt: skip
+# a web page's cross-site form post: text/plain needs no CORS preflight, so a browser sends it
+TOOLS_ROW = ("tools from a cross-site text/plain POST", "/tools", None, 415, "application/json")
+
+
+def _send(base: str, host: str, row: tuple[str, str, Any, int, str]) -> httpx.Response:
+    name, path, body, _, _ = row
+    if name == TOOLS_ROW[0]:
+        content = json.dumps({"tool": "read_file", "params": {"path": "/etc/hostname"}})
+        headers = {**AUTH, "Content-Type": "text/plain", "Origin": "http://evil.example"}
+        return httpx.post(base + path, content=content, headers=headers, timeout=30)
+    port = host.rsplit(":", 1)[1]
+    text = json.dumps(body).replace("{host}", host).replace("{port}", port)
+    return httpx.post(base + path, content=text, headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+
+
+ALL_ROWS = [*ROWS, *MEDIA_ROWS, TOOLS_ROW]
+
+
+@pytest.mark.parametrize("row", ALL_ROWS, ids=[r[0] for r in ALL_ROWS])
+def test_hostile_requests_are_refused_and_stall_no_one(server: str, image_host: str, unloaded_p99: float, row) -> None:
     _, path, body, status, says = row
     answers: list[tuple[httpx.Response, float]] = []
 
     def attack() -> None:
         for _ in range(3):
             started = time.perf_counter()
-            answers.append((_post(server, path, body), time.perf_counter() - started))
+            answers.append((_send(server, image_host, row), time.perf_counter() - started))
             health = httpx.get(server + "/health", timeout=5)
             assert health.status_code == 200
 

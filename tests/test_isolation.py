@@ -492,8 +492,9 @@ def test_blackbox_points_at_a_request_only_when_it_can(tmp_path):
 def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
     """An API process killed outright (SIGKILL, the OOM killer) takes its engine with it, also
     an engine stuck inside a decode step (HangOnce: the 30th step never returns, so it would not
-    see its socket close): the kernel ends it (PR_SET_PDEATHSIG). Before, such an engine lived
-    on with its memory and cores."""
+    see its socket close): the kernel tells it (PR_SET_PDEATHSIG) and it ends, removing the API
+    process's temporary folder (socket, config, black box). Before, such an engine lived on with
+    its memory and cores, and later the folder stayed behind."""
     import subprocess
     import sys
     import time
@@ -507,7 +508,7 @@ def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
         "async def main():\n"
         f"    cfg = pickle.loads(open({str(tmp_path / 'cfg.pickle')!r}, 'rb').read())\n"
         "    async with Runtime.open(cfg, isolate=True) as rt:\n"
-        "        print(rt.engine.process.pid, flush=True)\n"
+        "        print(rt.engine.process.pid, rt.engine.folder, flush=True)\n"
         "        h = await rt.submit([5, 6, 7, 8], max_tokens=200, temperature=0, ignore_eos=True)\n"
         "        async for _ in h:\n"
         "            pass\n"
@@ -523,10 +524,12 @@ def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
     try:
         assert app.stdout is not None
         line = b""
-        while not line.strip().isdigit():  # the engine's own log lines share this stdout
+        while not line.split(b" ")[0].isdigit():  # the engine's own log lines share this stdout
             line = app.stdout.readline()
             assert line, (tmp_path / "app.log").read_text()[-3000:]
-        engine_pid = int(line)
+        pid, folder = line.decode().split()
+        engine_pid = int(pid)
+        assert Path(folder).is_dir()
         deadline = time.monotonic() + 60
         while not (tmp_path / "hung").exists():  # the request reaches the 30th step and hangs there
             assert time.monotonic() < deadline and app.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
@@ -546,6 +549,7 @@ def test_the_engine_dies_with_the_api_process(make_config, tmp_path):
         else:
             os.kill(engine_pid, signal.SIGKILL)
             raise AssertionError("the engine outlived its API process")
+        assert not Path(folder).exists()  # its socket, config and black box went with it
     finally:
         if app.poll() is None:
             app.kill()

@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 
 from llamactor.runtime.http.body import read_body
 from llamactor.runtime.http.errors import BodyTooLarge
-from llamactor.runtime.service.egress import EgressPolicy, EgressRefused
+from llamactor.runtime.service.egress import EgressPolicy, EgressRefused, tls_context
 
 log = structlog.get_logger("llamactor.cors_proxy")
 
@@ -103,10 +103,14 @@ class CorsProxy:
         self.client: httpx.AsyncClient | None = None
         self.policy = policy if policy is not None else EgressPolicy()
 
-    def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> httpx.AsyncClient:
         if self.client is None:  # redirects are the policy's to follow, each hop checked
             self.client = httpx.AsyncClient(
-                follow_redirects=False, timeout=httpx.Timeout(TIMEOUT_S), trust_env=False, headers={}
+                verify=await tls_context(),
+                follow_redirects=False,
+                timeout=httpx.Timeout(TIMEOUT_S),
+                trust_env=False,
+                headers={},
             )
         return self.client
 
@@ -144,7 +148,7 @@ class CorsProxy:
             )
         try:
             response = await self.policy.send(
-                self._client(), request.method, f"{scheme}://{shown}:{port}{path}", headers, body or None
+                await self._client(), request.method, f"{scheme}://{shown}:{port}{path}", headers, body or None
             )
         except EgressRefused as exc:
             log.warning("proxy_refused", url=f"{scheme}://{shown}:{port}{path}", reason=str(exc))

@@ -36,6 +36,8 @@ DEFAULT_N_CTX = 4096
 DEFAULT_PARALLEL = 4
 DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # log_level: the least level the engine logs
+LOG_FORMATS = ("auto", "json", "text")
 DEFAULT_QUEUE_SIZE = 256
 MAX_BODY_BYTES = 8 * 1024 * 1024
 SPLIT_MODES = ("none", "layer", "row")
@@ -290,6 +292,11 @@ class RuntimeConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # --chat-template-kwargs
     reasoning: str = "auto"  # --reasoning on|off: the template's enable_thinking; auto: its own default
     verbose: bool = False  # -v: OpenAI answers carry __verbose (a request's ``verbose`` says otherwise)
+    # the logs of the processes the runtime starts (the engine, the replicas): the least level
+    # logged (debug | info | warning | error | critical) and json | text | auto (json unless
+    # stderr is a terminal). The API process's own logs follow whatever the app configured.
+    log_level: str = "info"
+    log_format: str = "auto"
     prefill_assistant: bool = True  # a chat ending with the assistant's message continues it (--no-prefill-assistant)
     reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy
     reasoning_budget: int = -1  # --reasoning-budget: thinking tokens, -1 unrestricted
@@ -297,6 +304,10 @@ class RuntimeConfig:
     def validated(self) -> RuntimeConfig:
         """Return a copy with defaults resolved; raise ConfigError naming every bad value."""
         n, p, c = self.pipeline_groups, self.parallel, self.n_ctx
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if n < 1:
             raise ConfigError(f"--pipeline-groups must be >= 1, got {n}")
         if p < 1:

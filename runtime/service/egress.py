@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -110,6 +111,18 @@ async def resolve_host(host: str, port: int) -> list[IPAddress]:
         if ip not in out:
             out.append(ip)
     return out
+
+
+_tls: ssl.SSLContext | None = None
+
+
+async def tls_context() -> ssl.SSLContext:
+    """The default TLS context (the system's CA store), made once per process in a worker
+    thread: loading the store takes 20-50 ms, which on the event loop would stall every stream."""
+    global _tls
+    if _tls is None:
+        _tls = await anyio.to_thread.run_sync(ssl.create_default_context)
+    return _tls
 
 
 def host_names(names: Iterable[str]) -> tuple[str, ...]:

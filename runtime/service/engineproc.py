@@ -16,8 +16,10 @@ interrupted. The API process sees the exit, restarts the engine and resumes the 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,14 +35,15 @@ from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.messages import Task, TaskSpec
-from llamactor.runtime.service.config import config_from_wire
+from llamactor.runtime.service.config import RuntimeConfig, config_from_wire
 from llamactor.runtime.service.inprocess import InProcessEngine
-from llamactor.runtime.service.logging import configure_logging
+from llamactor.runtime.service.logging import configure_from
 
 log = structlog.get_logger("llamactor.engine")
 
 WATCHDOG_EXIT = 75  # the exit code of an engine the watchdog ended
 BEAT_S = 1.0
+PARENT_POLL_S = 1.0  # how often the engine looks for its API process (besides the kernel's signal)
 
 
 class RemoteSink:
@@ -192,41 +195,55 @@ def load_hooks(spec: str) -> Any:
     return load_object(spec, "engine hooks")()
 
 
-async def serve(socket_path: str, config_path: str) -> None:
-    config = config_from_wire(Path(config_path).read_bytes())  # written by the API process that started us
+async def serve(socket_path: str, config: RuntimeConfig) -> None:
     stream = await anyio.connect_unix(socket_path)
     hooks = load_hooks(config.engine_hooks) if config.engine_hooks else None
     async with InProcessEngine.open(config, hooks=hooks) as engine:
         await EngineSide(engine, stream).run()
 
 
-def die_with_parent() -> None:
-    """Linux: the kernel ends this process when the API process that started it dies, however
-    it dies (SIGKILL, the OOM killer): an engine busy inside llama.cpp would not see its socket
-    close and would keep its memory and cores. Elsewhere the socket's end stops it."""
+def die_with_parent(folder: str) -> None:
+    """End this process, removing the API process's ``folder`` (its socket, config and black
+    box), when the API process that started it dies, however it dies (SIGKILL, the OOM killer):
+    an engine busy inside llama.cpp would not see its socket close and would keep its memory and
+    cores. Linux tells it with a signal (``PR_SET_PDEATHSIG``); everywhere a thread also watches
+    for the parent to change (a dead parent's children are adopted), once a second."""
+    parent = os.getppid()
+
+    def gone(*_: object) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        gone()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     try:
         import ctypes
 
+        signal.signal(signal.SIGUSR2, gone)
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the call: nobody will read our socket
-        os._exit(1)
+        libc.prctl(pr_set_pdeathsig, signal.SIGUSR2, 0, 0, 0)
+    except (OSError, AttributeError, ValueError):
+        pass
+    if os.getppid() != parent:  # the parent died before the call: nobody will read our socket
+        gone()
 
 
 def main(argv: list[str]) -> int:
     socket_path, config_path = argv
-    die_with_parent()
+    die_with_parent(os.path.dirname(socket_path))
     # The API process decides when the engine stops (it closes the socket); a Ctrl-C or a
     # service manager's SIGTERM meant for the server must not cut the requests it drains.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    configure_logging()
     try:
-        anyio.run(serve, socket_path, config_path)
+        config = config_from_wire(Path(config_path).read_bytes())  # written by the API process that started us
+        configure_from(config.log_level, config.log_format)
+        anyio.run(serve, socket_path, config)
     except LlamactorError as exc:  # a config the engine cannot run (e.g. a missing draft model)
         print(f"llamactor engine: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ import structlog
 
 
 def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
+    """structlog's configuration for this process: events at ``level`` and above, as JSON lines
+    (``json``; None: when stderr is not a terminal) or text, on stderr."""
     use_json = not sys.stderr.isatty() if json is None else json
     renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
@@ -23,3 +25,8 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def configure_from(level: str, log_format: str) -> None:
+    """A process the runtime started logs as its config says (``log_level``, ``log_format``)."""
+    configure_logging(level, json={"auto": None, "json": True, "text": False}.get(log_format))

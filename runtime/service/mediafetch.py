@@ -25,8 +25,6 @@ request naming more than ``MAX_MEDIA_URLS`` files by URL is a 400 before anythin
 
 from __future__ import annotations
 
-import functools
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,7 @@ import httpx
 import structlog
 
 from llamactor.protocol.errors import RequestError
-from llamactor.runtime.service.egress import EgressPolicy, EgressRefused
+from llamactor.runtime.service.egress import EgressPolicy, EgressRefused, tls_context
 
 log = structlog.get_logger("llamactor.media")
 
@@ -65,11 +63,6 @@ def named_by_url(url: str) -> bool:
     """An http(s):// or file:// URL (fetched), not the image's data."""
     head = url[:8].lower()
     return head.startswith(HTTP_SCHEMES) or head.startswith(FILE_SCHEME)
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    return ssl.create_default_context()  # once per process: loading the CA store takes ~20 ms
 
 
 @dataclass(frozen=True)
@@ -105,7 +98,7 @@ class MediaFetcher:
                     if client is None:
                         # no proxy from the environment: llama-server's client uses none either
                         client = httpx.AsyncClient(
-                            verify=_tls(), trust_env=False, follow_redirects=False, timeout=self.timeout_s
+                            verify=await tls_context(), trust_env=False, follow_redirects=False, timeout=self.timeout_s
                         )
                     out.append(await self._download(client, m))
         finally:

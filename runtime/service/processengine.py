@@ -668,9 +668,9 @@ class ProcessEngine:
             if self.journal.submitted(entry, what):
                 self.counters.resumed += 1
 
-    def _fail_journal(self, message: str) -> None:
+    def _fail_journal(self, message: str, error: str = "Unavailable") -> None:
         for entry in self.journal.ends():
-            _send(entry.task.sink, Failed(message, "Unavailable"))
+            _send(entry.task.sink, Failed(message, error))
             entry.task.sink.close()
 
     async def _refresh_live(self) -> None:
@@ -709,7 +709,7 @@ class ProcessEngine:
             with anyio.move_on_after(CLOSE_WAIT_S):
                 await process.wait()
             await self._kill(process)
-        self._fail_journal("the runtime is shutting down")  # their engine is gone: none waits
+        self._fail_journal("the runtime is shutting down", "Closed")  # their engine is gone: none waits
 
 
 async def _receive(reader: BufferedByteReceiveStream) -> bytes:

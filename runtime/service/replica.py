@@ -45,7 +45,7 @@ from llamactor.protocol.messages import Task, TaskSpec
 from llamactor.runtime.service.config import config_from_wire
 from llamactor.runtime.service.engineproc import answer_call, load_hooks
 from llamactor.runtime.service.inprocess import InProcessEngine
-from llamactor.runtime.service.logging import configure_logging
+from llamactor.runtime.service.logging import configure_from
 from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, Served, block_hashes, choose
 
 REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
@@ -146,12 +146,39 @@ class _Mux:
         wake.set()
 
 
+def _serve_grpc_on_loopback() -> None:
+    """On a Ray node whose address is loopback (the instance llamactor starts itself: see
+    ``replicas.start_local_ray``), bind the inter-deployment gRPC server Ray Serve starts in each
+    replica to 127.0.0.1 too: Serve writes its address as ``[::]:0`` (every interface) with no
+    setting, after the replica's constructor (this one) has run. It takes the replica's handle
+    calls, which no other machine should reach. A cluster's node keeps Serve's binding."""
+    try:
+        import ray
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return
+    if not ray.util.get_node_ip_address().startswith("127."):
+        return
+    add_port = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if add_port is None or getattr(add_port, "loopback_only", False):
+        return
+
+    def loopback(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address.removeprefix("[::]:")
+        return add_port(server, address)
+
+    loopback.loopback_only = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = loopback
+
+
 class ReplicaServer:
     """A Ray Serve replica serving one llamactor engine (see the module)."""
 
     async def __init__(self, config: bytes) -> None:  # type: ignore[misc]  # Ray Serve awaits it
-        configure_logging()
         cfg = config_from_wire(config)
+        configure_from(cfg.log_level, cfg.log_format)
+        _serve_grpc_on_loopback()
         self.engine: InProcessEngine | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()

@@ -178,7 +178,7 @@ class ReplicaSet:
                     yield self
                 finally:
                     tg.cancel_scope.cancel()
-                    self._fail_journal("the runtime is shutting down")
+                    self._fail_journal("the runtime is shutting down", "Closed")
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_stop, serve, ray, app, started_ray)
@@ -403,9 +403,9 @@ class ReplicaSet:
             _send(entry.task.sink, failed)
             entry.task.sink.close()
 
-    def _fail_journal(self, message: str) -> None:
+    def _fail_journal(self, message: str, error: str = "Unavailable") -> None:
         for entry in self.journal.ends():
-            _send(entry.task.sink, Failed(message, "Unavailable"))
+            _send(entry.task.sink, Failed(message, error))
             entry.task.sink.close()
 
     # ---- calls (to one replica, or to each) --------------------------------------------------
