@@ -138,6 +138,7 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    n_probs: int = 0  # llama-server's: logprobs with this many alternatives, as logprobs + top_logprobs
     # tool calls and reasoning (checked in runtime.service.chatturn)
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None

@@ -28,7 +28,7 @@ from llamactor.runtime import cliargs, cliflags
 from llamactor.runtime.http import vertex
 from llamactor.runtime.http.deadlines import DEFAULT_TIMEOUT_S
 from llamactor.runtime.http.tools import localhost_cors, require_api_key
-from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot
+from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot, unified_without_slots
 from llamactor.runtime.service.egress import host_names
 from llamactor.runtime.service.logging import configure_logging
 from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
@@ -170,6 +170,15 @@ def serve_options(a: argparse.Namespace) -> ServeOptions:
                 del process[name]
                 why = "only for the router mode (--models-dir or --models-preset, without -m)"
                 ignored.append((parsed.spelled[name], why))
+    if kw.get("reasoning_budget", -1) > 0:  # 0 turns thinking off, -1 leaves it; a count is not applied
+        ignored.append(
+            (
+                parsed.spelled.get("reasoning_budget", "--reasoning-budget"),
+                "thinking is not cut at a token count here: "
+                "0 (no thinking) and -1 (unrestricted) are applied, other values are taken as -1",
+            )
+        )
+    unified_without_slots(kw)
     size_per_slot(kw)
     return ServeOptions(config=RuntimeConfig(**kw), ignored=tuple(ignored), given=parsed, **process)
 

@@ -132,6 +132,15 @@ async def greedy_over_http(url: str, prompts: list[str], n_predict: int) -> list
     return out
 
 
+async def past_first_event(response: Any) -> Any:
+    """An SSE response's lines read up to its first ``data:`` line (the request is being
+    served); the rest of them."""
+    lines = response.aiter_lines()
+    while not (await anext(lines)).startswith("data: "):
+        pass
+    return lines
+
+
 async def wait_until(predicate, timeout_s: float = 10.0, poll_s: float = 0.005) -> None:
     """Wait for a condition (never a sleep guess): poll ``predicate`` until true or time out."""
     with anyio.fail_after(timeout_s):

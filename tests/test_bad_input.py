@@ -32,7 +32,7 @@ CASES = [
         "/completion",
         {"prompt": [5] * 2000},
         400,
-        f"prompt has 2000 tokens but the slot context is {SLOT_CTX}",
+        f"request (2000 tokens) exceeds the available context size ({SLOT_CTX} tokens)",
     ),
     ("bad-token-id", "POST", "/completion", {"prompt": [1, 999999]}, 400, "token id 999999"),
     ("negative-token-id", "POST", "/completion", {"prompt": [-1]}, 400, "token id -1"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import free_port
+from serveargs import parse_serve
 
 pytestmark = pytest.mark.slow  # a server subprocess per test
 
@@ -126,3 +127,26 @@ def test_scheduler_by_file_path_from_another_directory(tiny_model: Path, tmp_pat
     _serve_from(tmp_path, tiny_model, f"{example}:ShortestPromptFirst")
     (tmp_path / "my_policy.py").write_text(example.read_text())
     _serve_from(tmp_path, tiny_model, "my_policy:ShortestPromptFirst")
+
+
+def test_without_np_one_request_may_use_the_whole_context(tiny_model: Path):
+    """As llama-server: without -np the 4 slots share one KV pool (unified), so a prompt of -c
+    minus the output's length is served; with -np they split -c (and such a prompt is refused)."""
+    port = free_port()
+    argv = [*LLAMACTOR, "serve", "-m", str(tiny_model), "--port", str(port), "-t", "1", "-c", "1024"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, proc)
+        props = httpx.get(url + "/props").json()
+        assert props["total_slots"] == 4 and props["kv_unified"] is True
+        prompt = [5, 6, 7, 8] * 252  # 1,008 of the 1,024 positions
+        r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": 16, "ignore_eos": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_evaluated"] == 1008 and r.json()["tokens_predicted"] == 16
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    split = parse_serve(["-m", str(tiny_model), "-c", "1024", "-np", "4"]).config
+    assert not split.kv_unified and split.validated().ctx_per_request == 256
+    assert parse_serve(["-m", str(tiny_model), "-c", "1024", "--no-kv-unified"]).config.kv_unified is False

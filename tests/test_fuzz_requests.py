@@ -289,6 +289,7 @@ CHAT = {
     "max_completion_tokens": st.one_of(st.none(), st.integers(-1, 40)),
     "logprobs": st.booleans(),
     "top_logprobs": st.one_of(st.none(), st.integers(-1, 25)),
+    "n_probs": st.integers(-1, 25),
     "tools": st.one_of(st.none(), tool_defs),
     "tool_choice": tool_choices,
     "parallel_tool_calls": st.one_of(st.none(), st.booleans()),

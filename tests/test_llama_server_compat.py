@@ -606,8 +606,10 @@ async def test_openai_response_fields(make_config):
 
 
 async def test_exceed_context_size_error(make_config):
-    """A prompt longer than the slot context is llama-server's exceed_context_size_error
-    (400, with n_prompt_tokens and n_ctx), over HTTP and as ExceedContextSize in the embedding API."""
+    """One context rule, llama-server's: a prompt longer than the slot context is its
+    exceed_context_size_error (400, with n_prompt_tokens and n_ctx, in its words), over HTTP and
+    as ExceedContextSize from complete and stream; a prompt that fits generates until the context
+    ends (finish_reason length), whatever max_tokens asked."""
     long_prompt = "hello " * 600
     async with open_server(make_config(n_ctx=1024, parallel=2)) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -620,9 +622,27 @@ async def test_exceed_context_size_error(make_config):
                 error = r.json()["error"]
                 assert error["type"] == "exceed_context_size_error" and error["code"] == 400
                 assert error["n_ctx"] == 512 and error["n_prompt_tokens"] > 512
+                said = f"request ({error['n_prompt_tokens']} tokens) exceeds the available context size (512 tokens)"
+                assert said in error["message"]
+            # the other half of the rule: a prompt that fits generates until the context ends
+            fits = [5, 6, 7, 8] * 100  # 400 of the 512 positions
+            r = await client.post("/completion", json={"prompt": fits, "n_predict": 100_000, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["stop_type"] == "limit" and r.json()["tokens_predicted"] == 512 - 400
+            body = {"prompt": fits, "max_tokens": 100_000, "ignore_eos": True}
+            r = await client.post("/v1/completions", json=body)
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+            assert r.json()["usage"]["completion_tokens"] == 512 - 400
         with pytest.raises(ExceedContextSize) as info:
             await rt.complete(long_prompt)
         assert info.value.n_ctx == 512 and info.value.n_prompt_tokens > 512
+        with pytest.raises(ExceedContextSize, match="exceeds the available context size"):
+            async for _ in rt.stream(long_prompt):
+                pass
+        done = await rt.complete(fits, max_tokens=100_000, ignore_eos=True)
+        assert done.choices[0].finish_reason == "length" and done.n_predicted == 512 - 400
+        streamed = [e async for e in rt.stream(fits, max_tokens=100_000, ignore_eos=True) if hasattr(e, "token")]
+        assert len(streamed) == 512 - 400
 
 
 async def test_chat_template_override(make_config, tmp_path: Path):

@@ -5,7 +5,7 @@ forms, beside token ids, on /completion and /v1/completions, and through the emb
 from __future__ import annotations
 
 import httpx
-from conftest import open_server
+from conftest import open_server, past_first_event
 
 from llamactor.runtime import Runtime
 
@@ -44,6 +44,9 @@ async def test_logit_bias_by_text(make_config):
             json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logit_bias": dict.fromkeys(texts, -100)},
         )
         assert oai.status_code == 200 and oai.json()["choices"][0]["text"] == by_text["content"]
+        for digits in ("¹", "٣"):  # digits to str.isdigit, not a token id: a text (this was a 500)
+            r = await client.post("/completion", json={**body, "logit_bias": {digits: 0.0}})
+            assert r.status_code == 200, r.text
         bad = await client.post("/completion", json={**body, "logit_bias": [[True, 1.0]]})
         assert bad.status_code == 400 and "logit_bias" in bad.json()["error"]["message"]
         bias = [(t, -100.0) for t in texts]
@@ -248,3 +251,47 @@ async def test_chat_json_schema_field_and_prefill_parts(make_config):
             await client.post("/apply-template", json={"messages": [user, {"role": "assistant", "content": parts}]})
         ).json()["prompt"]
         assert prompt.endswith("Wh\n\nill")
+
+
+async def test_slots_fail_on_no_slot_is_a_503_while_every_slot_is_busy(make_config):
+    """``GET /slots?fail_on_no_slot=1``, llama-server's readiness probe: 503 "no slot available"
+    while every slot serves a request, 200 with the slots otherwise (and without the parameter)."""
+    import anyio
+
+    async with open_server(make_config(parallel=1)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
+            body = {"prompt": "busy", "n_predict": 100_000, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", "/completion", json=body) as stream:
+                await past_first_event(stream)
+                busy = await client.get("/slots?fail_on_no_slot=1")
+                assert busy.status_code == 503, busy.text
+                assert busy.json()["error"] == {
+                    "code": 503,
+                    "message": "no slot available",
+                    "type": "unavailable_error",
+                }
+                plain = await client.get("/slots")
+                assert plain.status_code == 200 and plain.json()[0]["is_processing"] is True
+            for _ in range(100):  # the client left: its slot is freed
+                if not rt.in_flight():
+                    break
+                await anyio.sleep(0.05)
+            assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
+
+
+async def test_reasoning_budget_zero_turns_thinking_off(make_config):
+    """--reasoning-budget 0 renders chats with enable_thinking false, as llama-server; a positive
+    budget is not applied, and the startup log says so (it used to be stored and ignored quietly)."""
+    from serveargs import parse_serve
+
+    source = "{{ 'think:' ~ (enable_thinking if enable_thinking is defined else 'unset') }}"
+    messages = [{"role": "user", "content": "hi"}]
+    async with Runtime.open(make_config(chat_template=source, reasoning_budget=0)) as rt:
+        assert rt.apply_chat_template(messages) == "think:False"
+        assert rt.apply_chat_template(messages, chat_template_kwargs={"enable_thinking": True}) == "think:True"
+    async with Runtime.open(make_config(chat_template=source)) as rt:
+        assert rt.apply_chat_template(messages) == "think:True"  # the default, as llama-server's
+    ignored = dict(parse_serve(["--reasoning-budget", "256"]).ignored)
+    assert "not cut at a token count" in ignored["--reasoning-budget"]
+    assert "--reasoning-budget" not in dict(parse_serve(["--reasoning-budget", "0"]).ignored)

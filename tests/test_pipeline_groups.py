@@ -64,7 +64,7 @@ async def test_per_request_context_in_both_modes(make_config):
     long_prompt = [7] * 700
     async with Runtime.open(make_config(parallel=4, n_ctx=2048, pipeline_groups=2)) as rt:
         assert rt.engine.supervisor.groups[0].engine.n_ctx_seq == 512
-        with pytest.raises(Exception, match="700 tokens but the slot context is 512"):
+        with pytest.raises(Exception, match=r"request \(700 tokens\) exceeds the available context size \(512"):
             await rt.complete(long_prompt, max_tokens=2)
     with capture_logs() as logs:
         async with Runtime.open(make_config(parallel=4, n_ctx=2048, pipeline_groups=2, kv_unified=True)) as rt:

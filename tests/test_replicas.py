@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from conftest import free_port, serve_runtime, wait_healthy, wait_until
+from conftest import free_port, past_first_event, serve_runtime, wait_healthy, wait_until
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime
@@ -405,9 +405,7 @@ async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, 
             # a client that leaves mid-stream: its request ends on its replica too
             body = {"prompt": "a long one", "n_predict": 400, "ignore_eos": True, "stream": True}
             async with client.stream("POST", "/completion", json=body) as r:
-                lines = r.aiter_lines()
-                while not (await anext(lines)).startswith("data: "):
-                    pass
+                await past_first_event(r)
             await wait_until(lambda: rt.in_flight() == 0)
             slots = (await client.get("/slots")).json()
             await wait_until(lambda: slots is not None)

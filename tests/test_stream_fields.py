@@ -326,3 +326,29 @@ async def test_timings_per_token(make_config):
 
         events = [e async for e in rt.stream(prompt[2:], max_tokens=2, temperature=0, timings_per_token=True)]
         assert [e.clock[2] for e in events if isinstance(e, Token) and e.clock is not None] == [1, 2]
+
+
+async def test_chat_logprobs_by_n_probs_and_with_token_ids(make_config: Any) -> None:
+    """On chat, llama-server's ``n_probs`` asks for logprobs as ``logprobs`` + ``top_logprobs``
+    do (streamed and not); each entry and each alternative carries its token ``id`` too."""
+    async with open_server(make_config(parallel=1)) as (rt, url):
+        base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            by_n = (await client.post("/v1/chat/completions", json={**base, "n_probs": 3})).json()
+            openai = (
+                await client.post("/v1/chat/completions", json={**base, "logprobs": True, "top_logprobs": 3})
+            ).json()
+            content = by_n["choices"][0]["logprobs"]["content"]
+            assert content == openai["choices"][0]["logprobs"]["content"] and len(content) == 3
+            for entry in content:
+                assert set(entry) == {"id", "token", "logprob", "bytes", "top_logprobs"}
+                assert len(entry["top_logprobs"]) == 3 and all("id" in t for t in entry["top_logprobs"])
+                assert entry["id"] == entry["top_logprobs"][0]["id"]  # greedy: the most likely one
+            none = (await client.post("/v1/chat/completions", json=base)).json()
+            assert none["choices"][0]["logprobs"] is None
+            stream = await _sse(client, "/v1/chat/completions", {**base, "n_probs": 2, "stream": True})
+            chunks = [json.loads(line[6:]) for line in stream.split(b"\n") if line.startswith(b"data: {")]
+            streamed = [
+                e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]
+            ]
+            assert [e["id"] for e in streamed] == [e["id"] for e in content]

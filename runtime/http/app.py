@@ -268,7 +268,11 @@ class Api:
         stays, as in llama-server, where --no-slots turns off the monitoring endpoint only."""
         if not self.rt.config.endpoint_slots:
             raise NotSupported("This server does not support slots endpoint. Start it with `--slots`")
-        return _json(slots_json(await self.rt.slots()))
+        states = await self.rt.slots()
+        # ?fail_on_no_slot=1: a 503 while every slot is busy (a load balancer's readiness probe)
+        if "fail_on_no_slot" in request.query_params and not any(not s.busy and s.phase != "down" for s in states):
+            raise Unavailable("no slot available")
+        return _json(slots_json(states))
 
     async def slot_action(self, request: Request) -> Response:
         self.rt._require_ready()
@@ -422,7 +426,8 @@ class Api:
         handle = await self.rt.submit_request(from_chat(req))
         assert handle.turn is not None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        shaper = ChatShaper(self.model_id, turn=handle.turn, want_logprobs=req.logprobs, include_usage=include_usage)
+        want = req.logprobs or req.n_probs > 0
+        shaper = ChatShaper(self.model_id, turn=handle.turn, want_logprobs=want, include_usage=include_usage)
         if req.stream:
             return await self._stream(
                 request,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ _SAMPLING_BY_NAME = tuple(
 )
 
 Body = NativeCompletionRequest | CompletionRequest | ChatCompletionRequest
+
+_TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key that names a token by its id
 
 
 def from_native(body: NativeCompletionRequest) -> GenerationRequest:
@@ -94,7 +97,7 @@ def from_chat(body: ChatCompletionRequest) -> GenerationRequest:
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
         max_tokens=max_tokens,
-        n_probs=(body.top_logprobs or 1) if body.logprobs else None,
+        n_probs=(body.top_logprobs or 1) if body.logprobs else (body.n_probs if body.n_probs > 0 else None),
         **_openai_output(body),
     )
 
@@ -233,6 +236,7 @@ def logit_bias_of(raw: dict[str, float] | list[Any] | None) -> tuple[tuple[int |
                 raise TypeError
         except (TypeError, ValueError):
             raise RequestError(f"logit_bias entries must be [token id or text, bias], got {item!r}") from None
-        token = tok if isinstance(tok, int) else int(tok) if tok.strip().lstrip("-").isdigit() else tok
+        # a key of ASCII digits is a token id ("¹" and "٣" are digits to str.isdigit, and texts here)
+        token = tok if isinstance(tok, int) else int(tok) if _TOKEN_ID.fullmatch(tok) else tok
         out.append((token, value))
     return tuple(out)

@@ -278,12 +278,14 @@ class OpenAIShaper:
         if self.chat:
             return {
                 "content": [
-                    {
+                    {  # as llama-server's: OpenAI's fields and the token ids
+                        "id": ev.token,
                         "token": ev.text,
                         "logprob": ev.logprob,
                         "bytes": list(ev.text.encode()),
                         "top_logprobs": [
-                            {"token": t.piece, "logprob": t.logprob, "bytes": list(t.piece.encode())} for t in ev.top
+                            {"id": t.token, "token": t.piece, "logprob": t.logprob, "bytes": list(t.piece.encode())}
+                            for t in ev.top
                         ],
                     }
                     for ev in events

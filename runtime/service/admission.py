@@ -147,6 +147,8 @@ class Admission:
         server = cfg.chat_template_kwargs
         if cfg.reasoning != "auto":  # --reasoning on|off, as llama-server: a default enable_thinking
             server = {"enable_thinking": cfg.reasoning == "on", **server}
+        elif cfg.reasoning_budget == 0:  # --reasoning-budget 0, as llama-server: no thinking
+            server = {"enable_thinking": False, **server}
         if server:  # the server's (--reasoning, --chat-template-kwargs) under the request's
             kwargs = {**server, **(kwargs or {})}
         return prepare_chat(
@@ -263,11 +265,14 @@ class Admission:
     def check_length(self, tokens: list[int]) -> None:
         if not tokens:
             raise RequestError("prompt: the prompt is empty")
-        limit = self.config.ctx_per_request
-        if len(tokens) >= limit:
+        cfg = self.config
+        limit = cfg.ctx_per_request
+        if len(tokens) >= limit:  # llama-server's rule and words (clients parse the two counts)
+            share = f"--ctx-size {cfg.n_ctx} over {cfg.parallel} slots" if limit < cfg.n_ctx else "--ctx-size"
             raise ExceedContextSize(
-                f"the prompt has {len(tokens)} tokens but the slot context is {limit} tokens "
-                f"(prompt + generation must fit)",
+                f"request ({len(tokens)} tokens) exceeds the available context size ({limit} tokens), try increasing "
+                f"it ({share}): a prompt must leave room in its slot's context for a token, and a generation stops "
+                "where the context ends (finish_reason length)",
                 n_prompt_tokens=len(tokens),
                 n_ctx=limit,
             )

@@ -66,6 +66,18 @@ def size_per_slot(fields: dict[str, Any]) -> None:
         fields["n_ctx"] = fields.get("parallel", DEFAULT_PARALLEL) * per_slot
 
 
+def unified_without_slots(fields: dict[str, Any]) -> bool:
+    """llama-server's default when ``-np`` is not given (or is -1, auto): its 4 slots share one KV
+    pool (``--kv-unified``), so one request may use the whole ``-c``; with ``-np`` they split it.
+    Pipeline groups keep the split unless told otherwise (each group's context is its own).
+    On the fields a command line gave, before the config is made; True when it turned it on."""
+    if fields.get("parallel") is None and "kv_unified" not in fields and fields.get("pipeline_groups", 1) == 1:
+        fields["kv_unified"] = True
+        fields.pop("parallel", None)
+        return True
+    return False
+
+
 def route_prefix(prefix: str) -> str:
     """``api_prefix`` as the routes take it: "" or "/a/b", with no trailing slash. llama-server
     prepends its --api-prefix to each path as given; here "api" and "/api/" mean "/api" too.
