@@ -271,8 +271,8 @@ class Admission:
             share = f"--ctx-size {cfg.n_ctx} over {cfg.parallel} slots" if limit < cfg.n_ctx else "--ctx-size"
             raise ExceedContextSize(
                 f"request ({len(tokens)} tokens) exceeds the available context size ({limit} tokens), try increasing "
-                f"it ({share}): a prompt must leave room in its slot's context for a token, and a generation stops "
-                "where the context ends (finish_reason length)",
+                f"it (the slot context: {share}): a prompt must leave room in the slot context for a token, and a "
+                "generation stops where it ends (finish_reason length)",
                 n_prompt_tokens=len(tokens),
                 n_ctx=limit,
             )
