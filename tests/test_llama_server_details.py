@@ -5,7 +5,7 @@ forms, beside token ids, on /completion and /v1/completions, and through the emb
 from __future__ import annotations
 
 import httpx
-from conftest import open_server, past_first_event
+from conftest import open_server, wait_until
 
 from llamactor.runtime import Runtime
 
@@ -256,27 +256,29 @@ async def test_chat_json_schema_field_and_prefill_parts(make_config):
 async def test_slots_fail_on_no_slot_is_a_503_while_every_slot_is_busy(make_config):
     """``GET /slots?fail_on_no_slot=1``, llama-server's readiness probe: 503 "no slot available"
     while every slot serves a request, 200 with the slots otherwise (and without the parameter)."""
-    import anyio
+    import threading
 
-    async with open_server(make_config(parallel=1)) as (rt, url):
+    import anyio
+    from faults import Faults
+
+    faults = Faults()
+    faults.hold = threading.Event()  # the request's decode steps wait: its slot stays busy
+    async with open_server(make_config(parallel=1), hooks=faults) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
-            body = {"prompt": "busy", "n_predict": 100_000, "ignore_eos": True, "stream": True}
-            async with client.stream("POST", "/completion", json=body) as stream:
-                await past_first_event(stream)
-                busy = await client.get("/slots?fail_on_no_slot=1")
-                assert busy.status_code == 503, busy.text
-                assert busy.json()["error"] == {
-                    "code": 503,
-                    "message": "no slot available",
-                    "type": "unavailable_error",
-                }
-                plain = await client.get("/slots")
-                assert plain.status_code == 200 and plain.json()[0]["is_processing"] is True
-            for _ in range(100):  # the client left: its slot is freed
-                if not rt.in_flight():
-                    break
-                await anyio.sleep(0.05)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: client.post("/completion", json={"prompt": "busy", "n_predict": 4}))
+                try:
+                    await wait_until(lambda: bool(faults.holding), timeout_s=30)
+                    busy = await client.get("/slots?fail_on_no_slot=1")
+                    assert busy.status_code == 503, busy.text
+                    error = busy.json()["error"]
+                    assert error == {"code": 503, "message": "no slot available", "type": "unavailable_error"}
+                    plain = await client.get("/slots")
+                    assert plain.status_code == 200 and plain.json()[0]["is_processing"] is True
+                finally:
+                    faults.hold.set()
+            await wait_until(lambda: rt.in_flight() == 0, timeout_s=30)
             assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
 
 
