@@ -400,19 +400,8 @@ class GroupActor(Actor[GroupMsg]):
             send_final(sink, final)
         elif sink is not None:
             sink.close()
-        task, s0 = members[0].task, members[0]
-        if cancelled and final is None and task is not None:  # the client left (a failure logs its own)
-            log.info(
-                "request_done",
-                task=task.id,
-                group=self.group,
-                slot=s0.id,
-                reason="cancelled",
-                n_prompt=len(s0.prompt),
-                n_cached=s0.n_cached,
-                n_predicted=sum(m.n_decoded for m in members),
-                total_ms=round((time.perf_counter() - task.arrived) * 1e3, 2),
-            )
+        if cancelled and final is None and members[0].task is not None:  # the client left (a failure logs its own)
+            self._log_end(members, time.perf_counter(), "cancelled")
         self._tell_coordinator(PhaseKind.CANCELLED if cancelled else PhaseKind.FINISHED, members[0])
         if self.recorder is not None:
             self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
@@ -501,26 +490,33 @@ class GroupActor(Actor[GroupMsg]):
         if self.hooks is not None:
             self.hooks.after_step(self, res)
 
-    def _log_end(self, members: list[Slot], now: float) -> None:
+    def _log_end(self, members: list[Slot], now: float, reason: str = "finished") -> None:
+        """The one event a request logs when it ends (a failure logs ``request_failed``);
+        a finished one's timings also go to the metrics."""
         s = members[0]
         assert s.task is not None
-        self.metrics.request_done(
-            self.group,
-            s.t_prompt_done - s.t_start,
-            max(m.t_last for m in members) - s.t_prompt_done,
-            max(m.n_past for m in members),
-        )
+        timings = {}
+        if reason == "finished":
+            self.metrics.request_done(
+                self.group,
+                s.t_prompt_done - s.t_start,
+                max(m.t_last for m in members) - s.t_prompt_done,
+                max(m.n_past for m in members),
+            )
+            timings = {
+                "queue_ms": round((s.t_start - s.task.arrived) * 1e3, 2),
+                "prompt_ms": round((s.t_prompt_done - s.t_start) * 1e3, 2),
+            }
         log.info(
             "request_done",
             task=s.task.id,
             group=self.group,
             slot=s.id,
-            reason="finished",
+            reason=reason,
             n_prompt=len(s.prompt),
             n_cached=s.n_cached,
             n_predicted=sum(m.n_decoded for m in members),
-            queue_ms=round((s.t_start - s.task.arrived) * 1e3, 2),
-            prompt_ms=round((s.t_prompt_done - s.t_start) * 1e3, 2),
+            **timings,
             total_ms=round((now - s.task.arrived) * 1e3, 2),
         )
 

@@ -33,7 +33,7 @@ from typing import Any
 from llama_cpp.llama_grammar import SchemaConverter
 
 from llamactor.protocol.errors import RequestError
-from llamactor.runtime.service.schemalimits import check_limits
+from llamactor.runtime.service.schemalimits import COUNT_KEYS, check_limits
 
 MAX_TOOLS = 128
 MAX_SCHEMA_DEPTH = 32
@@ -153,16 +153,7 @@ _SUBSCHEMA = (
 )
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_COUNTS = (
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minContains",
-    "maxContains",
-)
+_COUNTS = COUNT_KEYS  # the repetition counts a schema may carry (schemalimits caps them)
 _NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
