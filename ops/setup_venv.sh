@@ -32,6 +32,19 @@ BACKEND=${BACKEND:-cpu}
 RECORD="$VENV/llamactor-build.json"
 DROPPED="$VENV/llamactor-build.dropped"
 
+# ggml-cuda links cuBLAS. A toolkit made of NVIDIA's pip wheels (nvcc and the runtime) lacks it:
+# then the cuBLAS wheel of the toolkit's release goes into the venv and the build is pointed at it
+# (ops/cudatoolkit.py; nothing is done where the toolkit has cuBLAS).
+BACKEND_ARGS=""
+if [ "$BACKEND" = cuda ]; then
+    CUBLAS=$("$VENV/bin/python" ops/cudatoolkit.py requirement)
+    if [ -n "$CUBLAS" ]; then
+        echo "the CUDA toolkit has no cuBLAS: installing $CUBLAS into $VENV"
+        $PIP install -q "$CUBLAS"
+        BACKEND_ARGS=$("$VENV/bin/python" ops/cudatoolkit.py cmake)
+    fi
+fi
+
 wanted() {  # the CMake arguments for this machine, less the sets in $DROPPED
     local drops=() line
     if [ -f "$DROPPED" ]; then
@@ -39,7 +52,7 @@ wanted() {  # the CMake arguments for this machine, less the sets in $DROPPED
     fi
     local args
     args=$("$PYTHON" ops/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake "${drops[@]}")
-    echo "$args${CMAKE_ARGS:+ $CMAKE_ARGS}"
+    echo "$args${BACKEND_ARGS:+ $BACKEND_ARGS}${CMAKE_ARGS:+ $CMAKE_ARGS}"
 }
 
 built_as() {  # the CMake arguments of the installed build, from its record ("" when none)

@@ -26,6 +26,7 @@ import functools
 import json
 import re
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +84,29 @@ def load_backends() -> int:
     registered afterwards. A compiled-in build has its backends registered already."""
     lib = ggml()
     if lib.ggml_backend_reg_count() == 0:
+        preload_wheel_libraries()
         lib.ggml_backend_load_all_from_path(str(library_dir()).encode())
     llama_cpp.llama_backend_init()
     return int(lib.ggml_backend_reg_count())
+
+
+def preload_wheel_libraries() -> list[str]:
+    """Load the cuBLAS of NVIDIA's wheel, when setup installed it into this environment for a
+    CUDA build (ops/cudatoolkit.py): the CUDA module's run path is its own folder, so its
+    dlopen finds the libraries by their sonames only once they are loaded. PyTorch does the
+    same with the same wheels. The libraries loaded, by path."""
+    if not (library_dir() / "libggml-cuda.so").exists():
+        return []
+    loaded = []
+    site = Path(sysconfig.get_paths()["purelib"])
+    for name in ("libcublasLt.so.*", "libcublas.so.*"):  # cuBLAS needs cuBLASLt
+        for path in sorted(site.glob(f"nvidia/*/lib/{name}")):
+            try:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue  # the module then fails to load, and the CPU serves
+            loaded.append(str(path))
+    return loaded
 
 
 def devices() -> list[Device]:
