@@ -98,8 +98,9 @@ def fit_costs(steps: Sequence[Step]) -> CostModel:
 
 
 def _fit(rows: list[Step], y: np.ndarray) -> Linear:
-    """Least squares; the KV column is kept when every step has it, it costs (a positive
-    coefficient: more KV never makes a step cheaper) and it explains enough."""
+    """Least squares with no negative cost per token (a step never gets cheaper with more tokens
+    in it); the KV column is kept when every step has it, it costs (a positive coefficient) and
+    it explains enough."""
     base = np.column_stack([np.ones(len(rows)), [s.prompt for s in rows], [s.generated for s in rows]])
     coef, ss = _lstsq(base, y)
     ss_tot = float(np.sum((y - y.mean()) ** 2))
@@ -118,7 +119,21 @@ def _fit(rows: list[Step], y: np.ndarray) -> Linear:
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    """Least squares whose per-token coefficients (every column after the intercept) are not
+    negative: the most negative one is fixed at 0 and the rest fitted again, until none is.
+    Steps whose token counts move together (a trace where most requests were cancelled, say, so
+    nearly every step carries as many prompt tokens as the last) can otherwise trade a negative
+    cost for one column against a large one for another, which a replay then turns into steps
+    that cost less the more they hold."""
+    free = list(range(x.shape[1]))
+    while True:
+        part, *_ = np.linalg.lstsq(x[:, free], y, rcond=None)
+        coef = np.zeros(x.shape[1])
+        coef[free] = part
+        negative = [i for i in free[1:] if coef[i] < 0]
+        if not negative:
+            break
+        free.remove(min(negative, key=lambda i: coef[i]))
     resid = y - x @ coef
     return coef, float(resid @ resid)
 

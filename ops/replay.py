@@ -45,6 +45,8 @@ COLUMNS = {
     "goodput": "goodput",
     "goodput_rps": "good/s",
 }
+# a recorded trace's table also counts the requests that ended badly: a random workload has none
+TRACE_COLUMNS = {**COLUMNS, "ended_badly": "cancelled"}
 _OPTIONS = ("prefill_budget", "target_itl_ms", "target_ttft_ms", "cohort_max_generate_ms")
 
 
@@ -123,7 +125,9 @@ def recorded_report(trace: Trace, slo_ttft_ms: float, slo_itl_ms: float) -> Late
         samples.append(Sample(r.ok, ttft, gaps, r.generated))
     ends = [r.finished for r in trace.requests if r.finished is not None]
     start = min((r.submitted for r in trace.requests), default=0.0)
-    report = LatencyReport.of(samples, max(ends) - start if ends else 0.0, slo_ttft_ms, slo_itl_ms)
+    report = LatencyReport.of(
+        samples, max(ends) - start if ends else 0.0, slo_ttft_ms, slo_itl_ms, latency_of_ended=True
+    )
     return dataclasses.replace(report, itl_p50_ms=None, itl_p99_ms=None)
 
 
@@ -137,7 +141,8 @@ def replay(
     spec: str,
 ) -> Replayed:
     result = simulate(trace, policy_cls, cost, options)
-    return Replayed(spec, result, LatencyReport.of(result.samples(), result.makespan_s, slo_ttft_ms, slo_itl_ms))
+    report = LatencyReport.of(result.samples(), result.makespan_s, slo_ttft_ms, slo_itl_ms, latency_of_ended=True)
+    return Replayed(spec, result, report)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -242,6 +247,12 @@ def stalled(result: SimResult) -> str:
 # ---- output -------------------------------------------------------------------------------
 
 
+def figures(report: LatencyReport) -> dict[str, float | int | None]:
+    """The benchmark's figures and the requests that ended badly (cancelled or failed in the
+    recording; the simulation ends them where the recording did)."""
+    return {**report.figures(), "ended_badly": report.ended_badly}
+
+
 def describe_trace(trace: Trace, options: dict[str, float]) -> str:
     h = trace.header
     ok = sum(r.ok for r in trace.requests)
@@ -256,9 +267,9 @@ def describe_trace(trace: Trace, options: dict[str, float]) -> str:
 def render(
     trace: Trace, cost: CostModel, recorded: LatencyReport, runs: list[Replayed], options: dict[str, float]
 ) -> str:
-    header = ["policy", *COLUMNS.values()]
-    rows = [[f"{RECORDED} ({trace.header.policy})", *(fmt(v) for v in recorded.figures().values())]]
-    rows += [[r.scheduler, *(fmt(v) for v in r.report.figures().values())] for r in runs]
+    header = ["policy", *TRACE_COLUMNS.values()]
+    rows = [[f"{RECORDED} ({trace.header.policy})", *(fmt(v) for v in figures(recorded).values())]]
+    rows += [[r.scheduler, *(fmt(v) for v in figures(r.report).values())] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     slo = (
         f"goodput: share of requests with TTFT <= {recorded.slo_ttft_ms:g} ms and time per output token <= "
@@ -294,12 +305,12 @@ def to_json(
             for part, fit in (("decode", cost.decode), ("loop", cost.loop))
         },
         "slo": {"ttft_ms": recorded.slo_ttft_ms, "itl_ms": recorded.slo_itl_ms},
-        "recorded": {"scheduler": trace.header.policy, "figures": recorded.figures(), "good": recorded.good},
+        "recorded": {"scheduler": trace.header.policy, "figures": figures(recorded), "good": recorded.good},
         "policies": [
             {
                 "scheduler": r.scheduler,
                 "name": r.result.policy,
-                "figures": r.report.figures(),
+                "figures": figures(r.report),
                 "good": r.report.good,
                 "requests": len(r.result.outcomes),
                 "unfinished": r.result.unfinished,

@@ -60,6 +60,7 @@ class LatencyReport:
     good: int
     goodput_share: float | None  # good / n, None for no requests
     goodput_rps: float | None  # good requests per second of makespan
+    ended_badly: int = 0  # requests that did not complete (cancelled, failed): never good
 
     @classmethod
     def of(
@@ -68,9 +69,15 @@ class LatencyReport:
         makespan_s: float,
         slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS,
         slo_itl_ms: float = DEFAULT_SLO_ITL_MS,
+        *,
+        latency_of_ended: bool = False,
     ) -> LatencyReport:
-        ttfts = [s.ttft_s * MS_PER_S for s in samples if s.ok and s.ttft_s is not None]
-        gaps = [g * MS_PER_S for s in samples if s.ok for g in s.gaps_s]
+        """``latency_of_ended``: the latency figures also count the requests that ended badly
+        after their first token (a client that disconnected had waited for it all the same):
+        what replay reports of recorded traffic. The benchmark leaves its failed requests out."""
+        counted = [s for s in samples if s.ok or latency_of_ended]
+        ttfts = [s.ttft_s * MS_PER_S for s in counted if s.ttft_s is not None]
+        gaps = [g * MS_PER_S for s in counted for g in s.gaps_s]
         good = sum(s.good(slo_ttft_ms, slo_itl_ms) for s in samples)
         return cls(
             n=len(samples),
@@ -85,6 +92,7 @@ class LatencyReport:
             good=good,
             goodput_share=ratio(float(good), float(len(samples))) if samples else None,
             goodput_rps=ratio(float(good), makespan_s),
+            ended_badly=sum(not s.ok for s in samples),
         )
 
     def figures(self) -> dict[str, float | int | None]:

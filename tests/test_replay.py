@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import httpx
+import numpy as np
 import pytest
 from conftest import free_port, open_server
 from test_cli import LLAMACTOR, _wait_ready
@@ -17,6 +18,7 @@ from test_cli import LLAMACTOR, _wait_ready
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.ops.costfit import fit_costs
 from llamactor.ops.simulate import SimulationError, simulate
+from llamactor.ops.slo import LatencyReport
 from llamactor.ops.tracefile import Step, load_trace
 from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime, cli
@@ -137,6 +139,70 @@ def test_fit_adds_the_loop_gap_between_steps():
     assert cost.decode.intercept_ms == pytest.approx(3.0) and cost.decode.per_generated_ms == pytest.approx(0.5)
     assert cost.loop.intercept_ms == pytest.approx(1.0) and cost.loop.per_generated_ms == pytest.approx(0.25)
     assert cost.ms(0, 2, 0) == pytest.approx(3.0 + 1.0 + 1.5) and cost.decode_ms(0, 2, 0) == pytest.approx(4.0)
+
+
+def test_fit_never_gives_a_token_a_negative_cost():
+    """Steps whose measured cost falls as their prompt tokens rise (noise, or a trace of
+    disconnects whose token counts move together) fit no negative cost per prompt token: that
+    term is fixed at 0 and the others fitted again, so a bigger step never replays cheaper."""
+    steps = [
+        Step(
+            group=0,
+            start=i * 0.01,
+            ms=5.0 + 1.5 * (i % 4) - 0.004 * ((i * 37) % 300),
+            prompt=(i * 37) % 300,
+            generated=i % 4,
+            slots=1,
+            kv=None,
+            gap_ms=0.0 if i else None,
+        )
+        for i in range(60)
+    ]
+    unconstrained = np.linalg.lstsq(
+        np.column_stack([np.ones(60), [s.prompt for s in steps], [s.generated for s in steps]]),
+        np.asarray([s.ms for s in steps]),
+        rcond=None,
+    )[0]
+    assert unconstrained[1] < 0  # what a plain least-squares fit gives these steps
+    decode = fit_costs(steps).decode
+    assert decode.per_prompt_ms == 0.0 and decode.per_generated_ms == pytest.approx(1.5, abs=0.05)
+    model = fit_costs(steps)
+    assert model.decode_ms(299, 2, 0) >= model.decode_ms(0, 2, 0)
+
+
+def test_replay_counts_the_cancelled_requests(tmp_path: Path):
+    """Requests the recording ended as cancelled stay in the replay's figures: a column counts
+    them (recorded and replayed alike), they are never good, and the one that got tokens before
+    its client left counts in the TTFT figures (its client waited for that token)."""
+    reqs = [request(0.01 * i, 40, 5) for i in range(4)]
+    reqs.append(request(0.05, 200, 3, finish="cancelled", first_token=0.3, finished=0.35, assigned=0.06))
+    reqs.append(request(0.06, 500, 0, finish="cancelled"))
+    path = write_trace(tmp_path / "t.jsonl", reqs)
+    out = _replay_json(path, "--scheduler", "stall-free")
+    recorded, replayed = out["recorded"], out["policies"][0]
+    assert recorded["figures"]["ended_badly"] == 2 and replayed["figures"]["ended_badly"] == 2
+    assert replayed["good"] <= 4 and replayed["unfinished"] == 0
+    trace = load_trace(path)
+    result = simulate(trace, resolve_policy("stall-free"), fit_costs(trace.steps))
+    with_ended = LatencyReport.of(result.samples(), result.makespan_s, latency_of_ended=True)
+    without = LatencyReport.of(result.samples(), result.makespan_s)
+    ttft_of_cancelled = result.outcomes[4].ttft_s
+    assert ttft_of_cancelled is not None
+    ok_ttfts = [o.ttft_s for o in result.outcomes[:4] if o.ttft_s is not None]
+    assert without.ttft_mean_ms == pytest.approx(1e3 * sum(ok_ttfts) / 4)
+    assert with_ended.ttft_mean_ms == pytest.approx(1e3 * (sum(ok_ttfts) + ttft_of_cancelled) / 5)
+    text = cli_output(path)
+    header = next(line for line in text.splitlines() if line.startswith("policy"))
+    assert header.split()[-1] == "cancelled"
+    assert all(line.split()[-1] == "2" for line in text.splitlines() if line.startswith(("recorded", "stall-free")))
+
+
+def cli_output(path: Path) -> str:
+    proc = subprocess.run(
+        [*LLAMACTOR, "replay", str(path), "--scheduler", "stall-free"], check=False, capture_output=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode()
 
 
 # ---- the simulator ----------------------------------------------------------------------------
