@@ -447,6 +447,8 @@ class GroupActor(Actor[GroupMsg]):
                 n = self.engine.restore_slot(s, cmd.path)
             result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=(time.perf_counter() - t0) * 1e3)
         except Exception as exc:
+            if cmd.action == "restore":  # a refused restore has emptied the slot
+                self._report(SlotCached(self.group, s.local, tuple(s.cache)))
             cmd.reply.fail(exc)
             return
         self._report(SlotCached(self.group, s.local, tuple(s.cache)))

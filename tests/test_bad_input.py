@@ -6,6 +6,8 @@ the server still serves a good request and that no slot was leaked.
 
 from __future__ import annotations
 
+import struct
+
 import anyio
 import httpx
 import pytest
@@ -145,6 +147,36 @@ async def test_slot_save_path_traversal_refused(make_config, tmp_path):
             assert slot1["n_cached_tokens"] == saved  # the restored KV is what slot 0 saved
             r = await client.post("/slots/1?action=restore", json={"filename": "missing.bin"})
             assert r.status_code == 404
-            r = await client.post("/slots/1?action=erase")
+            # the same slot as llama-server saves it: its packed token layout, the same KV after it
+            packed = llama_server_layout((tmp_path / "s0.bin").read_bytes())
+            (tmp_path / "ls.bin").write_bytes(packed)
+            r = await client.post("/slots/1?action=restore", json={"filename": "ls.bin"})
+            assert r.status_code == 200 and r.json()["n_restored"] == saved, r.text
+            r = await client.post("/completion", json={**GOOD, "id_slot": 1})
+            assert r.status_code == 200 and r.json()["timings"]["cache_n"] > 0  # the prefix is reused
+            for bad, words in (("v2.bin", [-1, 2]), ("media.bin", None)):
+                data = bytearray(packed)
+                if words is None:  # one media chunk counted: this server cannot restore those
+                    n = struct.unpack_from("<i", data, 20)[0]
+                    struct.pack_into("<i", data, 24 + 4 * n, 1)
+                else:
+                    struct.pack_into("<2i", data, 12, *words)
+                (tmp_path / bad).write_bytes(bytes(data))
+                r = await client.post("/slots/1?action=restore", json={"filename": bad})
+                assert r.status_code == 400 and "Unable to restore slot" in r.json()["error"]["message"], r.text
+                slot1 = next(s for s in (await client.get("/slots")).json() if s["id"] == 1)
+                assert slot1["n_cached_tokens"] == 0  # refused: nothing half-restored stays
+            r = await client.post("/slots/0?action=erase")
             assert r.status_code == 200 and r.json()["n_erased"] > 0
         assert not list(tmp_path.parent.glob("evil.bin"))
+
+
+def llama_server_layout(plain: bytes) -> bytes:
+    """A slot file of this server's (magic, version, token count, tokens, KV) rewritten as
+    llama-server writes its slots: the same call (llama_state_seq_save_file) given its packed
+    token words (server_tokens::serialize: LLAMA_TOKEN_NULL, layout version 1, the count, the
+    tokens, 0 media chunks)."""
+    magic, version, n = struct.unpack_from("<3I", plain)
+    tokens = struct.unpack_from(f"<{n}i", plain, 12)
+    words = (-1, 1, n, *tokens, 0)
+    return struct.pack(f"<3I{len(words)}i", magic, version, len(words), *words) + plain[12 + 4 * n :]

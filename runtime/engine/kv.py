@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -234,15 +235,54 @@ class SequenceKV:
         return len(slot.cache)
 
     def restore_file(self, slot: Slot, path: str) -> int:
-        """Replace the slot's KV with the one saved in ``path``; return the tokens it holds now."""
-        cap = self.n_ctx_seq
+        """Replace the slot's KV with the one saved in ``path``; return the tokens it holds now.
+        Reads both token layouts a slot file has: a plain token list (what this server and
+        older llama-servers write) and llama-server's packed one (see ``slot_file_tokens``)."""
+        cap = self.n_ctx_seq + PACKED_HEADER_WORDS
         toks = (llama_cpp.llama_token * cap)()
         n_out = ctypes.c_size_t(0)
         llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
         n = llama_cpp.llama_state_seq_load_file(self.ctx, path.encode(), slot.local, toks, cap, ctypes.byref(n_out))
         if n == 0:
             slot.cache.clear()
-            raise EngineError(f"could not restore slot {slot.id} from {path}")
-        slot.cache[:] = toks[: n_out.value]
+            raise RequestError(
+                f"Unable to restore slot: no available space in KV cache or invalid slot save file {Path(path).name}"
+            )
+        try:
+            tokens = slot_file_tokens(toks[: n_out.value], self.model.n_vocab, self.n_ctx_seq)
+        except RequestError:
+            llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+            slot.cache.clear()
+            raise
+        slot.cache[:] = tokens
         slot.lora = NO_LORA  # a slot file does not say which adapters made it: taken as the base model's
-        return n_out.value
+        return len(tokens)
+
+
+# llama-server's packed token layout in a slot file (server_tokens::serialize): a marker word
+# (LLAMA_TOKEN_NULL), the layout's version, the token count, the tokens, the count of media
+# chunks, then each chunk's start index and bytes
+PACKED_MARKER, PACKED_VERSION, PACKED_HEADER_WORDS = NO_TOKEN, 1, 4
+
+
+def slot_file_tokens(words: list[int], n_vocab: int, n_ctx: int) -> list[int]:
+    """The tokens a slot file's token words stand for. llama-server saves its slots with its
+    packed layout; the same KV then follows in the file, so once the layout is read the prefix
+    is reused as from one of this server's files. A file whose tokens are not this model's, or
+    that holds images or audio, is refused as llama-server refuses it."""
+    if words and words[0] == PACKED_MARKER:
+        if len(words) < PACKED_HEADER_WORDS or words[1] != PACKED_VERSION:
+            raise RequestError("Unable to restore slot: unsupported server tokens state version")
+        n = words[2]
+        if n < 0 or len(words) < 3 + n + 1:
+            raise RequestError("Unable to restore slot: the slot file's token list is truncated")
+        if words[3 + n] != 0:
+            raise RequestError("Unable to restore slot: slots with image or audio KV cannot be restored")
+        if len(words) != 3 + n + 1:
+            raise RequestError("Unable to restore slot: trailing data in server tokens state")
+        words = words[3 : 3 + n]
+    if len(words) > n_ctx:
+        raise RequestError("Unable to restore slot: restored prompt does not fit in the slot context")
+    if any(not 0 <= t < n_vocab for t in words):
+        raise RequestError("Unable to restore slot: invalid tokens in slot save file")
+    return list(words)
