@@ -541,6 +541,13 @@ class GroupActor(Actor[GroupMsg]):
         states = []
         for s in self.slots:
             task = s.task
+            # an idle slot reports the request it served last, with its counters when it ended
+            if task is not None:
+                ref, n_prompt, n_cached, n_decoded = task, len(s.prompt), s.n_cached, s.n_decoded
+            elif s.last is not None:
+                ref, n_prompt, n_cached, n_decoded = s.last
+            else:
+                ref, n_prompt, n_cached, n_decoded = None, 0, 0, 0
             states.append(
                 SlotState(
                     id=s.id,
@@ -551,13 +558,17 @@ class GroupActor(Actor[GroupMsg]):
                     speculative=speculative,
                     cohort=self.policy.cohort_of(s.order) if s.busy else 0,
                     n_cached=len(s.cache),
-                    task=-1 if task is None else task.id,
-                    n_prompt=0 if task is None else len(s.prompt),
-                    n_prompt_cached=0 if task is None else s.n_cached,
-                    n_decoded=0 if task is None else s.n_decoded,
+                    task=-1 if ref is None else ref.id,
+                    n_prompt=n_prompt,
+                    n_prompt_cached=n_cached,
+                    n_decoded=n_decoded,
                     n_remain=0 if task is None else task.n_predict - s.n_decoded,
                     age_s=0.0 if task is None else round(now - task.arrived, 3),
-                    priority=0 if task is None else task.request.priority,
+                    priority=0 if ref is None else ref.request.priority,
+                    params=None if ref is None else ref.params,
+                    n_predict=0 if ref is None else ref.n_predict,
+                    ignore_eos=False if ref is None else ref.ignore_eos,
+                    lora=NO_LORA if ref is None else ref.lora,
                     draft_n=None if s.spec is None else s.spec.n_draft,
                     draft_n_accepted=None if s.spec is None else s.spec.n_accepted,
                     draft_n_steps=None if s.spec is None else s.spec.n_drafts,

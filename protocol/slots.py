@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
+from llamactor.protocol.lora import NO_LORA, LoraSet
+from llamactor.protocol.sampling import SamplingParams
+
 
 class SlotState(msgspec.Struct, frozen=True, kw_only=True):
     id: int  # global slot id
@@ -19,13 +22,19 @@ class SlotState(msgspec.Struct, frozen=True, kw_only=True):
     speculative: bool = False  # the server drafts tokens (a draft model or n-grams)
     cohort: int = 0  # the policy's cohort id of its request (0: none)
     n_cached: int = 0  # tokens its KV cache holds
-    task: int = -1  # the request it serves, -1 when idle
+    task: int = -1  # the request it serves (or served last, when idle); -1 before any
     n_prompt: int = 0  # prompt tokens of the request
     n_prompt_cached: int = 0  # of those, reused from the cache
     n_decoded: int = 0  # tokens generated so far
     n_remain: int = 0  # tokens still allowed
     age_s: float = 0.0  # seconds since the request arrived
     priority: int = 0  # the request's priority
+    # the request it serves, or served last when idle (llama-server's task_prev): its
+    # sampling, generation limit and adapters (``/slots``' ``params``); None before any request
+    params: SamplingParams | None = None
+    n_predict: int = 0
+    ignore_eos: bool = False
+    lora: LoraSet = NO_LORA
     # speculative decoding of the current (or last) request; None without speculation
     draft_n: int | None = None
     draft_n_accepted: int | None = None

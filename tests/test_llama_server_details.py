@@ -265,9 +265,11 @@ async def test_slots_fail_on_no_slot_is_a_503_while_every_slot_is_busy(make_conf
     faults.hold = threading.Event()  # the request's decode steps wait: its slot stays busy
     async with open_server(make_config(parallel=1), hooks=faults) as (rt, url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
+            first = await client.get("/slots?fail_on_no_slot=1")
+            assert first.status_code == 200 and "id_task" not in first.json()[0]  # no request yet
+            body = {"prompt": "busy", "n_predict": 4, "temperature": 0.5, "top_k": 7, "repeat_penalty": 1.1}
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: client.post("/completion", json={"prompt": "busy", "n_predict": 4}))
+                tg.start_soon(lambda: client.post("/completion", json=body))
                 try:
                     await wait_until(lambda: bool(faults.holding), timeout_s=30)
                     busy = await client.get("/slots?fail_on_no_slot=1")
@@ -276,10 +278,27 @@ async def test_slots_fail_on_no_slot_is_a_503_while_every_slot_is_busy(make_conf
                     assert error == {"code": 503, "message": "no slot available", "type": "unavailable_error"}
                     plain = await client.get("/slots")
                     assert plain.status_code == 200 and plain.json()[0]["is_processing"] is True
+                    slot = plain.json()[0]
+                    assert slot["params"]["top_k"] == 7 and slot["params"]["repeat_penalty"] == 1.1
+                    assert slot["next_token"][0]["has_next_token"] is True
                 finally:
                     faults.hold.set()
             await wait_until(lambda: rt.in_flight() == 0, timeout_s=30)
-            assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
+            idle = await client.get("/slots?fail_on_no_slot=1")
+            assert idle.status_code == 200
+            # an idle slot shows the request it served last, as llama-server's (its task_prev)
+            slot = idle.json()[0]
+            assert slot["is_processing"] is False and slot["id_task"] >= 0
+            assert slot["n_prompt_tokens"] > 0
+            assert slot["n_prompt_tokens_processed"] + slot["n_prompt_tokens_cache"] == slot["n_prompt_tokens"]
+            assert slot["next_token"][0] == {
+                "has_next_token": False,
+                "has_new_line": False,
+                "n_remain": 0,
+                "n_decoded": 4,
+            }
+            assert slot["params"]["temperature"] == 0.5 and slot["params"]["n_predict"] == 4
+            assert slot["params"]["samplers"] and slot["params"]["lora"] == []
 
 
 async def test_reasoning_budget_zero_turns_thinking_off(make_config):

@@ -8,7 +8,7 @@ once (the loop awaits the step). Nothing else touches a slot.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,15 @@ class Phase(enum.Enum):
     GENERATE = "generate"  # one sampled token per step
 
 
+class LastRequest(NamedTuple):
+    """The request a slot served last, and its counters when it ended."""
+
+    task: Task
+    n_prompt: int
+    n_prompt_cached: int
+    n_decoded: int
+
+
 class Slot:
     __slots__ = (
         "argmax",
@@ -44,6 +53,7 @@ class Slot:
         "id",
         "index",
         "kept_logits",
+        "last",
         "local",
         "lora",
         "n_cached",
@@ -77,7 +87,14 @@ class Slot:
         self.reset()
 
     def reset(self) -> None:
-        """Back to IDLE. Keeps ``cache`` and ``lora`` (the KV is still there for prefix reuse)."""
+        """Back to IDLE. Keeps ``cache`` and ``lora`` (the KV is still there for prefix reuse),
+        and the request it served with its counters in ``last`` (``/slots`` shows an idle
+        slot's last request, as llama-server does)."""
+        task = getattr(self, "task", None)
+        if task is not None:
+            self.last = LastRequest(task, len(self.prompt), self.n_cached, self.n_decoded)
+        elif not hasattr(self, "last"):
+            self.last = None
         self.phase = Phase.IDLE
         self.task: Task | None = None
         self.index = 0

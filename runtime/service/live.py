@@ -88,9 +88,9 @@ def _slot(s: SlotState) -> LiveSlot:
         group=s.group,
         state=s.phase,
         cohort=s.cohort,
-        task=s.task,
-        n_prompt=s.n_prompt,
-        n_decoded=s.n_decoded,
+        task=s.task if s.busy else -1,  # the live view shows what a slot does now, not its last request
+        n_prompt=s.n_prompt if s.busy else 0,
+        n_decoded=s.n_decoded if s.busy else 0,
         n_remain=max(0, s.n_remain),
         age_s=s.age_s,
     )
