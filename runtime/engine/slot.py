@@ -84,19 +84,18 @@ class Slot:
         # speculation of the request it serves; None when it does not speculate. Set by
         # Context.start, kept by reset(): /slots shows the last request's draft counters.
         self.spec: SpecState | None = None
+        self.last: LastRequest | None = None  # the request it served last (kept by reset())
+        self.task: Task | None = None
         self.reset()
 
     def reset(self) -> None:
         """Back to IDLE. Keeps ``cache`` and ``lora`` (the KV is still there for prefix reuse),
         and the request it served with its counters in ``last`` (``/slots`` shows an idle
         slot's last request, as llama-server does)."""
-        task = getattr(self, "task", None)
-        if task is not None:
-            self.last = LastRequest(task, len(self.prompt), self.n_cached, self.n_decoded)
-        elif not hasattr(self, "last"):
-            self.last = None
+        if self.task is not None:
+            self.last = LastRequest(self.task, len(self.prompt), self.n_cached, self.n_decoded)
         self.phase = Phase.IDLE
-        self.task: Task | None = None
+        self.task = None
         self.index = 0
         self.children: list[Slot] = []
         self.parent: Slot | None = None
@@ -107,9 +106,9 @@ class Slot:
         # (``sampling.argmax_biases``), not the chain's
         self.argmax: tuple[np.ndarray, np.ndarray] | None = None
         self.next_token = -1
-        self.n_decoded = 0
+        self.n_decoded: int = 0
         self.stream: TextStream | None = None
-        self.n_cached = 0
+        self.n_cached: int = 0
         self.t_start = self.t_prompt_done = self.t_last = 0.0
         self.order = 0
         self.kept_logits: np.ndarray | None = None
