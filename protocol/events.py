@@ -29,6 +29,7 @@ class Token(msgspec.Struct, frozen=True, tag=True):
     # timings_per_token: the choice's timings so far, as ``Done`` counts them:
     # (n_prompt, n_cached, n_predicted, prompt_ms, predicted_ms); None when not asked
     clock: tuple[int, int, int, float, float] | None = None
+    slot: int = -1  # the slot that generated it (the native stream's id_slot)
 
 
 class Done(msgspec.Struct, frozen=True, tag=True):

@@ -201,6 +201,8 @@ class NativeChunk(msgspec.Struct, omit_defaults=True):
     index: int = 0
     id_slot: int = -1
     tokens: list[int] = msgspec.field(default_factory=list)
+    tokens_predicted: int = 0  # the choice's tokens so far
+    tokens_evaluated: int = 0  # the prompt's tokens
     completion_probabilities: list[dict[str, Any]] | None = None
     timings: Timings | None = None  # timings_per_token: the request's timings so far
 
@@ -219,6 +221,8 @@ class NativeResult(msgspec.Struct):
     truncated: bool  # the context was shifted; a prompt longer than the slot is refused, never cut
     timings: Timings
     generation_settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    prompt: str = ""  # the prompt's text as the model read it
+    has_new_line: bool = False  # the generated text has a newline
     tokens: list[int] = msgspec.field(default_factory=list)
     completion_probabilities: list[dict[str, Any]] | None = None
 

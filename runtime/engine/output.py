@@ -129,7 +129,7 @@ class Output:
             if task.request.timings_per_token:
                 prompt_ms, predicted_ms = (s.t_prompt_done - s.t_start) * 1e3, (now - s.t_prompt_done) * 1e3
                 clock = (len(s.prompt), s.n_cached, s.n_decoded, prompt_ms, predicted_ms)
-            res.events.append((task, Token(s.index, text, token, logprob, top, clock)))
+            res.events.append((task, Token(s.index, text, token, logprob, top, clock, s.id)))
         if finish:
             s.finished = True
             res.finished.append(s)

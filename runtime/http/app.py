@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", *PUBLIC_PAGE_PATHS})  # the page asks for the key itself
 SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SLOT_ACTIONS = ("save", "restore", "erase")
+INLINE_DETOKENIZE_TOKENS = 2048  # a longer prompt's text is rendered in a worker thread
 ANTHROPIC_PATH = "/v1/messages"  # this path and the ones under it answer errors in Anthropic's shape
 
 _encode = msgspec.json.Encoder().encode
@@ -333,12 +334,30 @@ class Api:
 
     # ---- generation --------------------------------------------------------------------
 
-    def _native(self, handle: RequestHandle, *, stream: bool, n_probs: int = 0, post: bool = False) -> NativeShaper:
+    async def _native(
+        self, handle: RequestHandle, *, stream: bool, n_probs: int = 0, post: bool = False
+    ) -> NativeShaper:
         """The /completion shape of ``handle``'s answer (its generation_settings list the model's
-        end-of-generation tokens banned when the request ignores EOS)."""
-        assert self.rt.model is not None
-        settings = generation_settings(handle.task, stream=stream, eog=self.rt.model.eog_tokens)
-        return NativeShaper(self.model_id, want_probs=n_probs > 0, settings=settings, post_sampling_probs=post)
+        end-of-generation tokens banned when the request ignores EOS; its ``prompt`` is the
+        prompt's text as the model reads it, as llama-server's, rendered in a worker thread when long)."""
+        model = self.rt.model
+        assert model is not None
+        settings = generation_settings(
+            handle.task, stream=stream, eog=model.eog_tokens, spec_type=self.rt.config.spec_type
+        )
+        tokens = [int(t) for t in handle.task.prompt if t >= 0]  # images and audio have no text
+        if len(tokens) > INLINE_DETOKENIZE_TOKENS:
+            prompt = await anyio.to_thread.run_sync(model.detokenize, tokens)
+        else:
+            prompt = model.detokenize(tokens)
+        return NativeShaper(
+            self.model_id,
+            want_probs=n_probs > 0,
+            settings=settings,
+            post_sampling_probs=post,
+            prompt=prompt,
+            n_prompt=len(handle.task.prompt),
+        )
 
     async def completion(self, request: Request) -> Response:
         req = await _decode(request, NativeCompletionRequest)
@@ -346,7 +365,7 @@ class Api:
         if prompts is not None:
             return await self._completions_of(request, req, prompts)
         handle = await self.rt.submit_request(from_native(req))
-        shaper = self._native(handle, stream=req.stream, n_probs=req.n_probs, post=req.post_sampling_probs)
+        shaper = await self._native(handle, stream=req.stream, n_probs=req.n_probs, post=req.post_sampling_probs)
         if req.stream:
             return await self._stream(
                 request,
@@ -370,7 +389,7 @@ class Api:
             results = [await self._collect(request, h) for h in handles]
             answers = []
             for i, (handle, result) in enumerate(zip(handles, results)):
-                shaper = self._native(handle, stream=False, n_probs=req.n_probs, post=req.post_sampling_probs)
+                shaper = await self._native(handle, stream=False, n_probs=req.n_probs, post=req.post_sampling_probs)
                 body = shaper.body(result)
                 for one in body if isinstance(body, list) else [body]:  # a list: n choices
                     one.index = i * req.n + one.index
@@ -384,7 +403,7 @@ class Api:
         check_fim(self.rt.model)  # 501 before the body is read, as llama-server checks first
         req = await _decode(request, InfillRequest)
         handle = await self.rt.submit_request(from_infill(req))
-        shaper = self._native(handle, stream=req.stream, n_probs=req.n_probs)
+        shaper = await self._native(handle, stream=req.stream, n_probs=req.n_probs)
         if req.stream:
             return await self._stream(request, handle, lambda ev: [shaper.chunk(ev)], done=False)
         return _json(shaper.body(await self._collect(request, handle)))
@@ -409,17 +428,21 @@ class Api:
                 progress=shaper.progress,
             )
         result = await self._collect(request, handle)
-        return _json(self._verbose(req.verbose, shaper.body(result), handle, result))
+        return _json(await self._verbose(req.verbose, shaper.body(result), handle, result))
 
-    def _verbose(self, asked: bool | None, body: dict[str, Any], handle: RequestHandle, result: Any) -> dict[str, Any]:
+    async def _verbose(
+        self, asked: bool | None, body: dict[str, Any], handle: RequestHandle, result: Any
+    ) -> dict[str, Any]:
         """``body`` with llama-server's ``__verbose`` when the request asks (``verbose``; by default
         when the server runs with ``-v``): the native /completion answer and the prompt's text."""
         if not (self.rt.config.verbose if asked is None else asked):
             return body
-        assert self.rt.model is not None
-        native = self._native(handle, stream=False).body(result)
-        prompt = handle.turn.prompt if handle.turn is not None else self.rt.model.detokenize(list(handle.task.prompt))
-        return {**body, "__verbose": {**msgspec.to_builtins(native), "prompt": prompt}}
+        shaper = await self._native(handle, stream=False)
+        native = msgspec.to_builtins(shaper.body(result))
+        if handle.turn is not None:  # a chat's prompt as its template rendered it
+            for one in native if isinstance(native, list) else [native]:
+                one["prompt"] = handle.turn.prompt
+        return {**body, "__verbose": native}
 
     async def chat(self, request: Request) -> Response:
         req = await _decode(request, ChatCompletionRequest)
@@ -439,7 +462,7 @@ class Api:
                 progress=shaper.progress,
             )
         result = await self._collect(request, handle)
-        return _json(self._verbose(req.verbose, shaper.body(result), handle, result))
+        return _json(await self._verbose(req.verbose, shaper.body(result), handle, result))
 
     # ---- chat-shaped APIs over the chat path (Responses, Anthropic Messages) -------------
 

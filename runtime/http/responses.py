@@ -104,20 +104,40 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
     }
 
 
-def generation_settings(task: Task, *, stream: bool, eog: Sequence[int] = ()) -> dict[str, Any]:
-    """A native response's ``generation_settings``: the request's effective settings. Its
-    ``logit_bias`` as llama-server writes it (``{"bias", "token"}``, null for -inf), with the
-    end-of-generation tokens ``eog`` banned when the request ignores EOS, as llama-server adds them."""
+GRAMMAR_TRIGGER_WORD = 1  # llama.cpp's COMMON_GRAMMAR_TRIGGER_TYPE_WORD
+
+
+def generation_settings(
+    task: Task, *, stream: bool, eog: Sequence[int] = (), spec_type: str = "none"
+) -> dict[str, Any]:
+    """A native response's ``generation_settings``: the request's effective settings, every key
+    of llama-server's ``task_params::to_json``. Its ``logit_bias`` as llama-server writes it
+    (``{"bias", "token"}``, null for -inf), with the end-of-generation tokens ``eog`` banned
+    when the request ignores EOS, as llama-server adds them. A native completion parses no chat
+    output: its chat and reasoning settings are llama-server's for one ("Content-only", "none")."""
     p = task.params
     out = sampling_settings(p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream)
     bias = [*p.logit_bias, *((t, -math.inf) for t in eog if task.ignore_eos)]
     out.update(
         dry_sequence_breakers=list(p.dry_sequence_breakers),
         stop=list(task.stop),
+        n_keep=task.n_keep,
+        n_discard=task.n_discard,
         logit_bias=[{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias],
         grammar=p.grammar,
+        grammar_lazy=p.grammar_lazy,
+        grammar_triggers=[{"type": GRAMMAR_TRIGGER_WORD, "value": w} for w in p.grammar_triggers],
+        preserved_tokens=[],
+        chat_format="Content-only",
+        reasoning_format="none",
+        reasoning_in_content=False,
+        generation_prompt="",
+        timings_per_token=task.request.timings_per_token,
+        post_sampling_probs=bool(task.request.post_sampling_probs),
+        backend_sampling=False,  # llama.cpp's sampling on the GPU backend: not built here
         lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # the LoRA adapters it ran with
     )
+    out["speculative.types"] = spec_type
     return out
 
 
@@ -169,33 +189,64 @@ class NativeShaper:
     """llama-server's /completion."""
 
     def __init__(
-        self, model: str, want_probs: bool, settings: dict[str, Any] | None = None, post_sampling_probs: bool = False
+        self,
+        model: str,
+        want_probs: bool,
+        settings: dict[str, Any] | None = None,
+        post_sampling_probs: bool = False,
+        *,
+        prompt: str = "",
+        n_prompt: int = 0,
     ) -> None:
         self.model = model
         self.want_probs = want_probs
         self.post = post_sampling_probs
         self.settings = settings or {}  # generation_settings (see ``generation_settings``)
+        self.prompt = prompt  # the prompt's text as the model reads it (special tokens rendered)
+        self.n_prompt = n_prompt  # its tokens: each stream chunk's tokens_evaluated
+        self._predicted: dict[int, int] = {}  # per choice: tokens so far
+        self._new_line: set[int] = set()  # choices whose text has had a newline
 
     def chunk(self, ev: Token | Done) -> Any:
         if isinstance(ev, Token):
+            n = self._predicted[ev.index] = self._predicted.get(ev.index, 0) + 1
+            if "\n" in ev.text:
+                self._new_line.add(ev.index)
             return NativeChunk(
                 content=ev.text,
                 stop=False,
                 index=ev.index,
+                id_slot=ev.slot,
                 tokens=[ev.token],
+                tokens_predicted=n,
+                tokens_evaluated=self.n_prompt,
                 completion_probabilities=_native_probs(ev, self.post) if self.want_probs else None,
                 timings=token_timings(ev),
             )
-        return self._result(ev, "", [])
+        return self._result(ev, "", [], new_line=ev.index in self._new_line)
 
     def progress(self, ev: Progress) -> list[dict[str, Any]]:
         """A return_progress chunk, as llama-server's (no content, ``prompt_progress``)."""
-        chunk = {"content": "", "stop": False, "index": ev.index, "tokens": [], "prompt_progress": progress_json(ev)}
+        chunk = {
+            "content": "",
+            "stop": False,
+            "index": ev.index,
+            "tokens": [],
+            "tokens_predicted": 0,
+            "tokens_evaluated": self.n_prompt,
+            "prompt_progress": progress_json(ev),
+        }
         timings = progress_timings(ev)
         return [chunk if timings is None else {**chunk, "timings": timings}]
 
     def _result(
-        self, d: Done, content: str, tokens: list[int], probs: list[dict[str, Any]] | None = None
+        self,
+        d: Done,
+        content: str,
+        tokens: list[int],
+        probs: list[dict[str, Any]] | None = None,
+        *,
+        new_line: bool = False,
     ) -> NativeResult:
         return NativeResult(
             content=content,
@@ -214,6 +265,8 @@ class NativeShaper:
                 d.n_prompt, d.n_cached, d.n_predicted, d.prompt_ms, d.predicted_ms, d.n_draft, d.n_draft_accepted
             ),
             generation_settings=self.settings,
+            prompt=self.prompt,
+            has_new_line=new_line or "\n" in content,
             tokens=tokens,
             completion_probabilities=probs,
         )
