@@ -30,6 +30,9 @@ class Token(msgspec.Struct, frozen=True, tag=True):
     # (n_prompt, n_cached, n_predicted, prompt_ms, predicted_ms); None when not asked
     clock: tuple[int, int, int, float, float] | None = None
     slot: int = -1  # the slot that generated it (the native stream's id_slot)
+    # on a choice's first token: how many of its prompt tokens came from the cache (Anthropic's
+    # message_start reports them before anything else is known); -1 on every later token
+    n_cached: int = -1
 
 
 class Done(msgspec.Struct, frozen=True, tag=True):

@@ -30,7 +30,7 @@ from llamactor.runtime.http.deadlines import DEFAULT_TIMEOUT_S
 from llamactor.runtime.http.tools import localhost_cors, require_api_key
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot, unified_without_slots
 from llamactor.runtime.service.egress import host_names
-from llamactor.runtime.service.logging import configure_logging
+from llamactor.runtime.service.logging import configure_from, configure_logging
 from llamactor.runtime.service.modelset import DEFAULT_MODELS_MAX, ModelSet
 
 log = structlog.get_logger("llamactor.cli")
@@ -448,8 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts.completion_bash:  # as llama-server: the script, exit 0, nothing loaded
             print(completion_script(), end="")
             return 0
-        configure_logging(json={"auto": None, "json": True, "text": False}[opts.log_format])
         opts = replace(opts, config=replace(opts.config, log_format=opts.log_format))  # the engine's logs too
+        configure_from(opts.config)
         models = router_models(opts) if opts.router else None
         cfg = opts.config if models is not None else opts.config.validated()  # the router loads no model itself
         for flag, why in opts.ignored:

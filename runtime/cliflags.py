@@ -345,6 +345,15 @@ def _is(*values: Any) -> Callable[[Any], bool]:
 
 _off = _is(False)
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
+
+
+def verbosity_level(threshold: int) -> str:
+    """llama-server's -lv threshold as a log level (its levels: 1 error, 2 warning, 3 info, 4 debug)."""
+    if threshold >= 4:
+        return "debug"
+    return ("critical", "error", "warning", "info")[max(threshold, 0)]
+
+
 _DRAFT = (
     "draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
     "synthetic acceptance and the tree split are not built"
@@ -1310,15 +1319,61 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "Logging",
+        Use.CONFIG,
+        "every process of the server (API, engine, replicas) logs as these say",
+        (
+            switch(
+                "--log-disable",
+                field="log_level",
+                convert=lambda on: "off" if on else None,
+                help="no log lines",
+            ),
+            opt(
+                "--log-file",
+                field="log_file",
+                value="FNAME",
+                env="LLAMA_ARG_LOG_FILE",
+                help="each log line is also appended to FNAME",
+            ),
+            opt(
+                "--log-colors",
+                field="log_colors",
+                value="on|off|auto",
+                env="LLAMA_ARG_LOG_COLORS",
+                parse=_choice("on", "off", "auto"),
+                help="colours in text logs (auto: when stderr is a terminal)",
+            ),
+            opt(
+                "-lv",
+                "--verbosity",
+                "--log-verbosity",
+                field="log_level",
+                env="LLAMA_ARG_LOG_VERBOSITY",
+                parse=int,
+                convert=verbosity_level,
+                help="llama-server's thresholds: 0 output only, 1 errors, 2 warnings, 3 info (default), 4 debug",
+            ),
+            switch(
+                "--log-prefix",
+                neg=("--no-log-prefix",),
+                field="log_prefix",
+                env="LLAMA_ARG_LOG_PREFIX",
+                help="each line names its level (on by default)",
+            ),
+            switch(
+                "--log-timestamps",
+                neg=("--no-log-timestamps",),
+                field="log_timestamps",
+                env="LLAMA_ARG_LOG_TIMESTAMPS",
+                help="each line has its time (on by default)",
+            ),
+        ),
+    ),
+    Group(
+        "Logging details",
         Use.IGNORE,
         _LOGS,
         (
-            switch("--log-disable"),
-            opt("--log-file", value="FNAME", env="LLAMA_ARG_LOG_FILE"),
-            opt("--log-colors", value="on|off|auto", env="LLAMA_ARG_LOG_COLORS"),
-            opt("-lv", "--verbosity", "--log-verbosity", env="LLAMA_ARG_LOG_VERBOSITY"),
-            switch("--log-prefix", neg=("--no-log-prefix",), env="LLAMA_ARG_LOG_PREFIX"),
-            switch("--log-timestamps", neg=("--no-log-timestamps",), env="LLAMA_ARG_LOG_TIMESTAMPS"),
             opt("--log-prompts-dir", value="PATH"),
             switch("--perf", neg=("--no-perf",), env="LLAMA_ARG_PERF", ok=_off),
         ),

@@ -65,13 +65,20 @@ async def test_messages_text_streaming_and_not(make_config):
 
 async def test_stream_event_sequence(make_config):
     """The raw stream is message_start, content_block_start/delta/stop, message_delta,
-    message_stop, each an ``event:`` line with its ``data:``."""
-    async with open_server(make_config()) as (rt, url):
+    message_stop, each an ``event:`` line with its ``data:``. message_start's usage splits the
+    prompt as llama-server does: the same request again reads all but its last token from the
+    cache (``cache_read_input_tokens``) and counts one as input."""
+    body = {"max_tokens": 5, "messages": ASK, "stream": True, "temperature": 0}
+    async with open_server(make_config(parallel=1)) as (rt, url):
         async with httpx.AsyncClient(base_url=url) as http:
-            r = await http.post(
-                "/v1/messages", json={"max_tokens": 5, "messages": ASK, "stream": True, "temperature": 0}
-            )
+            first = await http.post("/v1/messages", json=body)
+            r = await http.post("/v1/messages", json=body)
+            counted = (await http.post("/v1/messages/count_tokens", json={"messages": ASK})).json()
             frames = [f for f in r.text.split("\n\n") if f]
+        started = json.loads(first.text.split("\n")[1].removeprefix("data: "))["message"]["usage"]
+        assert started == {"input_tokens": counted["input_tokens"], "cache_read_input_tokens": 0, "output_tokens": 0}
+        again = json.loads(frames[0].split("\n")[1].removeprefix("data: "))["message"]["usage"]
+        assert again["input_tokens"] == 1 and again["cache_read_input_tokens"] == counted["input_tokens"] - 1
         names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
         datas = [json.loads(f.split("\n")[1].removeprefix("data: ")) for f in frames]
         assert names[:2] == ["message_start", "content_block_start"]

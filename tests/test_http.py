@@ -244,7 +244,7 @@ async def test_two_runtimes_coexist(make_config):
 
 
 async def test_zero_tokens_requested(make_config):
-    """n_predict 0 is valid: an empty completion, streaming or not."""
+    """n_predict 0 is valid: an empty completion, streaming or not, whose prompt is cached."""
     async with open_server(make_config()) as (rt, url), httpx.AsyncClient(base_url=url) as client:
         r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
@@ -259,3 +259,9 @@ async def test_zero_tokens_requested(make_config):
         r = await client.post("/completion", json={"prompt": "x", "n_predict": 0, "stream": True})
         frames = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
         assert frames and frames[-1]["stop"] is True and frames[-1]["content"] == ""
+        # as llama-server's README says of n_predict 0: the prompt is evaluated into the cache
+        warm = {"prompt": "the prompt to warm up " * 4, "id_slot": 0}
+        r = await client.post("/completion", json={**warm, "n_predict": 0})
+        assert r.json()["tokens_predicted"] == 0 and r.json()["tokens_evaluated"] > 8
+        r = await client.post("/completion", json={**warm, "n_predict": 1})
+        assert r.json()["timings"]["cache_n"] == r.json()["tokens_evaluated"] - 1

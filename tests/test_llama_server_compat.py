@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -357,6 +358,40 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
         expected.add("--n-gpu-layers")  # no GPU: the layers stay on the CPU, said once
     assert set(ignored) == expected, ignored
     assert "continuous batching is always on" in ignored["--cont-batching"]
+
+
+@pytest.mark.slow
+def test_log_flags_set_the_logs_of_every_process(tiny_model: Path, tmp_path: Path):
+    """llama-server's logging flags reach the API process and the engine process alike:
+    ``--log-file`` gets both processes' lines, as text with ``--log-format text``, coloured with
+    ``--log-colors on``, without times with ``--no-log-timestamps``; ``--no-log-prefix`` drops the
+    level; ``-lv 2`` keeps warnings only and ``--log-disable`` prints nothing at all."""
+    base = ["-m", str(tiny_model), "-t", "1", "-c", "256", "-np", "1"]
+    ask = {"prompt": "hello", "n_predict": 2}
+    log_file = tmp_path / "server.log"
+    text_flags = ["--log-file", str(log_file), "--log-format", "text", "--log-colors", "on", "--no-log-timestamps"]
+    with _serve([*base, *text_flags, "-lv", "4"]) as (url, lines):
+        assert httpx.post(url + "/completion", json=ask).status_code == 200
+    written = log_file.read_text()
+    for event in ("listening", "engine_build", "request_done"):  # the API process's, the engine's (two)
+        assert event in written, written[-2000:]
+    assert "\x1b[" in written and not re.search(r"\d{4}-\d\d-\d\dT\d\d:", written)
+    assert all(line in written for line in lines if line.strip())  # stderr's lines are in the file too
+
+    with _serve([*base, "--log-format", "json", "--no-log-prefix"]) as (url, lines):
+        assert httpx.post(url + "/completion", json=ask).status_code == 200
+    done = _events(lines, "request_done")
+    assert len(done) == 1 and "level" not in done[0] and "timestamp" in done[0]
+
+    with _serve([*base, "--log-format", "json", "-lv", "2"]) as (url, lines):
+        assert httpx.post(url + "/completion", json=ask).status_code == 200
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    assert records == [r for r in records if r.get("level") in ("warning", "error", "critical")], records
+
+    with _serve([*base, "--log-disable"]) as (url, lines):
+        assert httpx.post(url + "/completion", json=ask).status_code == 200
+    assert [line for line in lines if line.strip()] == []
+    assert cliflags.verbosity_level(0) == "critical" and cliflags.verbosity_level(9) == "debug"
 
 
 @pytest.mark.slow

@@ -157,7 +157,10 @@ class Model:
             raise ConfigError(f"llama.cpp could not load the model: {path}{why}" + (f": {reason}" if reason else ""))
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr)
+        # a vocabulary-only load reads no hyperparameters: the file's metadata says them
+        arch = self.meta("general.architecture") or ""
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self.ptr) or self._meta_int(f"{arch}.context_length")
+        self.n_embd: int = llama_cpp.llama_model_n_embd_inp(self.ptr) or self._meta_int(f"{arch}.embedding_length")
         self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self.vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
@@ -195,6 +198,27 @@ class Model:
         buf = ctypes.create_string_buffer(4096)
         n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _meta_int(self, key: str) -> int:
+        value = self.meta(key)
+        return int(value) if value is not None and value.isdigit() else 0
+
+    def facts(self) -> dict[str, Any]:
+        """What llama-server's ``/v1/models`` lists under ``meta`` of a model (its ``n_ctx``,
+        the slot's context, is the server's to add). ``ftype`` is the file's quantisation as
+        llama.cpp names it, from ``general.file_type`` (a vocabulary-only load, which loads no
+        weights, would say "all F32")."""
+        file_type = self._meta_int("general.file_type") if self.meta("general.file_type") else None
+        ftype = llama_cpp.llama_model_ftype(self.ptr) if file_type is None else file_type
+        return {
+            "vocab_type": int(llama_cpp.llama_vocab_type(self.vocab)),
+            "n_vocab": self.n_vocab,
+            "n_ctx_train": self.n_ctx_train,
+            "n_embd": self.n_embd,
+            "n_params": int(llama_cpp.llama_model_n_params(self.ptr)),
+            "size": int(llama_cpp.llama_model_size(self.ptr)),
+            "ftype": (llama_cpp.llama_ftype_name(ftype) or b"").decode(),
+        }
 
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self.ptr, None)

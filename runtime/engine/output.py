@@ -66,6 +66,11 @@ class Output:
         """Sample one token for ``s`` from row ``i`` (or ``logits``) and turn it into events."""
         task = s.task
         assert task is not None and s.stream is not None
+        if task.n_predict == 0:  # the prompt alone: it is in the cache now, and nothing is sampled
+            s.finished = True
+            res.finished.append(s)
+            res.events.append((task, done(s, "length")))
+            return
         if prof is not None:
             ta = time.perf_counter()
         params = task.params
@@ -129,7 +134,8 @@ class Output:
             if task.request.timings_per_token:
                 prompt_ms, predicted_ms = (s.t_prompt_done - s.t_start) * 1e3, (now - s.t_prompt_done) * 1e3
                 clock = (len(s.prompt), s.n_cached, s.n_decoded, prompt_ms, predicted_ms)
-            res.events.append((task, Token(s.index, text, token, logprob, top, clock, s.id)))
+            first_cached = s.n_cached if s.n_decoded == 1 else -1
+            res.events.append((task, Token(s.index, text, token, logprob, top, clock, s.id, first_cached)))
         if finish:
             s.finished = True
             res.finished.append(s)

@@ -245,6 +245,7 @@ class AnthropicShaper:
         self.turn = turn
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.prompt_tokens = 0  # set once the prompt is tokenized (message_start reports it)
+        self.cached_tokens = 0  # of those, reused from the cache (known at the first token)
         self.parsers = ChoiceParsers(turn)
         self._started = False
         self._finished = False
@@ -273,6 +274,8 @@ class AnthropicShaper:
     def events(self, ev: Token | Done) -> list[tuple[str, Any]]:
         if ev.index != 0:
             return []
+        if not self._started:
+            self.cached_tokens = ev.n_cached if isinstance(ev, Done) else max(ev.n_cached, 0)
         out = self._start()
         delta = self.parsers.feed(ev)
         out += self._delta(delta)
@@ -325,7 +328,7 @@ class AnthropicShaper:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": self._usage(self.prompt_tokens, 0, 0),
+            "usage": self._usage(self.prompt_tokens, self.cached_tokens, 0),
         }
         return [("message_start", {"type": "message_start", "message": message})]
 

@@ -71,6 +71,7 @@ from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.handles import RequestHandle, collect
 from llamactor.runtime.service.infill import check_fim
+from llamactor.runtime.service.templatecaps import template_caps
 
 if TYPE_CHECKING:
     from llamactor.runtime.service.core import RuntimeCore as Runtime
@@ -148,6 +149,8 @@ class Api:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.feed = LiveFeed(rt.read_live)  # one ticker shared by every /live client
+        self._facts: dict[str, Any] | None = None  # the model's (GET /v1/models' meta)
+        self._caps: dict[str, bool] | None = None  # the chat template's (GET /props)
 
     @property
     def model_id(self) -> str:
@@ -181,8 +184,16 @@ class Api:
             "object": "model",
             "created": int(self.rt.started_at),
             "owned_by": "llamactor",
+            "meta": {**self._model_facts(), "n_ctx": cfg.ctx_per_request},
         }
         return _json({"object": "list", "data": [owned]})
+
+    def _model_facts(self) -> dict[str, Any]:
+        """The model's sizes and quantisation (read once: they do not change while it is loaded)."""
+        if self._facts is None:
+            assert self.rt.model is not None
+            self._facts = self.rt.model.facts()
+        return self._facts
 
     async def props(self, request: Request) -> Response:
         self.rt._require_ready()
@@ -199,10 +210,18 @@ class Api:
                 "scheduler": policy_name(cfg.scheduler),
                 "engine": msgspec.to_builtins(self.rt.engine_status()),  # in this process or a child process
                 "chat_template": self.rt.chat_template.source if self.rt.chat_template else "",
+                "chat_template_caps": await self._template_caps(),
+                "model_ftype": self._model_facts()["ftype"],
                 "default_generation_settings": default_generation_settings(cfg),
                 **self._server_props(),
             }
         )
+
+    async def _template_caps(self) -> dict[str, bool]:
+        """What the chat template renders (probe chats: off the event loop, once)."""
+        if self._caps is None and self.rt.chat_template is not None:
+            self._caps = await anyio.to_thread.run_sync(template_caps, self.rt.chat_template)
+        return self._caps or {}
 
     def _server_props(self) -> dict[str, Any]:
         """The rest of llama-server's GET /props fields (its ``get_res_props``)."""

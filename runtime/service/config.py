@@ -36,7 +36,7 @@ DEFAULT_N_CTX = 4096
 DEFAULT_PARALLEL = 4
 DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # log_level: the least level the engine logs
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "off")  # log_level: the least level the engine logs
 LOG_FORMATS = ("auto", "json", "text")
 DEFAULT_QUEUE_SIZE = 256
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -307,8 +307,12 @@ class RuntimeConfig:
     # the logs of the processes the runtime starts (the engine, the replicas): the least level
     # logged (debug | info | warning | error | critical) and json | text | auto (json unless
     # stderr is a terminal). The API process's own logs follow whatever the app configured.
-    log_level: str = "info"
+    log_level: str = "info"  # also "off" (--log-disable)
     log_format: str = "auto"
+    log_file: str | None = None  # --log-file: every process's log lines also appended to this file
+    log_colors: str = "auto"  # --log-colors on|off|auto: colours in text logs (auto: on a terminal)
+    log_timestamps: bool = True  # --no-log-timestamps: lines without their time
+    log_prefix: bool = True  # --no-log-prefix: lines without their level
     prefill_assistant: bool = True  # a chat ending with the assistant's message continues it (--no-prefill-assistant)
     reasoning_format: str = "auto"  # --reasoning-format: auto | none | deepseek | deepseek-legacy
     reasoning_budget: int = -1  # --reasoning-budget: thinking tokens, -1 unrestricted
@@ -320,6 +324,10 @@ class RuntimeConfig:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.log_colors not in ("on", "off", "auto"):
+            raise ConfigError(f"--log-colors must be on, off or auto, got {self.log_colors!r}")
+        if self.log_file is not None and not Path(self.log_file).expanduser().parent.is_dir():
+            raise ConfigError(f"--log-file: the directory of {self.log_file} does not exist")
         if n < 1:
             raise ConfigError(f"--pipeline-groups must be >= 1, got {n}")
         if p < 1:

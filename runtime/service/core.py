@@ -42,7 +42,7 @@ from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_compl
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.embeddings import Embeddings, EmbeddingService, Input, Ranked
 from llamactor.runtime.service.engine import EngineClient, EngineStatus
-from llamactor.runtime.service.handles import EventStream, RequestHandle, collect, nothing_generated
+from llamactor.runtime.service.handles import EventStream, RequestHandle, collect
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.lora import LoraAdapters
 from llamactor.runtime.service.mediaproc import InThread, MediaProcess, MediaTokenizer
@@ -342,11 +342,6 @@ class RuntimeCore:
         admitted = await self.admission.admit(request)
         task = admitted.task
         handle = RequestHandle(task, admitted.events, self._cancel, admitted.turn)
-        if task.n_predict == 0:  # nothing to generate: one Done per choice, at once
-            for i in range(task.n):
-                task.sink.send_nowait(nothing_generated(task, i))
-            task.sink.close()
-            return handle
         try:
             engine = self._ready_engine()  # again: the runtime may have closed during admission
             self._require_admitting()

@@ -242,7 +242,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         config = config_from_wire(Path(config_path).read_bytes())  # written by the API process that started us
-        configure_from(config.log_level, config.log_format)
+        configure_from(config)
         anyio.run(serve, socket_path, config)
     except LlamactorError as exc:  # a config the engine cannot run (e.g. a missing draft model)
         print(f"llamactor engine: {exc}", file=sys.stderr)

@@ -160,23 +160,6 @@ class _LazyEvents:
         return await self.events.__anext__()
 
 
-def nothing_generated(task: Task, index: int = 0) -> Done:
-    """The final event of a choice that generates nothing (max_tokens 0): its prompt was
-    accepted, no token follows, the choice ends with "length"."""
-    return Done(
-        index=index,
-        finish_reason="length",
-        text="",
-        stopping_word="",
-        n_prompt=len(task.prompt),
-        n_cached=0,
-        n_predicted=0,
-        prompt_ms=0.0,
-        predicted_ms=0.0,
-        slot=-1,
-    )
-
-
 async def collect(handle: RequestHandle) -> Completion:
     """Drain a request's events into a ``Completion``."""
     async with handle:

@@ -177,7 +177,7 @@ class ReplicaServer:
 
     async def __init__(self, config: bytes) -> None:  # type: ignore[misc]  # Ray Serve awaits it
         cfg = config_from_wire(config)
-        configure_from(cfg.log_level, cfg.log_format)
+        configure_from(cfg)
         _serve_grpc_on_loopback()
         self.engine: InProcessEngine | None = None
         self._ready = asyncio.Event()
