@@ -316,3 +316,37 @@ async def test_reasoning_budget_zero_turns_thinking_off(make_config):
     ignored = dict(parse_serve(["--reasoning-budget", "256"]).ignored)
     assert "not cut at a token count" in ignored["--reasoning-budget"]
     assert "--reasoning-budget" not in dict(parse_serve(["--reasoning-budget", "0"]).ignored)
+
+
+async def test_model_meta_and_template_caps(make_config):
+    """GET /v1/models' ``meta`` and /props' ``model_ftype`` and ``chat_template_caps``, as
+    llama-server answers them: the model's sizes come from the file (the API process loads its
+    vocabulary only), the caps from rendering probe chats with the template."""
+    async with (
+        open_server(make_config(parallel=2)) as (rt, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        meta = (await client.get("/v1/models")).json()["data"][0]["meta"]
+        props = (await client.get("/props")).json()
+    assert meta["n_ctx"] == props["n_ctx"] and meta["n_vocab"] == rt.model.n_vocab
+    assert meta["n_params"] > 0 and meta["size"] > 0 and meta["n_ctx_train"] > 0 and meta["n_embd"] > 0
+    assert meta["ftype"] == props["model_ftype"] != "all F32"  # the file's type, not a guess from no weights
+    caps = props["chat_template_caps"]
+    assert caps["supports_system_role"] and caps["supports_string_content"] and not caps["supports_tools"]
+
+
+def test_template_caps_by_rendering_probe_chats():
+    """Tools, tool calls, object arguments and parallel calls of a Hermes template; a template
+    that drops the system message lacks the system role; a reasoning template's effort."""
+    from chat_templates import HERMES, MISTRAL, THINKING
+
+    from llamactor.runtime.service.chat import ChatTemplate
+    from llamactor.runtime.service.templatecaps import template_caps
+
+    hermes = template_caps(ChatTemplate(HERMES))
+    assert hermes["supports_tools"] and hermes["supports_tool_calls"] and hermes["supports_system_role"]
+    assert hermes["supports_object_arguments"] and hermes["supports_parallel_tool_calls"]
+    assert not hermes["supports_typed_content"] and not hermes["supports_reasoning_effort"]
+    assert not template_caps(ChatTemplate(MISTRAL))["supports_system_role"]
+    assert template_caps(ChatTemplate(THINKING))["supports_reasoning_effort"]
+    assert template_caps(ChatTemplate("chatml", builtin=True))["supports_tools"] is False

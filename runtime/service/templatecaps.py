@@ -108,5 +108,6 @@ def template_caps(template: ChatTemplate) -> dict[str, bool]:
         "supports_system_role": system is not None and f"{_MARK}System" in system,
         "supports_tool_calls": tool_chat is not None and f"{_MARK}Call1" in tool_chat,
         "supports_tools": tool_chat is not None and f"{_MARK}Tool" in tool_chat,
-        "supports_typed_content": typed is not None and f"{_MARK}Part" in typed,
+        # the part's text written, not Python's repr of the list of parts
+        "supports_typed_content": typed is not None and f"{_MARK}Part" in typed and f"'{_MARK}Part'" not in typed,
     }
