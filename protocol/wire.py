@@ -198,7 +198,7 @@ class Timings(msgspec.Struct, omit_defaults=True):
 class NativeChunk(msgspec.Struct, omit_defaults=True):
     content: str
     stop: bool
-    index: int = 0
+    index: int  # written on every chunk, as llama-server's (0 too)
     id_slot: int = -1
     tokens: list[int] = msgspec.field(default_factory=list)
     tokens_predicted: int = 0  # the choice's tokens so far
@@ -224,7 +224,8 @@ class NativeResult(msgspec.Struct):
     prompt: str = ""  # the prompt's text as the model read it
     has_new_line: bool = False  # the generated text has a newline
     tokens: list[int] = msgspec.field(default_factory=list)
-    completion_probabilities: list[dict[str, Any]] | None = None
+    # n_probs: left out when not asked, as llama-server leaves it
+    completion_probabilities: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
 
 
 # ---- embeddings and rerank ---------------------------------------------------------------

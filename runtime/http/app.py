@@ -81,6 +81,7 @@ SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SLOT_ACTIONS = ("save", "restore", "erase")
 INLINE_DETOKENIZE_TOKENS = 2048  # a longer prompt's text is rendered in a worker thread
 ANTHROPIC_PATH = "/v1/messages"  # this path and the ones under it answer errors in Anthropic's shape
+DEFAULT_MEDIA_MARKER = "<__media__>"  # libmtmd's (mtmd_default_marker): /props names it without --mmproj too
 
 _encode = msgspec.json.Encoder().encode
 
@@ -186,7 +187,26 @@ class Api:
             "owned_by": "llamactor",
             "meta": {**self._model_facts(), "n_ctx": cfg.ctx_per_request},
         }
-        return _json({"object": "list", "data": [owned]})
+        return _json({"models": [self._ollama_model()], "object": "list", "data": [owned]})
+
+    def _ollama_model(self) -> dict[str, Any]:
+        """llama-server's entry of ``models`` (Ollama's listing), with its values where it has them:
+        the name, the capabilities, the format; the rest empty as llama-server leaves them."""
+        capabilities = ["completion", "multimodal"] if self.rt.vision is not None else ["completion"]
+        details = {"parent_model": "", "format": "gguf", "family": "", "families": [""]}
+        return {
+            "name": self.model_id,
+            "model": self.model_id,
+            "modified_at": "",
+            "size": "",
+            "digest": "",
+            "type": "model",
+            "description": "",
+            "tags": [""],
+            "capabilities": capabilities,
+            "parameters": "",
+            "details": {**details, "parameter_size": "", "quantization_level": ""},
+        }
 
     def _model_facts(self) -> dict[str, Any]:
         """The model's sizes and quantisation (read once: they do not change while it is loaded)."""
@@ -227,14 +247,14 @@ class Api:
         """The rest of llama-server's GET /props fields (its ``get_res_props``)."""
         cfg, model, vision = self.rt.config, self.rt.model, self.rt.vision
         assert model is not None
-        media = {"media_marker": vision.marker} if vision is not None else {}  # --mmproj: the marker prompts use
         return {
             "modalities": {
                 "vision": vision is not None and vision.vision,
                 "video": False,
                 "audio": vision is not None and vision.audio,
             },
-            **media,
+            # the marker a prompt's media take (libmtmd's default without --mmproj, as llama-server's)
+            "media_marker": vision.marker if vision is not None else DEFAULT_MEDIA_MARKER,
             "endpoint_slots": cfg.endpoint_slots,
             "endpoint_props": cfg.endpoint_props,
             "endpoint_metrics": cfg.endpoint_metrics,

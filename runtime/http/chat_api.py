@@ -56,7 +56,7 @@ class ChatShaper(OpenAIShaper):
             # The base shaper ends with the raw text's chunk when there was text (or logprobs):
             # it is replaced by what the parser made certain.
             raw = out.pop() if ev.text or self.want_logprobs else None
-            logprobs = raw["choices"][0]["logprobs"] if raw is not None else None
+            logprobs = raw["choices"][0].get("logprobs") if raw is not None else None
             chunks = self._delta_chunks(ev.index, delta, logprobs)
             timings = token_timings(ev)
             if chunks and timings is not None:  # as llama-server: on the token's last chunk
@@ -78,15 +78,14 @@ class ChatShaper(OpenAIShaper):
         if delta.content:
             text["content"] = delta.content
         if text or logprobs is not None:
-            choice = {"index": index, "delta": text, "logprobs": logprobs, "finish_reason": None}
-            out.append(self._envelope([choice], obj))
+            out.append(self._envelope([{**self._choice(index, logprobs, None), "delta": text}], obj))
         for i, call in delta.calls:
             head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
             args = {"index": i, "function": {"arguments": call.arguments}}
             for part in (head, args):
                 out.append(
                     self._envelope(
-                        [{"index": index, "delta": {"tool_calls": [part]}, "logprobs": None, "finish_reason": None}],
+                        [{**self._choice(index, None, None), "delta": {"tool_calls": [part]}}],
                         obj,
                     )
                 )

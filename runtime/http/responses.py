@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
+import msgspec
+
 from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import SamplingParams
@@ -66,8 +68,18 @@ def progress_timings(ev: Progress) -> Timings | None:
     return _timings(ev.processed, ev.cache, 0, ev.time_ms, 0.0) if ev.timed else None
 
 
-def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, stream: bool) -> dict[str, Any]:
-    """llama-server's ``task_params::to_json(only_metrics=true)`` for the fields llamactor has."""
+def sampling_settings(
+    p: SamplingParams,
+    *,
+    n_predict: int,
+    ignore_eos: bool,
+    stream: bool | None,
+    lora: Sequence[tuple[int, float]] = (),
+    reasoning_format: str = "none",
+    spec_type: str = "none",
+) -> dict[str, Any]:
+    """llama-server's ``task_params::to_json(only_metrics=true)``, every key. Its chat-parser
+    keys are those of a request whose output is not parsed as a chat ("Content-only")."""
     return {
         "seed": p.seed,
         "temperature": p.temperature,
@@ -100,7 +112,17 @@ def sampling_settings(p: SamplingParams, *, n_predict: int, ignore_eos: bool, st
         "stream": stream,
         "n_probs": p.n_probs,
         "min_keep": p.min_keep,
+        "n_discard": 0,
+        "chat_format": "Content-only",
+        "reasoning_format": reasoning_format,
+        "reasoning_in_content": False,
+        "generation_prompt": "",
         "samplers": list(p.samplers),
+        "speculative.types": spec_type,
+        "timings_per_token": False,
+        "post_sampling_probs": False,
+        "backend_sampling": False,  # llama.cpp's sampling on the GPU backend: not built here
+        "lora": [{"id": i, "scale": scale} for i, scale in lora],  # the LoRA adapters it runs with
     }
 
 
@@ -116,7 +138,9 @@ def generation_settings(
     when the request ignores EOS, as llama-server adds them. A native completion parses no chat
     output: its chat and reasoning settings are llama-server's for one ("Content-only", "none")."""
     p = task.params
-    out = sampling_settings(p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream)
+    out = sampling_settings(
+        p, n_predict=task.n_predict, ignore_eos=task.ignore_eos, stream=stream, lora=task.lora, spec_type=spec_type
+    )
     bias = [*p.logit_bias, *((t, -math.inf) for t in eog if task.ignore_eos)]
     out.update(
         dry_sequence_breakers=list(p.dry_sequence_breakers),
@@ -128,23 +152,22 @@ def generation_settings(
         grammar_lazy=p.grammar_lazy,
         grammar_triggers=[{"type": GRAMMAR_TRIGGER_WORD, "value": w} for w in p.grammar_triggers],
         preserved_tokens=[],
-        chat_format="Content-only",
-        reasoning_format="none",
-        reasoning_in_content=False,
-        generation_prompt="",
         timings_per_token=task.request.timings_per_token,
         post_sampling_probs=bool(task.request.post_sampling_probs),
-        backend_sampling=False,  # llama.cpp's sampling on the GPU backend: not built here
-        lora=[{"id": i, "scale": scale} for i, scale in task.lora],  # the LoRA adapters it ran with
     )
-    out["speculative.types"] = spec_type
     return out
 
 
 def default_generation_settings(cfg: RuntimeConfig) -> dict[str, Any]:
     """``/props``' ``default_generation_settings``: the server's defaults, set by its flags."""
-    params = sampling_settings(cfg.sampling, n_predict=cfg.n_predict_max, ignore_eos=cfg.ignore_eos, stream=False)
-    params["reasoning_format"] = cfg.reasoning_format
+    params = sampling_settings(
+        cfg.sampling,
+        n_predict=cfg.n_predict_max,
+        ignore_eos=cfg.ignore_eos,
+        stream=False,
+        reasoning_format=cfg.reasoning_format,
+        spec_type=cfg.spec_type,
+    )
     return {"params": params, "n_ctx": cfg.ctx_per_request}
 
 
@@ -268,7 +291,7 @@ class NativeShaper:
             prompt=self.prompt,
             has_new_line=new_line or "\n" in content,
             tokens=tokens,
-            completion_probabilities=probs,
+            completion_probabilities=msgspec.UNSET if probs is None else probs,
         )
 
     def body(self, c: Completion) -> Any:
@@ -358,7 +381,7 @@ class OpenAIShaper:
     def progress(self, ev: Progress) -> list[dict[str, Any]]:
         """A return_progress chunk, as llama-server's: an empty choice plus ``prompt_progress``."""
         obj = self.object + ".chunk" if self.chat else self.object
-        choice: dict[str, Any] = {"index": ev.index, "logprobs": None, "finish_reason": None}
+        choice = self._choice(ev.index, None, None)
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": None}
         else:
@@ -378,14 +401,7 @@ class OpenAIShaper:
             self._started.add(ev.index)
             out.append(
                 self._envelope(
-                    [
-                        {
-                            "index": ev.index,
-                            "delta": {"role": "assistant", "content": None},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
+                    [{**self._choice(ev.index, None, None), "delta": {"role": "assistant", "content": None}}],
                     obj,
                 )
             )
@@ -394,7 +410,7 @@ class OpenAIShaper:
                 return out
             start = self._chars.get(ev.index, 0)
             self._chars[ev.index] = start + len(ev.text)
-            choice: dict[str, Any] = {"index": ev.index, "logprobs": self._logprobs([ev], start), "finish_reason": None}
+            choice = self._choice(ev.index, self._logprobs([ev], start), None)
             if self.chat:
                 choice["delta"] = {"content": ev.text}
             else:
@@ -408,7 +424,7 @@ class OpenAIShaper:
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
         self.n_completion += ev.n_predicted
         self._timings = done_timings(ev)
-        choice = {"index": ev.index, "logprobs": None, "finish_reason": ev.finish_reason}
+        choice = self._choice(ev.index, None, ev.finish_reason)
         if self.chat:
             choice["delta"] = {}
         else:
@@ -422,6 +438,13 @@ class OpenAIShaper:
             env["timings"] = self._timings
         out.append(env)
         return out
+
+    def _choice(self, index: int, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+        """A choice's common keys. A chat choice without log probabilities has no ``logprobs``
+        key, as llama-server writes it; a completions choice has ``logprobs: null``."""
+        if logprobs is None and self.chat:
+            return {"index": index, "finish_reason": finish_reason}
+        return {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def usage_chunk(self) -> dict[str, Any] | None:
         if not self.include_usage:
@@ -444,11 +467,7 @@ class OpenAIShaper:
     def body(self, c: Completion) -> dict[str, Any]:
         choices = []
         for ch in c.choices:
-            entry: dict[str, Any] = {
-                "index": ch.index,
-                "logprobs": self._logprobs(ch.logprobs),
-                "finish_reason": ch.finish_reason,
-            }
+            entry = self._choice(ch.index, self._logprobs(ch.logprobs), ch.finish_reason)
             if self.chat:
                 entry["message"] = {"role": "assistant", "content": ch.text}
             else:

@@ -57,9 +57,7 @@ def slot_params(s: SlotState) -> dict[str, Any]:
     """llama-server's ``params`` of a slot's request (``task_params::to_json(only_metrics)``),
     the fields llamactor has. ``stream`` is null: the engine does not know how the client reads."""
     assert s.params is not None
-    out = sampling_settings(s.params, n_predict=s.n_predict, ignore_eos=s.ignore_eos, stream=False)
-    out.update(stream=None, lora=[{"id": i, "scale": scale} for i, scale in s.lora])
-    return out
+    return sampling_settings(s.params, n_predict=s.n_predict, ignore_eos=s.ignore_eos, stream=None, lora=s.lora)
 
 
 def slot_action_json(result: SlotActionResult, path: str = "") -> dict[str, Any]:
