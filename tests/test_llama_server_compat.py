@@ -112,6 +112,7 @@ _SAMPLE_VALUES = {
     "--gpu-layers": "1",
     "--device": "none",
     "--log-format": "json",
+    "--log-colors": "auto",
     "--alias": "a",
     "--tensor-split": "1",
     "--api-key": "k",
