@@ -37,6 +37,28 @@ def default_model() -> Path | None:
     return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"), None)
 
 
+def load_backend_modules(lib: Path) -> None:
+    """A GPU build (``BACKEND=cuda``, ...) is made of loadable backend modules, the CPU's one of
+    them: until they are loaded llama.cpp has no device and loads no model. Load them as the
+    engine does (runtime/engine/backends.py; llamactor itself is not installed yet when setup
+    checks its first build), NVIDIA's wheel's cuBLAS first for a CUDA module. A GPU module whose
+    driver is missing does not load, and the check runs on the CPU, as the server would."""
+    import ctypes
+    import sysconfig
+
+    # the copy libllama links (its soname): the wheel's libggml.so is another copy, another ggml
+    ggml = ctypes.CDLL(str(next(p for p in (lib / "libggml.so.0", lib / "libggml.so") if p.exists())))
+    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+    if ggml.ggml_backend_reg_count() > 0:
+        return  # backends compiled in (the CPU-only build)
+    site = Path(sysconfig.get_paths()["purelib"])
+    for pattern in ("nvidia/*/lib/libcublasLt.so.*", "nvidia/*/lib/libcublas.so.*"):
+        for path in sorted(site.glob(pattern)):
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_load_all_from_path(str(lib).encode())
+
+
 def decode(model: str) -> str:
     """Load ``model`` and decode the prompt, then four tokens one by one (runs in the child)."""
     import ctypes
@@ -46,6 +68,7 @@ def decode(model: str) -> str:
     quiet = L.llama_log_callback(lambda level, text, data: None)
     _keep.append(quiet)  # ctypes does not hold the callback: llama.cpp calls it later
     L.llama_log_set(quiet, ctypes.c_void_p(0))
+    load_backend_modules(Path(L.__file__).resolve().parent / "lib")
     L.llama_backend_init()
     weights = L.llama_model_load_from_file(model.encode(), L.llama_model_default_params())
     if not weights:

@@ -18,8 +18,7 @@ import pytest
 from conftest import open_server
 
 from llamactor.runtime.engine import backends
-
-GPU_MODULES = ("libggml-cuda.so", "libggml-vulkan.so", "libggml-hip.so", "libggml-metal.so")
+from llamactor.runtime.engine.rpc import GPU_MODULES
 
 
 def _gpu_modules() -> list[str]:

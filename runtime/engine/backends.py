@@ -16,7 +16,7 @@
   and its extra ones (AMX, CPU_REPACK), which llama.cpp prefers where the CPU runs them.
 
 llama-cpp-python binds none of ggml's backend registry: the functions are declared here with
-ctypes on the bundled ``libggml.so`` (the instance llama.cpp uses).
+ctypes on the bundled ``libggml.so.0`` (the instance llama.cpp uses: ``rpc.ggml_path``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import llama_cpp
 
 from llamactor.protocol.build import BuildInfo, Device
+from llamactor.runtime.engine.rpc import ggml_path
 
 BUILD_RECORD = "llamactor-build.json"  # written by ops/setup_venv.sh into the venv
 # ggml-backend.h's enum ggml_backend_dev_type
@@ -50,7 +51,7 @@ def library_dir() -> Path:
 def ggml() -> ctypes.CDLL:
     """libggml.so with the registry functions used here declared (argtypes checked against
     ggml-backend.h of the llama.cpp that llama-cpp-python 0.3.36 vendors)."""
-    lib = ctypes.CDLL(str(library_dir() / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(ggml_path()), mode=ctypes.RTLD_GLOBAL)
     lib.ggml_backend_reg_count.argtypes = []
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]

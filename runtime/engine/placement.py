@@ -90,9 +90,9 @@ def n_cpu_ffn(text: str) -> tuple[Override, ...]:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    from llamactor.runtime.engine.rpc import library_dir
+    from llamactor.runtime.engine.rpc import ggml_path
 
-    ggml = ctypes.CDLL(str(library_dir() / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+    ggml = ctypes.CDLL(str(ggml_path()), mode=ctypes.RTLD_GLOBAL)
     ggml.ggml_backend_dev_count.argtypes = []
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
