@@ -17,343 +17,21 @@ what llamactor does (``--spec-type none``, ``--fit off``). A flag given
 on the command line wins over its variable, as in llama-server. llamactor's own flags
 (pipeline groups, schedulers) are a CONFIG group of their own at the end.
 
-This module is the table and its value parsers; the machinery (``Opt``, ``Group``, argparse,
+This module is the table, one declaration a group (so it is long on purpose); its value parsers
+are ``runtime.flagvalues``; the machinery (``Opt``, ``Group``, argparse,
 variables) is ``runtime.cliargs``, and ``runtime.cli`` logs, refuses and builds the config.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-from llamactor.protocol.errors import ConfigError
-from llamactor.protocol.sampling import DEFAULT_SEED, ParamError, sampler_names
-from llamactor.runtime.cliargs import Group, Ignored, Sets, Use, opt, switch
+from llamactor.runtime import flagvalues as values
+from llamactor.runtime.cliargs import Group, Sets, Use, opt, switch
 from llamactor.runtime.engine import placement
-from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES, KvOverride, parse_kv_override
-from llamactor.runtime.engine.speculative import SPEC_MOD, SPEC_NONE, SPEC_TYPES
+from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES
 from llamactor.runtime.http import tools as agent_tools
-from llamactor.runtime.service.config import ALL_LAYERS, name_set
 
-# ---- value parsers (a ValueError or ArgumentTypeError becomes argparse's "invalid value") ----
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _names(values: tuple[str, ...]) -> tuple[str, ...] | None:
-    """``--alias``/``--tags a,b`` (repeatable): llama-server adds each comma-separated name to a
-    set, so they come out sorted, without repeats; no name at all leaves the field unset."""
-    return name_set(name for value in values for name in value.split(",")) or None
-
-
-def _hosts(text: str) -> tuple[str, ...]:
-    """``--host a,b``: llama-server reads a CSV row (a quoted address may hold a comma), strips
-    each address and drops the empty ones; none left is an error."""
-    try:
-        row = next(csv.reader([text]), [])
-    except csv.Error as exc:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of addresses: {exc}") from None
-    hosts = tuple(h.strip() for h in row if h.strip())
-    if not hosts:
-        raise argparse.ArgumentTypeError("at least one address is required")
-    return hosts
-
-
-def _timeout(text: str) -> int:
-    """``--timeout N``: whole seconds, at least 1."""
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {n}")
-    return n
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in _csv(text))
-
-
-def _reasoning(value: str) -> str:
-    """--reasoning as llama-server reads it: on/enabled/true/1, off/disabled/false/0, auto."""
-    if value in ("on", "enabled", "true", "1"):
-        return "on"
-    if value in ("off", "disabled", "false", "0"):
-        return "off"
-    if value == "auto":
-        return "auto"
-    raise argparse.ArgumentTypeError(f"must be on, off or auto, got {value!r}")
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(allowed)}, got {text!r}")
-        return text
-
-    return parse
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror}") from None
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
-
-
-def _schema_grammar(text: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    _json_object(text)
-    try:
-        return str(json_schema_to_gbnf(text))
-    except Exception as exc:
-        raise argparse.ArgumentTypeError(f"unsupported JSON schema: {exc}") from None
-
-
-def _samplers(text: str) -> tuple[str, ...]:
-    try:
-        return sampler_names([s for s in text.split(";") if s])
-    except ParamError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _sampler_chars(text: str) -> tuple[str, ...]:
-    try:
-        return sampler_names(text)
-    except ParamError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seed(text: str) -> int:
-    seed = int(text)
-    return DEFAULT_SEED if seed < 0 or seed > DEFAULT_SEED else seed  # llama.cpp's stoul: -1 = random
-
-
-def _logit_bias(text: str) -> tuple[int, float]:
-    """``TOKEN_ID(+/-)BIAS`` as llama-server reads it: ``15043+1``, ``15043-inf``."""
-    for i, ch in enumerate(text):
-        if i and ch in "+-":
-            return int(text[:i]), float(text[i:])
-    raise argparse.ArgumentTypeError(f"must be TOKEN_ID+BIAS or TOKEN_ID-BIAS, got {text!r}")
-
-
-def _scheduler_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE``; a value that reads as an int, a float or true/false becomes one."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip().isidentifier():
-        raise argparse.ArgumentTypeError(f"must be KEY=VALUE with KEY a Python name, got {text!r}")
-    value: Any = raw
-    if raw.lower() in ("true", "false"):
-        value = raw.lower() == "true"
-    else:
-        for number in (int, float):
-            try:
-                value = number(raw)
-                break
-            except ValueError:
-                continue
-    return key.strip(), value
-
-
-def _itl_pct(text: str) -> float:
-    """``p50``, ``p90``, ``p99`` (or a bare percentile in (0, 100)) or ``mean`` (0)."""
-    word = text.strip().lower()
-    if word == "mean":
-        return 0.0
-    value = float(word.removeprefix("p"))
-    if not 0 < value < 100:
-        raise argparse.ArgumentTypeError(
-            f"must be p50, p90, p99 (a percentile between 0 and 100) or mean, got {text!r}"
-        )
-    return value
-
-
-def _layers(text: str) -> int | None:
-    if text == "auto":
-        return None
-    if text == "all":
-        return ALL_LAYERS
-    n = int(text)
-    return None if n == -1 else ALL_LAYERS if n == -2 else n
-
-
-def _auto_int(text: str) -> int | None:
-    """-1 (or 0 for threads) means "let llamactor choose", as llama-server's auto."""
-    n = int(text)
-    return None if n <= 0 else n
-
-
-def _sleep_seconds(text: str) -> int:
-    """``--sleep-idle-seconds``: -1 (never) or a positive number of seconds, as llama-server reads it."""
-    n = int(text)
-    if n == 0 or n < -1:
-        raise argparse.ArgumentTypeError("cannot be 0 or less than -1")
-    return n
-
-
-def _ctx_size(text: str) -> int:
-    n = int(text)
-    if n == 0:
-        raise argparse.ArgumentTypeError(
-            "0 (the model's training context) is not supported: give the total context size for all slots"
-        )
-    return n
-
-
-def _dry_breakers(values: tuple[str, ...]) -> tuple[str, ...]:
-    if "none" in values:
-        raise ConfigError("--dry-sequence-breaker none (DRY without breakers) is not supported: give at least one")
-    return values
-
-
-def _flatten(values: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
-    return tuple(k for v in values for k in v)
-
-
-def _lora(text: str) -> tuple[tuple[str, float], ...]:
-    """``--lora FNAME[,FNAME...]``: adapters at global scale 1."""
-    return tuple((path, 1.0) for path in _csv(text))
-
-
-def _lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
-    """``--lora-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
-    out = []
-    for item in _csv(text):
-        parts = item.split(":")
-        if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
-        try:
-            out.append((parts[0], float(parts[1])))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
-    return tuple(out)
-
-
-def _csv_row(text: str) -> list[str]:
-    """llama-server's ``parse_csv_row``: comma-separated fields, a field quoted from its start
-    may hold commas (``""`` in it is a quote), a quote anywhere else is a plain character;
-    fields are not stripped and an empty one is kept."""
-    fields, field, quoted, i = [], "", False, 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"' and not quoted and not field:
-            quoted = True
-        elif ch == '"' and quoted:
-            if text[i + 1 : i + 2] == '"':
-                field += '"'
-                i += 1
-            else:
-                quoted = False
-        elif ch == "," and not quoted:
-            fields.append(field)
-            field = ""
-        else:
-            field += ch
-        i += 1
-    fields.append(field)
-    return fields
-
-
-def _kv_overrides(text: str) -> tuple[KvOverride, ...]:
-    """``--override-kv KEY=TYPE:VALUE[,...]``, each as llama-server's ``string_parse_kv_override``."""
-    try:
-        return tuple(parse_kv_override(item) for item in _csv_row(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _control_vectors(text: str) -> tuple[tuple[str, float], ...]:
-    """``--control-vector FNAME[,FNAME...]``: files at scale 1."""
-    return tuple((path, 1.0) for path in _csv_row(text))
-
-
-def _control_vectors_scaled(text: str) -> tuple[tuple[str, float], ...]:
-    """``--control-vector-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
-    out = []
-    for item in _csv_row(text):
-        parts = item.split(":")
-        if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
-        try:
-            out.append((parts[0], float(parts[1])))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
-    return tuple(out)
-
-
-def _rope_scale(text: str) -> float:
-    """``--rope-scale N``: the context expanded N times, llama-server's rope_freq_scale = 1/N."""
-    n = float(text)
-    if n == 0:
-        raise argparse.ArgumentTypeError("must not be 0 (the context is expanded N times)")
-    return 1.0 / n
-
-
-def _key_file(path: str) -> tuple[str, ...]:
-    return tuple(line for line in _read(path).splitlines() if line and not line.startswith("#"))
-
-
-def _tensor_overrides(values: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
-    """-ot, -cmoe, -ncmoe, -ncffn in command-line order: each gives (pattern, buffer type) pairs
-    (-cmoe a switch: its pairs when on)."""
-    out: list[tuple[str, str]] = []
-    for value in values:
-        out.extend(placement.cpu_moe(value) if isinstance(value, bool) else value)
-    return tuple(out)
-
-
-def _cont_batching(on: bool) -> str | Ignored:
-    if on:
-        return Ignored("continuous batching is always on (see --scheduler)")
-    return "no-cont-batching"  # llama-server's -nocb is a scheduler here
-
-
-def _spec_type(text: str) -> str:
-    """llama-server's comma-separated ``--spec-type``; llamactor runs one kind at a time."""
-    kinds = [k for k in dict.fromkeys(_csv(text)) if k != SPEC_NONE]
-    unknown = [k for k in kinds if k not in SPEC_TYPES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"{', '.join(unknown)} is not built; one of {', '.join(SPEC_TYPES)}")
-    if len(kinds) > 1:
-        raise argparse.ArgumentTypeError(f"one kind of speculation at a time, got {text!r}")
-    return kinds[0] if kinds else SPEC_NONE
-
-
-def _spec_default(on: bool) -> str | None:
-    """``--spec-default``: llama-server's default speculation, ngram-mod; its n_match 24, n_min 48
-    and n_max 64 are the --spec-ngram-mod-* defaults (those flags may still change them)."""
-    return SPEC_MOD if on else None
-
-
-def _is(*values: Any) -> Callable[[Any], bool]:
-    return lambda v: v in values
-
-
-_off = _is(False)
+_off = values.is_one_of(False)
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
-
-
-def verbosity_level(threshold: int) -> str:
-    """llama-server's -lv threshold as a log level (its levels: 1 error, 2 warning, 3 info, 4 debug)."""
-    if threshold >= 4:
-        return "debug"
-    return ("critical", "error", "warning", "info")[max(threshold, 0)]
-
-
 _DRAFT = (
     "draft tuning left at llama.cpp's defaults (threads, placement, KV types, backend sampling); "
     "synthetic acceptance and the tree split are not built"
@@ -377,7 +55,7 @@ GROUPS: tuple[Group, ...] = (
                 value="STRING",
                 env="LLAMA_ARG_ALIAS",
                 many=True,
-                convert=_names,
+                convert=values.names,
                 help="the model's names, comma-separated: /v1/models lists them, the first in sorted order is its id",
             ),
             opt(
@@ -386,7 +64,7 @@ GROUPS: tuple[Group, ...] = (
                 value="STRING",
                 env="LLAMA_ARG_TAGS",
                 many=True,
-                convert=_names,
+                convert=values.names,
                 help="comma-separated, listed by /v1/models (informational)",
             ),
             opt(
@@ -394,14 +72,23 @@ GROUPS: tuple[Group, ...] = (
                 "--ctx-size",
                 field="n_ctx",
                 env="LLAMA_ARG_CTX_SIZE",
-                parse=_ctx_size,
+                parse=values.ctx_size,
                 help="total context C over all slots",
             ),
-            opt("-np", "--parallel", field="parallel", env="LLAMA_ARG_N_PARALLEL", parse=_auto_int, help="slots P"),
+            opt(
+                "-np", "--parallel", field="parallel", env="LLAMA_ARG_N_PARALLEL", parse=values.auto_int, help="slots P"
+            ),
             opt("-b", "--batch-size", field="n_batch", env="LLAMA_ARG_BATCH", parse=int),
             opt("-ub", "--ubatch-size", field="n_ubatch", env="LLAMA_ARG_UBATCH", parse=int),
-            opt("-t", "--threads", field="threads", env="LLAMA_ARG_THREADS", parse=_auto_int, help="-1 = all cores"),
-            opt("-tb", "--threads-batch", field="threads_batch", parse=_auto_int),
+            opt(
+                "-t",
+                "--threads",
+                field="threads",
+                env="LLAMA_ARG_THREADS",
+                parse=values.auto_int,
+                help="-1 = all cores",
+            ),
+            opt("-tb", "--threads-batch", field="threads_batch", parse=values.auto_int),
             switch(
                 "-kvu",
                 "--kv-unified",
@@ -422,7 +109,7 @@ GROUPS: tuple[Group, ...] = (
                 field="flash_attn",
                 value="on|off|auto",
                 env="LLAMA_ARG_FLASH_ATTN",
-                parse=_choice("on", "off", "auto"),
+                parse=values.choice("on", "off", "auto"),
                 optional="on",
             ),
             opt(
@@ -440,7 +127,7 @@ GROUPS: tuple[Group, ...] = (
                 neg=("-nocb", "--no-cont-batching"),
                 field="scheduler",
                 env="LLAMA_ARG_CONT_BATCHING",
-                convert=_cont_batching,
+                convert=values.cont_batching,
                 help="--no-cont-batching selects the no-cont-batching scheduler",
             ),
             opt("-ctk", "--cache-type-k", field="cache_type_k", value="TYPE", env="LLAMA_ARG_CACHE_TYPE_K"),
@@ -500,9 +187,9 @@ GROUPS: tuple[Group, ...] = (
                 field="api_keys",
                 value="KEY",
                 env="LLAMA_API_KEY",
-                parse=_csv,
+                parse=values.comma_list,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="comma-separated keys",
             ),
             opt(
@@ -510,9 +197,9 @@ GROUPS: tuple[Group, ...] = (
                 field="api_keys",
                 value="FNAME",
                 env="LLAMA_ARG_API_KEY_FILE",
-                parse=_key_file,
+                parse=values.key_file,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="one key per line, # comments",
             ),
             switch(
@@ -568,7 +255,7 @@ GROUPS: tuple[Group, ...] = (
                 "--n-gpu-layers",
                 field="n_gpu_layers",
                 env="LLAMA_ARG_N_GPU_LAYERS",
-                parse=_layers,
+                parse=values.layers,
                 help="a number, auto or all (default: auto, every layer on the GPUs; llama-server's fitting "
                 "to free memory, -fit, is not built: give a number where the model does not fit)",
             ),
@@ -621,7 +308,7 @@ GROUPS: tuple[Group, ...] = (
                 field="load_mode",
                 value="MODE",
                 env="LLAMA_ARG_LOAD_MODE",
-                parse=_choice(*placement.LOAD_MODES),
+                parse=values.choice(*placement.LOAD_MODES),
                 help="how the weights are read: auto (mmap), none (read into memory), mmap, mlock, mmap+mlock, "
                 "dio (direct I/O)",
             ),
@@ -641,7 +328,7 @@ GROUPS: tuple[Group, ...] = (
                 field="lazy_mode",
                 value="MODE",
                 env="LLAMA_ARG_LAZY_MODE",
-                parse=_choice(*placement.LAZY_MODES),
+                parse=values.choice(*placement.LAZY_MODES),
                 help="read the rows of tensors such as per-layer embeddings on demand: on, auto (those over 4 GiB), "
                 "off",
             ),
@@ -653,7 +340,7 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMA_ARG_OVERRIDE_TENSOR",
                 parse=placement.parse_override_tensor,
                 many=True,
-                convert=_tensor_overrides,
+                convert=values.tensor_overrides,
                 shared="tensor_overrides",
                 help="tensors whose name the regular expression matches go to that buffer type (repeatable)",
             ),
@@ -663,7 +350,7 @@ GROUPS: tuple[Group, ...] = (
                 field="tensor_overrides",
                 env="LLAMA_ARG_CPU_MOE",
                 many=True,
-                convert=_tensor_overrides,
+                convert=values.tensor_overrides,
                 shared="tensor_overrides",
                 help="every MoE expert weight in the CPU buffer type",
             ),
@@ -674,7 +361,7 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMA_ARG_N_CPU_MOE",
                 parse=placement.n_cpu_moe,
                 many=True,
-                convert=_tensor_overrides,
+                convert=values.tensor_overrides,
                 shared="tensor_overrides",
                 help="the MoE expert weights of the first N layers in the CPU buffer type",
             ),
@@ -685,7 +372,7 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMA_ARG_N_CPU_FFN",
                 parse=placement.n_cpu_ffn,
                 many=True,
-                convert=_tensor_overrides,
+                convert=values.tensor_overrides,
                 shared="tensor_overrides",
                 help="the dense FFN weights of the first N layers in the CPU buffer type",
             ),
@@ -694,7 +381,7 @@ GROUPS: tuple[Group, ...] = (
                 field="rpc_servers",
                 value="SERVERS",
                 env="LLAMA_ARG_RPC",
-                parse=_csv,
+                parse=values.comma_list,
                 help="comma-separated HOST:PORT of ggml-rpc workers",
             ),
             opt(
@@ -703,7 +390,7 @@ GROUPS: tuple[Group, ...] = (
                 field="devices",
                 value="DEVICES",
                 env="LLAMA_ARG_DEVICE",
-                parse=lambda s: () if s == "none" else _csv(s),
+                parse=lambda s: () if s == "none" else values.comma_list(s),
                 help="comma-separated devices for the split, e.g. RPC0,CPU (list the local CPU last)",
             ),
             opt(
@@ -712,7 +399,7 @@ GROUPS: tuple[Group, ...] = (
                 field="tensor_split",
                 value="N0,N1,...",
                 env="LLAMA_ARG_TENSOR_SPLIT",
-                parse=_floats,
+                parse=values.floats,
             ),
             opt(
                 "-sm",
@@ -768,7 +455,7 @@ GROUPS: tuple[Group, ...] = (
                 field="reasoning",
                 value="on|off|auto",
                 env="LLAMA_ARG_REASONING",
-                parse=_reasoning,
+                parse=values.reasoning,
                 help="thinking in the chat: on or off sets the template's enable_thinking (a request's "
                 "chat_template_kwargs still wins); auto: the template's own default",
             ),
@@ -777,7 +464,7 @@ GROUPS: tuple[Group, ...] = (
                 field="chat_template_kwargs",
                 value="JSON",
                 env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
-                parse=_json_object,
+                parse=values.json_object,
                 help="extra variables for the template",
             ),
             opt(
@@ -785,7 +472,7 @@ GROUPS: tuple[Group, ...] = (
                 field="reasoning_format",
                 value="FORMAT",
                 env="LLAMA_ARG_THINK",
-                parse=_choice("auto", "none", "deepseek", "deepseek-legacy"),
+                parse=values.choice("auto", "none", "deepseek", "deepseek-legacy"),
             ),
             opt("--reasoning-budget", field="reasoning_budget", env="LLAMA_ARG_THINK_BUDGET", parse=int),
             switch("--embedding", "--embeddings", field="embedding", env="LLAMA_ARG_EMBEDDINGS"),
@@ -794,7 +481,7 @@ GROUPS: tuple[Group, ...] = (
                 field="pooling",
                 value="TYPE",
                 env="LLAMA_ARG_POOLING",
-                parse=_choice("none", "mean", "cls", "last", "rank"),
+                parse=values.choice("none", "mean", "cls", "last", "rank"),
             ),
             opt("--embd-normalize", field="embd_normalize", parse=int),
             switch(
@@ -846,9 +533,9 @@ GROUPS: tuple[Group, ...] = (
                 "--lora",
                 field="lora",
                 value="FNAME",
-                parse=_lora,
+                parse=values.lora,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 shared="lora",
                 help="comma-separated adapter files, global scale 1 (repeatable)",
             ),
@@ -856,9 +543,9 @@ GROUPS: tuple[Group, ...] = (
                 "--lora-scaled",
                 field="lora",
                 value="FNAME:SCALE,...",
-                parse=_lora_scaled,
+                parse=values.lora_scaled,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 shared="lora",
                 help="adapter files with their global scales (repeatable)",
             ),
@@ -880,14 +567,14 @@ GROUPS: tuple[Group, ...] = (
                 field="rope_scaling",
                 value="{none,linear,yarn}",
                 env="LLAMA_ARG_ROPE_SCALING_TYPE",
-                parse=_choice(*ROPE_SCALING_TYPES),
+                parse=values.choice(*ROPE_SCALING_TYPES),
                 help="RoPE frequency scaling method (default: the model's, else linear)",
             ),
             opt(
                 "--rope-scale",
                 field="rope_freq_scale",
                 env="LLAMA_ARG_ROPE_SCALE",
-                parse=_rope_scale,
+                parse=values.rope_scale,
                 help="RoPE context scaling factor: expands the context N times (--rope-freq-scale 1/N)",
             ),
             opt(
@@ -943,9 +630,9 @@ GROUPS: tuple[Group, ...] = (
                 "--override-kv",
                 field="kv_overrides",
                 value="KEY=TYPE:VALUE,...",
-                parse=_kv_overrides,
+                parse=values.kv_overrides,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="model metadata read instead of the GGUF's; types int, float, bool, str "
                 "(comma-separated, repeatable), e.g. tokenizer.ggml.add_bos_token=bool:false",
             ),
@@ -961,9 +648,9 @@ GROUPS: tuple[Group, ...] = (
                 "--control-vector",
                 field="control_vectors",
                 value="FNAME",
-                parse=_control_vectors,
+                parse=values.control_vectors,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 shared="control_vectors",
                 help="control vector files, scale 1 (comma-separated, repeatable)",
             ),
@@ -971,9 +658,9 @@ GROUPS: tuple[Group, ...] = (
                 "--control-vector-scaled",
                 field="control_vectors",
                 value="FNAME:SCALE,...",
-                parse=_control_vectors_scaled,
+                parse=values.control_vectors_scaled,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 shared="control_vectors",
                 help="control vector files with their scales (repeatable)",
             ),
@@ -1001,7 +688,7 @@ GROUPS: tuple[Group, ...] = (
                 field="spec_type",
                 value="TYPES",
                 env="LLAMA_ARG_SPEC_TYPE",
-                parse=_spec_type,
+                parse=values.spec_type,
                 help="none | ngram-simple | draft-simple | ngram-cache | ngram-mod (-md alone means draft-simple, "
                 "-lcs/-lcd alone ngram-cache)",
             ),
@@ -1023,7 +710,7 @@ GROUPS: tuple[Group, ...] = (
             switch(
                 "--spec-default",
                 field="spec_type",
-                convert=_spec_default,
+                convert=values.spec_default,
                 help="llama-server's default speculation: ngram-mod with a 24-token match and drafts of 48 to 64 "
                 "tokens",
             ),
@@ -1113,7 +800,7 @@ GROUPS: tuple[Group, ...] = (
                 "--n-gpu-layers-draft",
                 field="spec_draft_n_gpu_layers",
                 env="LLAMA_ARG_N_GPU_LAYERS_DRAFT",
-                parse=_layers,
+                parse=values.layers,
                 help="the draft's layers on the GPU (default: as -ngl)",
             ),
             opt(
@@ -1122,7 +809,7 @@ GROUPS: tuple[Group, ...] = (
                 "--device-draft",
                 field="spec_draft_devices",
                 value="DEVICES",
-                parse=lambda s: () if s == "none" else _csv(s),
+                parse=lambda s: () if s == "none" else values.comma_list(s),
                 help="the draft model's devices (default: local)",
             ),
         ),
@@ -1175,7 +862,7 @@ GROUPS: tuple[Group, ...] = (
                 field="dry_sequence_breakers",
                 value="STRING",
                 many=True,
-                convert=_dry_breakers,
+                convert=values.dry_breakers,
             ),
             opt("--dynatemp-range", field="dynatemp_range", parse=float),
             opt("--dynatemp-exp", field="dynatemp_exponent", parse=float),
@@ -1194,14 +881,22 @@ GROUPS: tuple[Group, ...] = (
                 parse=float,
                 help="adaptive-p: the target's decay, 0 to 0.99",
             ),
-            opt("-s", "--seed", field="seed", value="SEED", parse=_seed, help="-1 = random"),
-            opt("--samplers", field="samplers", value="SAMPLERS", parse=_samplers, help="names separated by ';'"),
-            opt("--sampler-seq", "--sampling-seq", field="samplers", value="SEQUENCE", parse=_sampler_chars),
-            opt("-l", "--logit-bias", field="logit_bias", value="TOKEN_ID(+/-)BIAS", parse=_logit_bias, many=True),
+            opt("-s", "--seed", field="seed", value="SEED", parse=values.seed, help="-1 = random"),
+            opt("--samplers", field="samplers", value="SAMPLERS", parse=values.samplers, help="names separated by ';'"),
+            opt("--sampler-seq", "--sampling-seq", field="samplers", value="SEQUENCE", parse=values.sampler_chars),
+            opt(
+                "-l", "--logit-bias", field="logit_bias", value="TOKEN_ID(+/-)BIAS", parse=values.logit_bias, many=True
+            ),
             opt("--grammar", field="grammar", value="GRAMMAR"),
-            opt("--grammar-file", field="grammar", value="FNAME", parse=_read),
-            opt("-j", "--json-schema", field="grammar", value="SCHEMA", parse=_schema_grammar),
-            opt("-jf", "--json-schema-file", field="grammar", value="FILE", parse=lambda p: _schema_grammar(_read(p))),
+            opt("--grammar-file", field="grammar", value="FNAME", parse=values.read),
+            opt("-j", "--json-schema", field="grammar", value="SCHEMA", parse=values.schema_grammar),
+            opt(
+                "-jf",
+                "--json-schema-file",
+                field="grammar",
+                value="FILE",
+                parse=lambda p: values.schema_grammar(values.read(p)),
+            ),
         ),
     ),
     Group(
@@ -1214,7 +909,7 @@ GROUPS: tuple[Group, ...] = (
                 field="hosts",
                 value="HOST",
                 env="LLAMA_ARG_HOST",
-                parse=_hosts,
+                parse=values.hosts,
                 help="IP addresses to listen on, comma-separated (UNIX sockets are not supported)",
             ),
             opt("--port", field="port", value="PORT", env="LLAMA_ARG_PORT", parse=int),
@@ -1223,7 +918,7 @@ GROUPS: tuple[Group, ...] = (
                 "--timeout",
                 field="timeout",
                 env="LLAMA_ARG_TIMEOUT",
-                parse=_timeout,
+                parse=values.timeout,
                 help="seconds a client has to send a request's whole body, and that one write to a client "
                 "may wait (default 600, as llama-server's read and write timeout)",
             ),
@@ -1293,7 +988,7 @@ GROUPS: tuple[Group, ...] = (
                 "--sleep-idle-seconds",
                 field="sleep_idle_seconds",
                 value="SECONDS",
-                parse=_sleep_seconds,
+                parse=values.sleep_seconds,
                 help="seconds without a request before the engine sleeps (default -1: never)",
             ),
         ),
@@ -1306,13 +1001,13 @@ GROUPS: tuple[Group, ...] = (
         (
             opt("-C", "--cpu-mask", value="M"),
             opt("-Cr", "--cpu-range", value="lo-hi"),
-            opt("--cpu-strict", value="<0|1>", parse=int, ok=_is(0)),
-            opt("--prio", parse=int, ok=_is(0)),
+            opt("--cpu-strict", value="<0|1>", parse=int, ok=values.is_one_of(0)),
+            opt("--prio", parse=int, ok=values.is_one_of(0)),
             opt("--poll", value="<0...100>"),
             opt("-Cb", "--cpu-mask-batch", value="M"),
             opt("-Crb", "--cpu-range-batch", value="lo-hi"),
-            opt("--cpu-strict-batch", parse=int, ok=_is(0)),
-            opt("--prio-batch", parse=int, ok=_is(0)),
+            opt("--cpu-strict-batch", parse=int, ok=values.is_one_of(0)),
+            opt("--prio-batch", parse=int, ok=values.is_one_of(0)),
             opt("--poll-batch", value="<0|1>"),
             opt("--numa", value="TYPE", env="LLAMA_ARG_NUMA"),
         ),
@@ -1340,7 +1035,7 @@ GROUPS: tuple[Group, ...] = (
                 field="log_colors",
                 value="on|off|auto",
                 env="LLAMA_ARG_LOG_COLORS",
-                parse=_choice("on", "off", "auto"),
+                parse=values.choice("on", "off", "auto"),
                 help="colours in text logs (auto: when stderr is a terminal)",
             ),
             opt(
@@ -1350,7 +1045,7 @@ GROUPS: tuple[Group, ...] = (
                 field="log_level",
                 env="LLAMA_ARG_LOG_VERBOSITY",
                 parse=int,
-                convert=verbosity_level,
+                convert=values.verbosity_level,
                 help="llama-server's thresholds: 0 output only, 1 errors, 2 warnings, 3 info (default), 4 debug",
             ),
             switch(
@@ -1393,7 +1088,7 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "llama.cpp's defaults are used for these",
         (
-            opt("-fit", "--fit", value="on|off", env="LLAMA_ARG_FIT", ok=_is("off")),
+            opt("-fit", "--fit", value="on|off", env="LLAMA_ARG_FIT", ok=values.is_one_of("off")),
             opt("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET"),
             opt("-fitc", "--fit-ctx", env="LLAMA_ARG_FIT_CTX"),
             switch("--check-tensors"),
@@ -1443,7 +1138,7 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "llamactor's chat handling has no such switch",
         (
-            opt("--reasoning-effort", value="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", ok=_is("default")),
+            opt("--reasoning-effort", value="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", ok=values.is_one_of("default")),
             opt("--reasoning-budget-message", value="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
             switch("--reasoning-preserve", neg=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE"),
             switch("--skip-chat-parsing", neg=("--no-skip-chat-parsing",), env="LLAMA_ARG_SKIP_CHAT_PARSING", ok=_off),
@@ -1471,9 +1166,9 @@ GROUPS: tuple[Group, ...] = (
                 field="allowed_media_domains",
                 value="HOST,...",
                 env="LLAMACTOR_ALLOWED_MEDIA_DOMAINS",
-                parse=_csv,
+                parse=values.comma_list,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="the only hosts http(s) media URLs may name, on every redirect too (as vLLM's; "
                 "comma-separated, repeatable; default: any host at a public address)",
             ),
@@ -1705,9 +1400,9 @@ GROUPS: tuple[Group, ...] = (
                 field="ui_mcp_proxy_allowed_hosts",
                 value="HOST,...",
                 env="LLAMACTOR_UI_MCP_PROXY_ALLOWED_HOSTS",
-                parse=_csv,
+                parse=values.comma_list,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="the only hosts /cors-proxy forwards to, on every redirect too (comma-separated, "
                 "repeatable; default: any host at a public address)",
             ),
@@ -1723,9 +1418,9 @@ GROUPS: tuple[Group, ...] = (
                 field="allowed_hosts",
                 value="HOST,...",
                 env="LLAMACTOR_ALLOWED_HOSTS",
-                parse=_csv,
+                parse=values.comma_list,
                 many=True,
-                convert=_flatten,
+                convert=values.flatten,
                 help="Host header names /tools and /cors-proxy answer under, besides IP addresses, localhost "
                 "and the --host names (a name a page rebound to this server's address is refused)",
             ),
@@ -1758,7 +1453,7 @@ GROUPS: tuple[Group, ...] = (
                 field="log_format",
                 value="auto|json|text",
                 env="LLAMACTOR_LOG_FORMAT",
-                parse=_choice("auto", "json", "text"),
+                parse=values.choice("auto", "json", "text"),
             ),
         ),
     ),
@@ -1785,7 +1480,7 @@ GROUPS: tuple[Group, ...] = (
                 "--scheduler-option",
                 field="scheduler_options",
                 value="KEY=VALUE",
-                parse=_scheduler_option,
+                parse=values.scheduler_option,
                 many=True,
                 convert=dict,
                 help="an option for the scheduling policy, passed to its constructor (repeatable; "
@@ -1835,7 +1530,7 @@ GROUPS: tuple[Group, ...] = (
                 field="slo_itl_pct",
                 value="PCT",
                 env="LLAMACTOR_SLO_ITL_PCT",
-                parse=_itl_pct,
+                parse=values.itl_pct,
                 help="slo: the percentile of a request's own gaps held to --slo-itl-ms: p50, p90, p99 or mean "
                 "(default p90)",
             ),
@@ -1877,7 +1572,7 @@ GROUPS: tuple[Group, ...] = (
                 field="replica_router",
                 value="cache|prefix-tree|pow2",
                 env="LLAMACTOR_REPLICA_ROUTER",
-                parse=_choice("cache", "prefix-tree", "pow2"),
+                parse=values.choice("cache", "prefix-tree", "pow2"),
                 help="--replicas: route by each replica's real cache (default), by Ray Serve's prefix tree "
                 "of routed prompts, or to the less loaded of two random replicas",
             ),
@@ -1916,7 +1611,7 @@ GROUPS: tuple[Group, ...] = (
                 field="resume",
                 value="exact|fast",
                 env="LLAMACTOR_RESUME",
-                parse=_choice("exact", "fast"),
+                parse=values.choice("exact", "fast"),
                 help="--isolate: a resumed request replays its delivered tokens one step at a time (exact: greedy "
                 "output unchanged) or prefills them with its prompt (fast: a shorter pause, may diverge)",
             ),
@@ -1932,7 +1627,7 @@ GROUPS: tuple[Group, ...] = (
                 field="rpc_fallback",
                 value="local",
                 env="LLAMACTOR_RPC_FALLBACK",
-                parse=_choice("local"),
+                parse=values.choice("local"),
                 help="--isolate: when a ggml-rpc worker stays away --rpc-wait-s, load the whole model locally",
             ),
             opt(

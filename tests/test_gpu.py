@@ -18,7 +18,7 @@ import pytest
 from conftest import open_server
 
 from llamactor.runtime.engine import backends
-from llamactor.runtime.engine.rpc import GPU_MODULES
+from llamactor.runtime.engine.backends import GPU_MODULES
 
 
 def _gpu_modules() -> list[str]:

@@ -32,7 +32,7 @@ from serveargs import parse_serve as _parse
 
 from llamactor.protocol.errors import ExceedContextSize
 from llamactor.protocol.sampling import DEFAULT_SEED, SamplingParams
-from llamactor.runtime import Runtime, cli, cliargs, cliflags
+from llamactor.runtime import Runtime, cli, cliargs, cliflags, flagvalues
 from llamactor.runtime.engine.rpc import list_devices
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
@@ -392,7 +392,7 @@ def test_log_flags_set_the_logs_of_every_process(tiny_model: Path, tmp_path: Pat
     with _serve([*base, "--log-disable"]) as (url, lines):
         assert httpx.post(url + "/completion", json=ask).status_code == 200
     assert [line for line in lines if line.strip()] == []
-    assert cliflags.verbosity_level(0) == "critical" and cliflags.verbosity_level(9) == "debug"
+    assert flagvalues.verbosity_level(0) == "critical" and flagvalues.verbosity_level(9) == "debug"
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@
   and its extra ones (AMX, CPU_REPACK), which llama.cpp prefers where the CPU runs them.
 
 llama-cpp-python binds none of ggml's backend registry: the functions are declared here with
-ctypes on the bundled ``libggml.so.0`` (the instance llama.cpp uses: ``rpc.ggml_path``).
+ctypes on the bundled ``libggml.so.0`` (the instance llama.cpp uses: ``ggml_path``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from typing import Any
 import llama_cpp
 
 from llamactor.protocol.build import BuildInfo, Device
-from llamactor.runtime.engine.rpc import ggml_path
 
 BUILD_RECORD = "llamactor-build.json"  # written by ops/setup_venv.sh into the venv
 # ggml-backend.h's enum ggml_backend_dev_type
@@ -45,6 +44,22 @@ _dev_t = ctypes.c_void_p
 def library_dir() -> Path:
     """The folder of libllama.so and its ggml libraries (and backend modules)."""
     return Path(llama_cpp.__file__).resolve().parent / "lib"
+
+
+GPU_MODULES = ("libggml-cuda.so", "libggml-vulkan.so", "libggml-hip.so", "libggml-metal.so")
+
+
+def ggml_path() -> Path:
+    """The libggml to declare ggml's functions on. A wheel holds copies, not links, of
+    ``libggml.so``, ``libggml.so.0`` and ``libggml.so.0.x.y``; each copy loaded is a ggml of its
+    own with its own backend registry. A build of loadable modules (a GPU backend: ``make install
+    BACKEND=cuda``) must load them into the copy libllama links, its soname ``libggml.so.0``, or
+    llama.cpp has no device at all. The CPU-only build registers its backends in every copy, and
+    keeps ``libggml.so``: ggml-rpc devices registered there stay out of llama.cpp's own list,
+    which ggml-rpc would abort the process on listing once their worker has gone."""
+    lib = library_dir()
+    modular = any((lib / name).exists() for name in GPU_MODULES)
+    return lib / "libggml.so.0" if modular and (lib / "libggml.so.0").exists() else lib / "libggml.so"
 
 
 @functools.cache

@@ -90,7 +90,7 @@ def n_cpu_ffn(text: str) -> tuple[Override, ...]:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    from llamactor.runtime.engine.rpc import ggml_path
+    from llamactor.runtime.engine.backends import ggml_path
 
     ggml = ctypes.CDLL(str(ggml_path()), mode=ctypes.RTLD_GLOBAL)
     ggml.ggml_backend_dev_count.argtypes = []

@@ -36,22 +36,6 @@ def library_dir() -> Path:
     return Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
-GPU_MODULES = ("libggml-cuda.so", "libggml-vulkan.so", "libggml-hip.so", "libggml-metal.so")
-
-
-def ggml_path() -> Path:
-    """The libggml to declare ggml's functions on. A wheel holds copies, not links, of
-    ``libggml.so``, ``libggml.so.0`` and ``libggml.so.0.x.y``; each copy loaded is a ggml of its
-    own with its own backend registry. A build of loadable modules (a GPU backend: ``make install
-    BACKEND=cuda``) must load them into the copy libllama links, its soname ``libggml.so.0``, or
-    llama.cpp has no device at all. The CPU-only build registers its backends in every copy, and
-    keeps ``libggml.so``: ggml-rpc devices registered there stay out of llama.cpp's own list,
-    which ggml-rpc would abort the process on listing once their worker has gone."""
-    lib = library_dir()
-    modular = any((lib / name).exists() for name in GPU_MODULES)
-    return lib / "libggml.so.0" if modular and (lib / "libggml.so.0").exists() else lib / "libggml.so"
-
-
 @functools.cache
 def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     lib = library_dir()
@@ -61,6 +45,8 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
             f"llama-cpp-python was built without ggml-rpc ({rpc_path} is missing); "
             f"rebuild it with CMAKE_ARGS=-DGGML_RPC=ON (make install does)"
         )
+    from llamactor.runtime.engine.backends import ggml_path  # backends imports this module
+
     ggml = ctypes.CDLL(str(ggml_path()), mode=ctypes.RTLD_GLOBAL)
     rpc = ctypes.CDLL(str(rpc_path), mode=ctypes.RTLD_GLOBAL)
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
