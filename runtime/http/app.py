@@ -176,7 +176,7 @@ class Api:
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models, /models: the one model, its names and tags, as llama-server lists them."""
-        self.rt._require_ready()
+        self.rt.require_ready()
         cfg = self.rt.config
         owned = {
             "id": self.model_id,
@@ -216,7 +216,7 @@ class Api:
         return self._facts
 
     async def props(self, request: Request) -> Response:
-        self.rt._require_ready()
+        self.rt.require_ready()
         cfg = self.rt.config
         return _json(
             {
@@ -270,7 +270,7 @@ class Api:
 
     async def set_props(self, request: Request) -> Response:
         """POST /props: llama-server's 501 unless started with --props, then a no-op success."""
-        self.rt._require_ready()
+        self.rt.require_ready()
         if not self.rt.config.endpoint_props:
             raise NotSupported("This server does not support changing global properties. Start it with `--props`")
         await _body(request)
@@ -315,7 +315,7 @@ class Api:
         return _json(slots_json(states))
 
     async def slot_action(self, request: Request) -> Response:
-        self.rt._require_ready()
+        self.rt.require_ready()
         try:
             slot = int(request.path_params["id"])
         except ValueError:
@@ -351,7 +351,7 @@ class Api:
         unix time the server started, as llama-server's ``Process-Start-Time-Unix``."""
         if not self.rt.config.endpoint_metrics:
             raise NotSupported("This server does not support metrics endpoint. Start it with `--metrics`")
-        self.rt._require_ready()
+        self.rt.require_ready()
         response = Response(await self.rt.metrics_text(), media_type="text/plain; version=0.0.4")
         # spelled as llama-server spells it: clients that copy headers into a plain dict look it up so
         response.raw_headers.append((b"Process-Start-Time-Unix", str(int(self.rt.started_at)).encode()))
@@ -437,7 +437,7 @@ class Api:
 
     async def infill(self, request: Request) -> Response:
         """POST /infill: llama-server's fill-in-the-middle prompt, answered in the /completion shape."""
-        self.rt._require_ready()
+        self.rt.require_ready()
         assert self.rt.model is not None
         check_fim(self.rt.model)  # 501 before the body is read, as llama-server checks first
         req = await _decode(request, InfillRequest)
@@ -516,7 +516,7 @@ class Api:
     async def transcriptions(self, request: Request) -> Response:
         """POST /v1/audio/transcriptions (``http.transcriptions``): a form with an audio file, as
         a chat; llama-server's 501 when the projector (--mmproj) takes no audio."""
-        self.rt._require_ready()  # loading: 503, as every endpoint (not the 501 below)
+        self.rt.require_ready()  # loading: 503, as every endpoint (not the 501 below)
         vision, template = self.rt.vision, self.rt.chat_template
         if vision is None or not vision.audio:
             raise NotSupported("The current model does not support audio input.")

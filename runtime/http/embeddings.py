@@ -44,7 +44,7 @@ ENCODING_FORMATS = ("float", "base64")
 
 def _service(rt: Runtime, *, rerank: bool = False) -> Any:
     """The runtime's embedding service; 501 before any field is checked, as llama-server answers."""
-    rt._require_ready()
+    rt.require_ready()
     service = rt.embeddings
     assert service is not None
     service.require_rerank() if rerank else service.require()

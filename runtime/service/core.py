@@ -224,7 +224,9 @@ class RuntimeCore:
         await admission.check_defaults()  # --temp, --grammar, -l ...: ConfigError before serving
         return admission
 
-    def _require_ready(self) -> None:
+    def require_ready(self) -> None:
+        """Raise what a request gets while the runtime cannot serve: Unavailable (503) while the
+        model loads or before it is opened, Closed once it is shutting down."""
         if self.state is RuntimeState.READY:
             return
         if self.state is RuntimeState.LOADING:
@@ -234,12 +236,12 @@ class RuntimeCore:
         raise Closed("the runtime is shutting down" if self.state is RuntimeState.STOPPING else NOT_OPEN)
 
     def _require_admitting(self) -> None:
-        self._require_ready()
+        self.require_ready()
         if self.draining:
             raise Unavailable("the server is shutting down: it finishes the requests it has and takes no new ones")
 
     def _ready_engine(self) -> EngineClient:
-        self._require_ready()
+        self.require_ready()
         assert self.engine is not None
         return self.engine
 
@@ -287,13 +289,13 @@ class RuntimeCore:
     # ---- text ------------------------------------------------------------------------------
 
     async def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        self._require_ready()
+        self.require_ready()
         assert self.admission is not None
         return await self.admission.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     async def count_prompt(self, turn: ChatTurn) -> int:
         """The prompt tokens of a rendered chat (an image counts the positions it takes)."""
-        self._require_ready()
+        self.require_ready()
         assert self.admission is not None
         vision = self.admission.vision
         if turn.media and vision is not None:
@@ -303,7 +305,7 @@ class RuntimeCore:
         return len(await self.tokenize(turn.prompt))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        self._require_ready()
+        self.require_ready()
         assert self.model is not None
         self.model.check_tokens(tokens)
         return self.model.detokenize(tokens)
@@ -316,7 +318,7 @@ class RuntimeCore:
 
     def chat_turn(self, request: GenerationRequest, add_generation_prompt: bool = True) -> ChatTurn:
         """A chat request rendered, with its call grammar: what admission does with its messages."""
-        self._require_ready()
+        self.require_ready()
         assert self.admission is not None
         if request.messages is None:
             raise RequestError("messages: a chat needs messages")
@@ -396,13 +398,13 @@ class RuntimeCore:
 
     def lora_adapters(self) -> list[dict[str, Any]]:
         """The loaded adapters with their global scales (``GET /lora-adapters``)."""
-        self._require_ready()
+        self.require_ready()
         return self.adapters.rows()
 
     def set_lora_adapters(self, entries: Sequence[Any]) -> None:
         """Set the global scales, ``[{"id": 0, "scale": 0.5}, ...]``; adapters not listed get 0
         (``POST /lora-adapters``). Requests already admitted keep the set they got."""
-        self._require_ready()
+        self.require_ready()
         self.adapters.set_scales(entries)
 
     # ---- slots, metrics, the live view ----------------------------------------------------
