@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from llamactor.ops import capacity
 from llamactor.ops.chatload import Chat
 from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
 from llamactor.ops.loadgen import ClosedLoop
@@ -195,6 +196,33 @@ def add_bench_parser(sub: Any) -> None:
         default=DEFAULT_SLO_ITL_MS,
         help="goodput: ... and its time per output token after the first (default %(default)s)",
     )
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="the highest request rate at which 90%% of requests meet both SLOs, set relative to the "
+        "faster server unloaded (with --vs: both servers and the ratio); --rate is where the search starts",
+    )
+    p.add_argument("--shape", choices=tuple(capacity.SHAPES), default="sharegpt", help="capacity: request lengths")
+    p.add_argument("--arrival-process", choices=capacity.ARRIVALS, default="poisson", help="capacity: arrivals")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=capacity.DEFAULT_SLO_SCALE,
+        help="capacity: SLOs as this many times the unloaded latency (default %(default)s: a request may wait "
+        "behind about four of its size)",
+    )
+    p.add_argument(
+        "--capacity-requests",
+        type=int,
+        default=capacity.DEFAULT_CAPACITY_REQUESTS,
+        help="capacity: requests per measured rate (default %(default)s)",
+    )
+    p.add_argument(
+        "--capacity-precision",
+        type=float,
+        default=capacity.DEFAULT_PRECISION,
+        help="capacity: stop when the bracket's ends are within this fraction (default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
         "--plot",
@@ -310,6 +338,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run what ``args`` asks for and print the report; the exit status is 1 if any request failed."""
     if args.workload == "random":
         return run_random_bench(args)
+    if args.capacity:
+        return run_capacity_bench(args)
     try:
         if args.url is None:
             raise ValueError("--url is required (--serve starts servers for --workload random only)")
@@ -343,6 +373,35 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot written to {save_plot(runs, args.plot)}", file=sys.stderr)
     return EXIT_FAILED_REQUESTS if any(r.result.failed for r in runs) else EXIT_OK
+
+
+def run_capacity_bench(args: argparse.Namespace) -> int:
+    """``--capacity``: the search on ``--url`` (and ``--vs``), printed as text or JSON."""
+    if args.url is None or args.requests is not None or args.sweep:
+        print("llamactor bench: error: --capacity needs --url (and takes no --requests or --sweep)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.capacity_requests < 1 or not 0 < args.capacity_precision < 10 or not args.slo_scale > 0:
+        print(
+            "llamactor bench: error: --capacity-requests >= 1, --capacity-precision and --slo-scale > 0",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    urls = {"A": args.url, **({"B": args.vs} if args.vs else {})}
+    common = Common(warmup=0, seed=args.seed[0] if args.seed else 0, timeout_s=args.timeout, api_key=args.api_key)
+    figures = anyio.run(
+        lambda: capacity.run_capacity(
+            urls,
+            shape=args.shape,
+            arrivals=args.arrival_process,
+            scale=args.slo_scale,
+            requests=args.capacity_requests,
+            precision=args.capacity_precision,
+            start_rate=args.rate or 1.0,
+            common=common,
+        )
+    )
+    print(json.dumps(figures, indent=2) if args.json else capacity.render(figures))
+    return EXIT_OK
 
 
 __all__ = ["add_bench_parser", "run_bench", "workload_from_args"]
