@@ -21,6 +21,7 @@ from llamactor.ops.stats import RequestRecord
 
 TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
 PROMPT_TOKENS_METRIC = "llamacpp:prompt_tokens_total"  # prompt tokens evaluated, cached ones not counted
+IN_FLIGHT_METRICS = ("llamacpp:requests_processing", "llamacpp:requests_deferred")  # running, queued
 HTTP_OK = 200
 CONNECT_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
@@ -146,6 +147,19 @@ class BenchClient:
         if resp.status_code != httpx.codes.OK:
             return None, None
         return parse_metric(resp.text, TOKENS_PREDICTED_METRIC), parse_metric(resp.text, PROMPT_TOKENS_METRIC)
+
+    async def in_flight(self) -> int | None:
+        """Requests the server is running or holding in its queue (``requests_processing`` +
+        ``requests_deferred`` of /metrics), or ``None`` when /metrics is unavailable: after a
+        phase cut short, the caller waits for 0 so the next phase finds the server idle."""
+        try:
+            resp = await self._http.get(self.url + "/metrics", timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != httpx.codes.OK:
+            return None
+        counts = [parse_metric(resp.text, name) for name in IN_FLIGHT_METRICS]
+        return None if counts[0] is None else int(sum(c or 0.0 for c in counts))
 
     async def prompt_ids(self) -> list[int]:
         """Distinct ids to draw prompts from: the passage's tokens, else ids below 200."""

@@ -18,6 +18,7 @@ tokens the server actually evaluated (cached ones not counted).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,6 +38,9 @@ class Request:
     cache_prompt: bool = False  # let the server reuse a cached prefix (shared-prefix, chat)
     keep_ids: bool = False  # record the generated token ids (chat: the next turn's history)
     tag: Any = field(default=None, compare=False)  # the workload's own label (chat: conversation, turn)
+
+
+OnRecord = Callable[[Request, RequestRecord], None]  # called as each measured request ends
 
 
 class Feed(Protocol):
@@ -73,6 +77,7 @@ class PhaseResult:
     client_cpu_s: float
     cross_check: CrossCheck
     server_prompt_tokens: int | None = None  # delta of llamacpp:prompt_tokens_total; None: not exposed
+    stopped: bool = False  # ended by ``stop`` before every job was done: requests in flight were cut
 
     @property
     def wall_s(self) -> float:
@@ -86,24 +91,36 @@ class PhaseResult:
 
 
 async def _send(
-    client: BenchClient, req: Request, temperature: float, out: list[RequestRecord], progress: Progress
+    client: BenchClient,
+    req: Request,
+    temperature: float,
+    out: list[RequestRecord],
+    progress: Progress,
+    on_record: OnRecord | None = None,
 ) -> RequestRecord:
     rec = await client.complete(
         req.prompt, req.n_predict, temperature, cache_prompt=req.cache_prompt, keep_ids=req.keep_ids
     )
     out.append(rec)
     progress.advance(rec.ok)
+    if on_record is not None:
+        on_record(req, rec)
     return rec
 
 
 async def _run_job(
-    client: BenchClient, job: Job, temperature: float, out: list[RequestRecord], progress: Progress
+    client: BenchClient,
+    job: Job,
+    temperature: float,
+    out: list[RequestRecord],
+    progress: Progress,
+    on_record: OnRecord | None = None,
 ) -> None:
     for req in job.requests:
-        await _send(client, req, temperature, out, progress)
+        await _send(client, req, temperature, out, progress, on_record)
     if job.feed is not None:
         while (taken := await job.feed.take()) is not None:
-            job.feed.done(taken, await _send(client, taken, temperature, out, progress))
+            job.feed.done(taken, await _send(client, taken, temperature, out, progress, on_record))
 
 
 async def warm_up(client: BenchClient, warmup_jobs: list[Job], temperature: float) -> list[RequestRecord]:
@@ -116,20 +133,32 @@ async def warm_up(client: BenchClient, warmup_jobs: list[Job], temperature: floa
 
 
 async def measure(
-    client: BenchClient, jobs: list[Job], temperature: float, progress: Progress | None = None
+    client: BenchClient,
+    jobs: list[Job],
+    temperature: float,
+    progress: Progress | None = None,
+    *,
+    on_record: OnRecord | None = None,
+    stop: anyio.Event | None = None,
 ) -> PhaseResult:
-    """Park every job on a barrier, open it, and wait until every job has ended."""
+    """Park every job on a barrier, open it, and wait until every job has ended.
+
+    ``on_record`` sees each measured request as it ends; setting ``stop`` ends the phase early
+    (the requests in flight are cancelled, their connections closed, and they leave no record):
+    for a caller that already knows the outcome, such as a capacity search's failed point.
+    """
     if not jobs:
         raise ValueError("a measured phase needs at least one job")
     progress = progress or NoProgress()
     records: list[list[RequestRecord]] = [[] for _ in jobs]
-    parked = 0
+    parked = finished = 0
     all_parked = anyio.Event()
+    all_done = anyio.Event()
     release = anyio.Event()
     t0 = 0.0
 
     async def job_task(i: int) -> None:
-        nonlocal parked
+        nonlocal parked, finished
         parked += 1
         if parked == len(jobs):
             all_parked.set()
@@ -137,7 +166,18 @@ async def measure(
         delay = t0 + jobs[i].offset_s - time.perf_counter()
         if delay > 0:
             await anyio.sleep(delay)
-        await _run_job(client, jobs[i], temperature, records[i], progress)
+        await _run_job(client, jobs[i], temperature, records[i], progress, on_record)
+        finished += 1
+        if finished == len(jobs):
+            all_done.set()
+
+    async def stop_task() -> None:
+        assert stop is not None
+        await stop.wait()
+        stopped.set()
+        tg.cancel_scope.cancel()
+
+    stopped = anyio.Event()
 
     before, prompt_before = await client.counters()
     async with anyio.create_task_group() as tg:
@@ -147,13 +187,18 @@ async def measure(
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         release.set()
+        if stop is not None:
+            tg.start_soon(stop_task)
+            await all_done.wait()
+            tg.cancel_scope.cancel()  # every job ended: the stop watcher is no longer needed
     end = max((r.ended_s for recs in records for r in recs if r.ended_s is not None), default=t0)
     cpu = time.process_time() - cpu0
     after, prompt_after = await client.counters()
     progress.close()
     counted = sum(r.n_generated for recs in records for r in recs)
     prompt = None if prompt_before is None or prompt_after is None else int(round(prompt_after - prompt_before))
-    return PhaseResult(jobs, records, t0, end, cpu, CrossCheck.of(counted, before, after), prompt)
+    cross_check = CrossCheck.of(counted, before, after)
+    return PhaseResult(jobs, records, t0, end, cpu, cross_check, prompt, stopped=stopped.is_set())
 
 
-__all__ = ["WARMUP_NTG", "Feed", "Job", "PhaseResult", "Request", "measure", "warm_up"]
+__all__ = ["WARMUP_NTG", "Feed", "Job", "OnRecord", "PhaseResult", "Request", "measure", "warm_up"]

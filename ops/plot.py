@@ -5,7 +5,9 @@
   (A, and B with ``--vs``; the median over ``--pairs``);
 - mixed: the inter-token gaps of the generating streams over time, one panel per run, the
   arrivals of the long prompts marked: where a policy stalls the streams, the spikes show;
-- cohort: TTFT of each prompt against its length, one line per run.
+- cohort: TTFT of each prompt against its length, one line per run;
+- capacity (``save_capacity_plot``): attainment against the request rate, one line per
+  server, the target and each server's capacity marked.
 
 Pure apart from writing the file: it reads the results ``run_matrix`` returned. matplotlib is
 an optional extra (``pip install 'llamactor[plot]'``); ``require_matplotlib`` is called before
@@ -194,8 +196,40 @@ def _cohort(fig: Figure, runs: Sequence[Run]) -> None:
     ax.legend(fontsize="small")
 
 
+def save_capacity_plot(figures: dict[str, Any], path: str | Path) -> Path:
+    """Draw ``--capacity``'s attainment curves (its JSON figures) into the PNG ``path``."""
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(INCHES_WIDE * 0.7, INCHES_PER_ROW * 1.4), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for name, curve in figures["curve"].items():
+        srv = figures["servers"][name]
+        line = ax.plot(
+            [p["rate"] for p in curve],
+            [p["attainment"] for p in curve],
+            marker="o",
+            label=f"{name}: {srv['url']} ({srv['capacity_rps']:.3g} req/s)",
+        )[0]
+        if srv["capacity_rps"] > 0:
+            ax.axvline(srv["capacity_rps"], color=line.get_color(), linestyle=":", linewidth=1)
+    ax.axhline(figures["target"], color="black", linestyle="--", linewidth=1, label=f"target {figures['target']:.0%}")
+    ax.set_xscale("log")
+    ax.set(xlabel="request rate (req/s, log scale)", ylabel="share meeting both SLOs", ylim=(-0.02, 1.02))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    ratio = figures.get("ratio")
+    fig.suptitle(
+        f"capacity: {figures['shape']}, {figures['arrivals']} arrivals, SLO scale {figures['slo_scale']:g}"
+        + (f", B/A {ratio:.2f}" if ratio is not None else "")
+    )
+    out = Path(path)
+    fig.savefig(out, format="png")
+    return out
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
-__all__ = ["INSTALL_HINT", "PlotUnavailable", "require_matplotlib", "save_plot"]
+__all__ = ["INSTALL_HINT", "PlotUnavailable", "require_matplotlib", "save_capacity_plot", "save_plot"]

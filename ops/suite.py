@@ -22,11 +22,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from llamactor.ops.apis import Vocabulary, make_api
 from llamactor.ops.client import BenchClient
 from llamactor.ops.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, serving
 from llamactor.ops.loadgen import ClosedLoop
-from llamactor.ops.phase import measure, warm_up
+from llamactor.ops.phase import OnRecord, measure, warm_up
 from llamactor.ops.progress import NoProgress, Progress
 from llamactor.ops.prompts import PromptSource, run_seed
 from llamactor.ops.randomload import CALIBRATION_USERS, DEFAULT_FAMILY, Family, RandomWorkload, draw
@@ -192,15 +194,20 @@ async def run_random(
     ids: list[int],
     prompt_seed: int,
     progress: Progress | None = None,
+    *,
+    on_record: OnRecord | None = None,
+    stop: anyio.Event | None = None,
 ) -> RandomResult:
     """Warm up, measure and summarize one run (``runner.run_workload`` with a dialect that may
-    need the vocabulary)."""
+    need the vocabulary); ``on_record`` and ``stop`` as ``phase.measure`` takes them."""
     common = run.common
     api = make_api(run.workload.api, vocabulary)
     async with BenchClient(url, api, timeout_s=common.timeout_s, api_key=common.api_key) as client:
         warm_jobs, jobs = run.plan(PromptSource(ids, prompt_seed))
         warm = await warm_up(client, warm_jobs, common.temperature)
-        phase = await measure(client, jobs, common.temperature, progress or NoProgress())
+        phase = await measure(
+            client, jobs, common.temperature, progress or NoProgress(), on_record=on_record, stop=stop
+        )
     return run.summarize(phase, warmup_failed=sum(not r.ok for r in warm))
 
 
