@@ -209,10 +209,10 @@ def lora(text: str) -> tuple[tuple[str, float], ...]:
     return tuple((path, 1.0) for path in comma_list(text))
 
 
-def lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
-    """``--lora-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
+def scaled_files(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """``FNAME:SCALE`` items as llama-server splits them (exactly one ':')."""
     out = []
-    for item in comma_list(text):
+    for item in items:
         parts = item.split(":")
         if len(parts) != 2:
             raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
@@ -221,6 +221,11 @@ def lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
     return tuple(out)
+
+
+def lora_scaled(text: str) -> tuple[tuple[str, float], ...]:
+    """``--lora-scaled FNAME:SCALE[,...]``."""
+    return scaled_files(comma_list(text))
 
 
 def csv_row(text: str) -> list[str]:
@@ -262,17 +267,8 @@ def control_vectors(text: str) -> tuple[tuple[str, float], ...]:
 
 
 def control_vectors_scaled(text: str) -> tuple[tuple[str, float], ...]:
-    """``--control-vector-scaled FNAME:SCALE[,...]``, as llama-server splits it (exactly one ':')."""
-    out = []
-    for item in csv_row(text):
-        parts = item.split(":")
-        if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"must be FNAME:SCALE, got {item!r}")
-        try:
-            out.append((parts[0], float(parts[1])))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"the scale of {parts[0]!r} is not a number: {parts[1]!r}") from None
-    return tuple(out)
+    """``--control-vector-scaled FNAME:SCALE[,...]`` (fields as llama-server's CSV rows)."""
+    return scaled_files(csv_row(text))
 
 
 def rope_scale(text: str) -> float:
