@@ -26,8 +26,8 @@ from llamactor.protocol.errors import ConfigError
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import cliargs, cliflags
 from llamactor.runtime.http import vertex
+from llamactor.runtime.http.agent.flags import localhost_cors, require_api_key
 from llamactor.runtime.http.deadlines import DEFAULT_TIMEOUT_S
-from llamactor.runtime.http.tools import localhost_cors, require_api_key
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix, size_per_slot, unified_without_slots
 from llamactor.runtime.service.egress import host_names
 from llamactor.runtime.service.logging import configure_from, configure_logging

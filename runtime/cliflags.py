@@ -28,7 +28,7 @@ from llamactor.runtime import flagvalues as values
 from llamactor.runtime.cliargs import Group, Sets, Use, opt, switch
 from llamactor.runtime.engine import placement
 from llamactor.runtime.engine.overrides import ROPE_SCALING_TYPES
-from llamactor.runtime.http import tools as agent_tools
+from llamactor.runtime.http.agent import flags as agent_tools
 
 _off = values.is_one_of(False)
 _LOGS = "llamactor logs with structlog to stderr: JSON when stderr is not a terminal (see --log-format)"
@@ -1515,7 +1515,8 @@ GROUPS: tuple[Group, ...] = (
                 value="MS",
                 env="LLAMACTOR_SLO_TTFT_MS",
                 parse=float,
-                help="slo: the objective's time to first token (default 2000)",
+                help="slo: the objective's time to first token (default 2000; 0: 4 times what the prompt costs "
+                "alone on this machine, as measured)",
             ),
             opt(
                 "--slo-itl-ms",
@@ -1523,7 +1524,8 @@ GROUPS: tuple[Group, ...] = (
                 value="MS",
                 env="LLAMACTOR_SLO_ITL_MS",
                 parse=float,
-                help="slo: the objective's inter-token gap (default 150)",
+                help="slo: the objective's inter-token gap (default 150; 0: 4 times a token's time for one stream "
+                "alone on this machine, as measured)",
             ),
             opt(
                 "--slo-itl-pct",
@@ -1532,7 +1534,7 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMACTOR_SLO_ITL_PCT",
                 parse=values.itl_pct,
                 help="slo: the percentile of a request's own gaps held to --slo-itl-ms: p50, p90, p99 or mean "
-                "(default p90)",
+                "(default p90; mean: the time per output token)",
             ),
             opt(
                 "--cohort-max-generate-ms",

@@ -164,7 +164,8 @@ class RuntimeConfig:
     scheduler_options: dict[str, Any] = field(default_factory=dict)  # passed to the policy's constructor
     # the service-level objective the slo policy steers by (and the benchmark's goodput judges):
     # a first token within slo_ttft_ms, inter-token gaps within slo_itl_ms at the request's own
-    # slo_itl_pct percentile (0: its mean gap)
+    # slo_itl_pct percentile (0: its mean gap, the serving papers' time per output token); a
+    # target of 0 is relative to the machine: 4x what the prompt, or a token, costs alone
     slo_ttft_ms: float = 2000.0
     slo_itl_ms: float = 150.0
     slo_itl_pct: float = 90.0
@@ -211,7 +212,7 @@ class RuntimeConfig:
     endpoint_props: bool = False  # --props: POST /props is allowed
     endpoint_slots: bool = True  # --no-slots: GET /slots answers 501, as llama-server's
     endpoint_metrics: bool = False  # --metrics: GET /metrics is served (else 501, as llama-server's)
-    # llama-server's agent features (runtime.http.tools, .mcp, .corsproxy): off by default
+    # llama-server's agent features (runtime.http.agent: tools, MCP, the CORS proxy): off by default
     server_tools: tuple[str, ...] = ()  # --tools: built-in tool names, or "all"; POST/GET /tools
     tools_runtime: str = ""  # --tools-runtime: the isolate the tools run in ("": the host)
     mcp_servers_config: str = ""  # --mcp-servers-config: a Cursor-style mcpServers JSON file

@@ -1,9 +1,12 @@
-"""llama-server's experimental agent features, wired into an app: ``/tools`` (``--tools``,
-``--tools-runtime``, MCP servers: ``runtime.http.tools``, ``runtime.http.mcp``) and
-``/cors-proxy`` (``--ui-mcp-proxy``: ``runtime.http.corsproxy``). Both routes always exist, as
+"""llama-server's experimental agent features, wired into an app (``Agent``): ``/tools``
+(``--tools``, ``--tools-runtime``, MCP servers: ``agent.endpoints``, ``agent.mcp``) and
+``/cors-proxy`` (``--ui-mcp-proxy``: ``agent.corsproxy``). Both routes always exist, as
 in llama-server: off, they answer 403 ``feature_disabled``. The lifespan starts the tools
 (the MCP servers' tool lists, a ``--tools-runtime`` container) before the server answers and
-stops them when it exits."""
+stops them when it exits. The package's other modules: the tools (``agent.tools``,
+``agent.files``, ``agent.edit``), what they read (``agent.params``), where their I/O happens
+(``agent.hostio``, ``agent.isolate``), the MCP servers' configuration (``agent.mcpconfig``) and
+the command line's values (``agent.flags``)."""
 
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from llamactor.runtime.http.corsproxy import CorsProxy
-from llamactor.runtime.http.tools import AgentTools, ToolFailure, agent_enabled, feature_disabled
+from llamactor.runtime.http.agent.corsproxy import CorsProxy
+from llamactor.runtime.http.agent.endpoints import AgentTools, feature_disabled
+from llamactor.runtime.http.agent.flags import agent_enabled
+from llamactor.runtime.http.agent.params import ToolFailure
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.egress import EgressPolicy, host_names
 
