@@ -291,6 +291,7 @@ class GroupActor(Actor[GroupMsg]):
             time.perf_counter(),
             self.costs.ms_per_prompt_token,
             self.costs.ms_per_step,
+            self.costs.ms_single_step,
         )
 
     # ---- assignment and release --------------------------------------------------------
@@ -501,13 +502,14 @@ class GroupActor(Actor[GroupMsg]):
         if reason == "finished":
             self.metrics.request_done(
                 self.group,
-                s.t_prompt_done - s.t_start,
+                s.prompt_ms / 1e3,
                 max(m.t_last for m in members) - s.t_prompt_done,
                 max(m.n_past for m in members),
             )
             timings = {
                 "queue_ms": round((s.t_start - s.task.arrived) * 1e3, 2),
-                "prompt_ms": round((s.t_prompt_done - s.t_start) * 1e3, 2),
+                "wait_ms": round(((s.t_prompt_begin or s.t_start) - s.t_start) * 1e3, 2),  # for room in a batch
+                "prompt_ms": round(s.prompt_ms, 2),
             }
         log.info(
             "request_done",

@@ -130,6 +130,7 @@ def group_view(
     now: float = 0.0,
     ms_per_prompt_token: float = 0.0,
     ms_per_step: float = 0.0,
+    ms_single_step: float = 0.0,
 ) -> GroupView:
     """What a policy sees of its group before a step (once per step of the group)."""
     views = [
@@ -151,7 +152,7 @@ def group_view(
         if st.phase != "idle" and not st.finished and not st.waiting
     ]
     views.sort(key=_arrival)
-    return GroupView(group, n_batch, tuple(views), now, ms_per_prompt_token, ms_per_step)
+    return GroupView(group, n_batch, tuple(views), now, ms_per_prompt_token, ms_per_step, ms_single_step)
 
 
 def _arrival(v: SlotView) -> tuple[int, int]:

@@ -163,6 +163,12 @@ def _decode_or_error(rec: RequestRecord, field: bytes, value: bytes) -> Any:
     return obj
 
 
+def _keep_timings(rec: RequestRecord, obj: dict[str, Any]) -> None:
+    timings = obj.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("prompt_ms"), (int, float)):
+        rec.server_prompt_ms = float(timings["prompt_ms"])
+
+
 def _keep_text(rec: RequestRecord, text: str) -> None:
     if isinstance(rec, TextRecord):
         rec.text.append(text)
@@ -202,6 +208,7 @@ class NativeApi:
         if obj is None:
             return
         if obj.get("stop"):
+            _keep_timings(rec, obj)
             rec.done_s = now_s
             rec.n_generated_server = obj.get("tokens_predicted")
             rec.n_prompt_server = obj.get("tokens_evaluated")
@@ -271,6 +278,7 @@ class OpenAIApi:
         obj = _decode_or_error(rec, field, value)
         if obj is None:
             return
+        _keep_timings(rec, obj)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             rec.n_generated_server = usage.get("completion_tokens")

@@ -1,34 +1,29 @@
 """Capacity at an SLO, as serving papers measure it (DistServe, Sarathi-Serve, ``vllm bench serve
---goodput``): ``llamactor bench --capacity``.
+--goodput``): ``llamactor bench --capacity`` (docs/benchmarking.md says it for users).
 
 The question: what is the highest request rate at which at least ``TARGET`` (90 %) of requests
 meet both their time-to-first-token SLO and their time-per-output-token SLO (*attainment*)?
 
-- **SLOs relative to the machine.** Each server's unloaded latency is measured once: a warm-up
-  request, then ``REFERENCE_REQUESTS`` requests of the shape one at a time; the medians of TTFT
-  per prompt token and of TPOT. The faster server's figures are the reference for both, so both
-  are held to the same SLOs: ``--slo-scale`` (5) times the reference. A request's TTFT SLO is
-  ``TTFT_FLOOR_MS`` + scale x reference-per-token x its prompt tokens (the floor covers what a
-  per-token figure misses: HTTP, the chat template, the first sample, and jitter that would
-  decide a short prompt's fate); the TPOT SLO is scale x the reference TPOT.
-- **The search.** Each server keeps a bracket: the rate is doubled (or halved) from the start
-  rate until attainment crosses the target, then bisected on a log scale until the bracket's
-  ends are within ``--capacity-precision``; at most ``MAX_POINTS`` rates per server. At each
-  step A then B measure their next rate, each rate with ``--capacity-requests`` requests of the
-  same seeded sequence (lengths and arrival pattern from the seed, scaled by 1 / rate; prompts
-  from the seed and the rate, so a server never sees a prompt twice). While the brackets agree
-  the servers measure the same rates.
-- **A rate's outcome is known early when it fails.** Once more requests missed than the target
-  allows, the point stops (``phase.measure``'s ``stop``): the requests in flight are cut and
+- **SLOs relative to the machine**: ``--slo-scale`` (5) times the faster server's unloaded TTFT
+  per prompt token (plus ``TTFT_FLOOR_MS``: HTTP, the template, the first sample, jitter) and
+  TPOT, medians over ``REFERENCE_REQUESTS`` requests sent one at a time after a warm-up.
+- **The search**: each server's bracket doubles (or halves) the rate until attainment crosses
+  the target, then bisects on a log scale to ``--capacity-precision`` (at most ``MAX_POINTS``
+  rates); A then B at each step, each rate with the same seeded requests (lengths and arrivals
+  from the seed, scaled by 1 / rate; prompts from the seed, the rate and a number drawn per
+  run, so that no server answers from an earlier run's cache).
+- **A rate's outcome is known early when it fails**: once more requests missed than the target
+  allows, the point stops (``phase.measure``'s ``stop``); the requests in flight are cut and
   count as misses, and the next point waits until the server is idle.
 
-Reported: each server's capacity (the bracket's low end: the highest rate measured to meet the
-target), its bracket, the ratio B/A, and the attainment curve (rate -> attainment per server).
+Reported: each server's capacity (the highest rate measured to meet the target), its bracket,
+the ratio B/A, the attainment curve, and per point the front end's share of TTFT.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
+import numpy as np
 
 from llamactor.ops.apis import Vocabulary
 from llamactor.ops.capacity_shapes import SHAPES, Shape, mean_lengths, workload
@@ -52,12 +48,9 @@ TARGET = 0.9  # the share of requests that must meet both SLOs (DistServe's and 
 # meets it, so the search finds where queueing and batching, not the model, decide
 DEFAULT_SLO_SCALE = 5.0
 TTFT_FLOOR_MS = 50.0  # added to every TTFT SLO: per-request costs a per-token figure misses
-# Requests per rate. A search costs about 6 rates a server, and a rate that is met costs
-# requests / rate seconds: in the worst case (capacity near one request per unloaded latency T0
-# of a mean request) about 12 x requests x T0 for two servers. gemma3-270m on 2 cores (~3,000
-# prompt and ~28 single-stream generated tokens/s) serves a mean sharegpt request in T0 ~ 3 s:
-# 12 requests take ~7.5 minutes, leaving room under 15 for a slower or shared machine; 90 % of
-# 12 still tells one miss from two
+# Requests per rate: a search costs about 6 rates a server, each requests / rate seconds; at
+# worst ~12 x requests x T0 for two servers (T0: one mean request unloaded; sharegpt on
+# gemma3-270m and 2 cores ~3 s: 7.5 minutes). 90 % of 12 still tells one miss from two
 DEFAULT_CAPACITY_REQUESTS = 12
 DEFAULT_PRECISION = 0.10  # stop once the bracket's high end is within 10 % of its low end
 MAX_POINTS = 12  # rates measured per server, at most (doubling 6 times and bisecting 6)
@@ -86,9 +79,14 @@ class Slo:
     def met(self, rec: RequestRecord) -> bool:
         """Both SLOs met by a completed request (a failed one meets neither; a one-token answer
         has no TPOT and is judged on TTFT alone)."""
-        if not rec.ok or rec.ttft_s is None or rec.ttft_s * MS_PER_S > self.ttft_ms(prompt_tokens(rec)):
+        ttft, tpot = rec.ttft_s, rec.tpot_s
+        return rec.ok and self.met_by(ttft * MS_PER_S if ttft is not None else None, tpot, prompt_tokens(rec))
+
+    def met_by(self, ttft_ms: float | None, tpot_s: float | None, n_prompt: int) -> bool:
+        """Both SLOs met by a request that completed with these figures (the replay's too)."""
+        if ttft_ms is None or ttft_ms > self.ttft_ms(n_prompt):
             return False
-        return rec.tpot_s is None or rec.tpot_s * MS_PER_S <= self.tpot_ms
+        return tpot_s is None or tpot_s * MS_PER_S <= self.tpot_ms
 
 
 def reference_slo(refs: dict[str, tuple[float, float]], scale: float) -> tuple[dict[str, str], Slo]:
@@ -140,6 +138,14 @@ class Bracket:
         else:
             self.hi = rate if self.hi is None else min(self.hi, rate)
 
+    @classmethod
+    def measured(cls, points: list[Point]) -> Bracket:
+        """The bracket of rates given, not searched: what they met and missed."""
+        b = cls(points[0].rate if points else 0.0)
+        for p in points:
+            b.record(p.rate, p.attainment)
+        return b
+
     @property
     def capacity(self) -> float:
         """The highest rate measured to meet the target (0 when none did)."""
@@ -184,9 +190,13 @@ class Point:
     stopped: bool  # cut short once the target was out of reach
     lag_max_ms: float | None  # the client's latest send against the schedule
     failed: int = 0  # requests that ended in an error (a timeout, a dropped connection), not cut
+    # client TTFT minus the server's own prompt time (``timings.prompt_ms``), ms: what the front
+    # end (HTTP, template, tokenizer, queues) and waiting for a first batch add; p50, p99
+    front_ms: tuple[float, float] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "front_ms": {"p50": self.front_ms[0], "p99": self.front_ms[1]} if self.front_ms else None,
             "rate": self.rate,
             "attainment": self.attainment,
             "met": self.met,
@@ -209,13 +219,16 @@ class Session:
         self.ids = sorted(vocab.pieces)
         self.workload = workload(shape, arrivals, requests, common.seed)
         self.points: dict[str, list[Point]] = {name: [] for name in urls}
+        # prompts differ from run to run (lengths, arrivals do not): no answer from an old cache
+        self.nonce = secrets.randbits(31)
 
     async def reference(self, name: str) -> tuple[float, float]:
         """(TTFT ms per prompt token, TPOT ms) of one server unloaded: medians over requests sent
         one at a time after a warm-up request."""
         wl = workload(self.shape, self.arrivals, REFERENCE_REQUESTS, self.common.seed, closed=True)
         run = RandomRun(wl, None, replace(self.common, warmup=1))
-        res = await run_random(self.urls[name], run, self.vocab, self.ids, run_seed(self.common.seed, 0, 1 << 20))
+        seed = run_seed(self.common.seed, self.nonce, 1 << 31)
+        res = await run_random(self.urls[name], run, self.vocab, self.ids, seed)
         self.check_refused(name, res.records)
         done = [r for r in res.records if r.ok and r.ttft_s is not None]
         if not done:
@@ -224,8 +237,9 @@ class Session:
         tpots = [r.tpot_s * MS_PER_S for r in done if r.tpot_s is not None]
         return ttft, statistics.median(tpots) if tpots else 0.0
 
-    async def point(self, name: str, rate: float, slo: Slo) -> Point:
-        """``requests`` requests at ``rate`` on one server; stopped once too many missed."""
+    async def point(self, name: str, rate: float, slo: Slo, *, stop_early: bool = True) -> Point:
+        """``requests`` requests at ``rate`` on one server; stopped once too many missed
+        (unless not ``stop_early``: every request measured)."""
         n = self.workload.n_requests
         allowed = n - math.ceil(TARGET * n - 1e-9)
         misses = 0
@@ -235,17 +249,17 @@ class Session:
             nonlocal misses
             if not slo.met(rec):
                 misses += 1
-                if misses > allowed:
+                if misses > allowed and stop_early:
                     stop.set()
 
-        seed = run_seed(self.common.seed, round(rate * 1e6), 0)  # same at one rate, new at the next
+        seed = run_seed(self.common.seed, round(rate * 1e6), self.nonce)  # same at one rate, new at the next
         run = RandomRun(self.workload, rate, self.common)
         res = await run_random(self.urls[name], run, self.vocab, self.ids, seed, on_record=judge, stop=stop)
         if stop.is_set():
             await self.wait_idle(self.urls[name])
         self.check_refused(name, res.records)
         met = sum(slo.met(r) for r in res.records)
-        point = Point(rate, met / n, met, n, stop.is_set(), res.lag_max_ms, res.failed)
+        point = Point(rate, met / n, met, n, stop.is_set(), res.lag_max_ms, res.failed, front_end_ms(res.records))
         self.points[name].append(point)
         return point
 
@@ -274,6 +288,19 @@ class Session:
                 await anyio.sleep(IDLE_POLL_S)
 
 
+def front_end_ms(records: list[RequestRecord]) -> tuple[float, float] | None:
+    """p50 and p99 of client TTFT minus the server's prompt time, over the completed requests
+    whose final event gave ``timings.prompt_ms``."""
+    gaps = [
+        r.ttft_s * MS_PER_S - r.server_prompt_ms
+        for r in records
+        if r.ok and r.ttft_s is not None and r.server_prompt_ms is not None
+    ]
+    if not gaps:
+        return None
+    return float(np.percentile(gaps, 50)), float(np.percentile(gaps, 99))
+
+
 async def probe_vocabulary(url: str, common: Common) -> Vocabulary:
     """The token pieces chat prompts are made of (``/tokenize`` with pieces), from ``url``."""
     async with BenchClient(url, "native", timeout_s=common.timeout_s, api_key=common.api_key) as probe:
@@ -292,6 +319,7 @@ async def run_capacity(
     requests: int = DEFAULT_CAPACITY_REQUESTS,
     precision: float = DEFAULT_PRECISION,
     start_rate: float | None = None,
+    rates: tuple[float, ...] = (),
     common: Common | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
@@ -319,11 +347,19 @@ async def run_capacity(
         say(f"{name} at {rate:.3g} req/s: {p.attainment:.0%} met both SLOs{' (stopped early)' if p.stopped else ''}")
         return p.attainment
 
-    brackets = await search(list(urls), attainment, start_rate, precision)
+    if rates:  # the given rates only, every request measured (A then B at each)
+        for rate in rates:
+            for name in urls:
+                p = await session.point(name, rate, slo, stop_early=False)
+                say(f"{name} at {rate:.3g} req/s: {p.attainment:.0%} met both SLOs")
+        brackets = {name: Bracket.measured(session.points[name]) for name in urls}
+    else:
+        brackets = await search(list(urls), attainment, start_rate, precision)
     caps = {name: b.capacity for name, b in brackets.items()}
     names = list(urls)
     return {
         "shape": shape,
+        "seed": common.seed,
         "shape_about": spec.about,
         "arrivals": arrivals,
         "requests_per_point": requests,
@@ -345,35 +381,6 @@ async def run_capacity(
     }
 
 
-def render(figures: dict[str, Any]) -> str:
-    """The figures as text: SLOs, capacity per server and the ratio, then the attainment curve."""
-    slo, ref = figures["slo"], figures["reference_server"]
-    lines = [
-        f"capacity: shape {figures['shape']} ({figures['shape_about']}), {figures['arrivals']} arrivals, "
-        f"{figures['requests_per_point']} requests a rate, >= {figures['target']:.0%} meeting both SLOs",
-        f"SLO ({figures['slo_scale']:g} x the faster unloaded, TTFT of {ref['ttft']}, TPOT of {ref['tpot']}): TTFT <= "
-        f"{slo['ttft_floor_ms']:g} ms + {slo['ttft_ms_per_token']:.3f} ms x prompt tokens, "
-        f"TPOT <= {slo['tpot_ms']:.1f} ms",
-    ]
-    for name, srv in figures["servers"].items():
-        lo, hi = srv["bracket"]
-        if srv["bounded"]:
-            where = f"(between {lo:.3g} and {hi:.3g})"
-        elif lo is None:
-            where = f"(even {hi:.3g} req/s missed the target)"
-        else:
-            where = f"(at least: no rate up to {lo:.3g} missed the target)"
-        lines.append(f"  {name}: {srv['capacity_rps']:.3g} requests/s {where}  {srv['url']}")
-    if figures["ratio"] is not None:
-        lines.append(f"  B/A capacity: {figures['ratio']:.2f}")
-    lines.append("attainment curve (rate req/s: share meeting both SLOs; * stopped once out of reach)")
-    for name, curve in figures["curve"].items():
-        points = ", ".join(f"{p['rate']:.3g}: {p['attainment']:.2f}{'*' if p['stopped'] else ''}" for p in curve)
-        lines.append(f"  {name}: {points}")
-    lines.append(f"took {figures['elapsed_s']:.0f} s")
-    return "\n".join(lines)
-
-
 __all__ = [
     "DEFAULT_CAPACITY_REQUESTS",
     "DEFAULT_PRECISION",
@@ -386,7 +393,6 @@ __all__ = [
     "Slo",
     "max_points_needed",
     "reference_slo",
-    "render",
     "run_capacity",
     "search",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -29,6 +30,17 @@ def arrivals_flag(text: str) -> tuple[float, ...] | str:
         raise argparse.ArgumentTypeError(
             f"expected {' or '.join(ARRIVALS)} (--capacity) or seconds S1,S2,... (mixed), got {text!r}"
         ) from None
+
+
+def rates_flag(text: str) -> tuple[float, ...]:
+    """``--at-rates``: positive request rates R1,R2,..."""
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        rates = ()
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected positive rates R1,R2,..., got {text!r}")
+    return rates
 
 
 def add_capacity_flags(p: argparse.ArgumentParser) -> None:
@@ -61,6 +73,14 @@ def add_capacity_flags(p: argparse.ArgumentParser) -> None:
         default=capacity.DEFAULT_CAPACITY_REQUESTS,
         help="capacity: requests per measured rate (default %(default)s: one shape on two servers in under 10 "
         "minutes with gemma3-270m on 2 cores)",
+    )
+    p.add_argument(
+        "--at-rates",
+        type=rates_flag,
+        default=(),
+        metavar="R1,R2",
+        help="capacity: measure only these rates (requests/s), every request of each, A then B at each: "
+        "attainment and the front end's share of TTFT at a chosen load, no search",
     )
     p.add_argument(
         "--capacity-precision",
@@ -116,6 +136,7 @@ def run_capacity_bench(args: argparse.Namespace) -> int:
             requests=args.capacity_requests,
             precision=args.capacity_precision,
             start_rate=args.rate,
+            rates=args.at_rates,
             common=common,
             say=lambda line: print(line, file=sys.stderr, flush=True),
         )
@@ -125,10 +146,45 @@ def run_capacity_bench(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"llamactor bench: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(figures, indent=2) if args.json else capacity.render(figures))
+    print(json.dumps(figures, indent=2) if args.json else render(figures))
     if args.plot:
         print(f"plot written to {save_capacity_plot(figures, args.plot)}", file=sys.stderr)
     return EXIT_OK
 
 
-__all__ = ["add_capacity_flags", "arrivals_flag", "run_capacity_bench"]
+def render(figures: dict[str, Any]) -> str:
+    """The figures as text: SLOs, capacity per server and the ratio, then the attainment curve."""
+    slo, ref = figures["slo"], figures["reference_server"]
+    lines = [
+        f"capacity: shape {figures['shape']} ({figures['shape_about']}), {figures['arrivals']} arrivals, "
+        f"{figures['requests_per_point']} requests a rate, >= {figures['target']:.0%} meeting both SLOs",
+        f"SLO ({figures['slo_scale']:g} x the faster unloaded, TTFT of {ref['ttft']}, TPOT of {ref['tpot']}): TTFT <= "
+        f"{slo['ttft_floor_ms']:g} ms + {slo['ttft_ms_per_token']:.3f} ms x prompt tokens, "
+        f"TPOT <= {slo['tpot_ms']:.1f} ms",
+    ]
+    for name, srv in figures["servers"].items():
+        lo, hi = srv["bracket"]
+        if srv["bounded"]:
+            where = f"(between {lo:.3g} and {hi:.3g})"
+        elif lo is None:
+            where = f"(even {hi:.3g} req/s missed the target)"
+        else:
+            where = f"(at least: no rate up to {lo:.3g} missed the target)"
+        lines.append(f"  {name}: {srv['capacity_rps']:.3g} requests/s {where}  {srv['url']}")
+    if figures["ratio"] is not None:
+        lines.append(f"  B/A capacity: {figures['ratio']:.2f}")
+    lines.append("attainment curve (rate req/s: share meeting both SLOs; * stopped once out of reach)")
+    for name, curve in figures["curve"].items():
+        points = ", ".join(f"{p['rate']:.3g}: {p['attainment']:.2f}{'*' if p['stopped'] else ''}" for p in curve)
+        lines.append(f"  {name}: {points}")
+    lines.append("client TTFT minus the server's prompt time, ms p50 / p99 (HTTP, template, queues)")
+    for name, curve in figures["curve"].items():
+        gaps = ", ".join(
+            f"{p['rate']:.3g}: {p['front_ms']['p50']:.0f} / {p['front_ms']['p99']:.0f}" for p in curve if p["front_ms"]
+        )
+        lines.append(f"  {name}: {gaps or '- (no timings.prompt_ms in the answers)'}")
+    lines.append(f"took {figures['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+__all__ = ["add_capacity_flags", "arrivals_flag", "render", "run_capacity_bench"]

@@ -4,6 +4,7 @@
     llamactor replay run.jsonl --scheduler continuous --scheduler stall-free \\
                      [--scheduler my_policy:MyPolicy] [--slo-ttft-ms 2000 --slo-itl-ms 150] [--json]
     llamactor replay --workload random --seed 3,17 --costs run.jsonl --scheduler slo ...
+    llamactor replay --capacity-run capacity.json --costs run.jsonl [--server B] [--scheduler slo]
 
 Replays the recorded arrivals (submit times, prompt lengths, cached prefixes, tokens generated)
 against each policy on a fake engine whose step cost is fitted from the recorded step timings
@@ -11,7 +12,9 @@ against each policy on a fake engine whose step cost is fitted from the recorded
 inter-token p50/p99 (ms), makespan (s) and goodput. The first row is what the server recorded.
 Without ``--scheduler`` the recorded policy is replayed, which checks the model itself.
 ``--workload random`` replays the random workloads of ``llamactor bench --workload random``
-instead of a recorded run, with the step cost of the ``--costs`` trace (``ops.replayrandom``).
+instead of a recorded run, with the step cost of the ``--costs`` trace (``ops.replayrandom``);
+``--capacity-run`` predicts the attainment of a ``bench --capacity --json`` run at each rate it
+measured, the front end's measured cost included (``ops.replaycapacity``).
 Exit status: 0; 1 when a policy made an invalid plan or left requests unfinished; 2 for bad
 input (a missing or foreign file, an unknown scheduler).
 """
@@ -74,6 +77,18 @@ def add_replay_parser(sub: Any) -> None:
         default=None,
         metavar="RPS",
         help="open loops: the capacity the bench measured (default: measured on the first --scheduler)",
+    )
+    c = p.add_argument_group("capacity runs (--capacity-run)")
+    c.add_argument(
+        "--capacity-run", default=None, metavar="FILE", help="the JSON of llamactor bench --capacity --json to predict"
+    )
+    c.add_argument("--server", default="B", help="whose curve to predict: A or B (default %(default)s)")
+    c.add_argument(
+        "--front-ms",
+        type=float,
+        default=None,
+        help="the front end's cost per request added to every TTFT (default: the run's own, measured at its "
+        "lowest rate)",
     )
     p.add_argument(
         "--scheduler",
@@ -149,6 +164,8 @@ def run_replay(args: argparse.Namespace) -> int:
     """Load, fit, replay every ``--scheduler``, print; see the module docstring for the exit status."""
     if args.workload == "random":
         return run_replay_random(args)
+    if args.capacity_run is not None:
+        return run_replay_capacity(args)
     try:
         if args.trace is None:
             raise TraceError("give a trace FILE to replay, or --workload random")
@@ -223,6 +240,33 @@ def run_replay_random(args: argparse.Namespace) -> int:
     for line in failures:
         print(f"error: {line}", file=sys.stderr)
     return EXIT_POLICY_FAILED if failures else EXIT_OK
+
+
+def run_replay_capacity(args: argparse.Namespace) -> int:
+    """``--capacity-run``: each rate of the run, measured against predicted, per ``--scheduler``."""
+    from llamactor.ops import replaycapacity
+
+    try:
+        if args.costs is None:
+            raise ValueError("--capacity-run needs --costs FILE (a --record-trace file from the same machine)")
+        run = replaycapacity.CapacityRun.load(args.capacity_run, args.server)
+        costs = load_trace(args.costs)
+        cost = fit_costs(costs.steps)
+        classes = [(spec, resolve_policy(spec)) for spec in args.scheduler or [costs.header.policy]]
+        front_ms = run.front_ms() if args.front_ms is None else args.front_ms
+        if front_ms < 0:
+            raise ValueError(f"--front-ms must be >= 0, got {front_ms}")
+        options = with_overrides(dict(costs.header.policy_options), args)
+        points = replaycapacity.replay_capacity(run, costs, cost, classes, options, front_ms)
+    except (TraceError, FitError, ConfigError, ValueError, KeyError, OSError) as exc:
+        why = f"{args.capacity_run} lacks the field {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"llamactor replay: error: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(replaycapacity.to_json(run, points, front_ms), indent=2))
+    else:
+        print(replaycapacity.render(run, points, front_ms))
+    return EXIT_OK
 
 
 def with_overrides(recorded: dict[str, float], args: argparse.Namespace) -> dict[str, float]:

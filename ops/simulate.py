@@ -333,7 +333,8 @@ class Simulation:
             )
             for local, (live, c) in g.slots.items()
         )
-        return group_view(g.index, g.n_batch, busy, t, g.costs.ms_per_prompt_token, g.costs.ms_per_step)
+        c = g.costs
+        return group_view(g.index, g.n_batch, busy, t, c.ms_per_prompt_token, c.ms_per_step, c.ms_single_step)
 
     def _deliver(self, g: _Group, t: float) -> bool:
         """The coordinator handles the group's events: True if the grant changed."""

@@ -38,6 +38,9 @@ class RequestRecord:
     n_prompt_server: int | None = None
     error: str | None = None
     token_ids: list[int] | None = None  # the generated ids as streamed, when asked for (chat: the history)
+    # the server's own prompt time (``timings.prompt_ms`` of its final event): from the step that
+    # first held the prompt to the first token, as llama-server counts it
+    server_prompt_ms: float | None = None
 
     @property
     def ok(self) -> bool:

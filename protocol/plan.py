@@ -40,6 +40,7 @@ class GroupView(NamedTuple):
     now: float = 0.0  # perf_counter seconds at the snapshot
     ms_per_prompt_token: float = 0.0  # measured cost of one prompt token in a step (EMA)
     ms_per_step: float = 0.0  # measured fixed cost of one generation step (EMA)
+    ms_single_step: float = 0.0  # measured generation step of one stream alone (EMA; 0: none yet)
 
 
 class StepPlan(NamedTuple):

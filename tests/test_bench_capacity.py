@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import free_port, wait_healthy
 
-from llamactor.ops import capacity
+from llamactor.ops import capacity, chatburst
 from llamactor.ops.bench import add_bench_parser, run_bench
+from llamactor.ops.capacity_cli import render
 from llamactor.ops.capacity_shapes import OPEN_CONVERSATIONS, SHAPES, arrival_times, items, workload
 from llamactor.ops.stats import RequestRecord
 
@@ -210,6 +211,14 @@ def test_capacity_command_against_llamactor_serve(tiny_model: Path, tmp_path: Pa
         assert run_bench(bench_args(*flags, "--json", "--plot", str(plot))) == 0
         out = capsys.readouterr().out
         elapsed = time.monotonic() - began
+        # --at-rates: the given rate only, every request measured, the front end's share reported
+        fixed = ["--capacity", "--url", url, "--capacity-requests", "3", "--at-rates", "0.5", "--timeout", "30"]
+        assert run_bench(bench_args(*fixed, "--json")) == 0
+        at_rate = capsys.readouterr().out
+        # the chat burst's own client, against the same server twice (A then B)
+        burst = ["--url", url, "--vs", url, "--pairs", "1", "--users", "2", "--words", "20", "--max-tokens", "2"]
+        assert chatburst.main(burst) == 0
+        burst_out = capsys.readouterr().out
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -230,6 +239,14 @@ def test_capacity_command_against_llamactor_serve(tiny_model: Path, tmp_path: Pa
     caps = doc["capacity_rps"]
     assert doc["ratio"] is None if caps["A"] == 0 else math.isclose(doc["ratio"], caps["B"] / caps["A"])
     assert plot.stat().st_size > 0
-    text = capacity.render(doc)
+    text = render(doc)
     assert "requests/s" in text and "attainment curve" in text
+    fixed_doc = json.loads(at_rate[at_rate.index("{\n") :])
+    (point,) = fixed_doc["curve"]["A"]
+    assert point["rate"] == 0.5 and point["requests"] == 3 and not point["stopped"]
+    # every streamed chat answer ends with llama-server's timings; the server's prompt time is
+    # inside the client's TTFT
+    assert point["front_ms"] is not None and 0 <= point["front_ms"]["p50"] <= point["front_ms"]["p99"]
+    assert "client TTFT minus the server's prompt time" in render(fixed_doc)
+    assert burst_out.count("pair 0 http") == 2 and "B/A median over pairs: ttft_mean_s" in burst_out
     assert ("B/A capacity" in text) == (caps["A"] > 0)

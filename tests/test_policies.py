@@ -459,6 +459,11 @@ def _slo_stream(local, order, now=100.0, n=10, remaining=20, ttft_s=0.5):
     return SlotView(local, "generate", 0, order, -1, first - ttft_s, 8, n, first, n_remaining=remaining)
 
 
+def _slo_p90():
+    """The percentile form of the objective: gaps within 150 ms at each request's own p90."""
+    return BUILTIN["slo"](0, slo_itl_ms=150, slo_itl_pct=90)
+
+
 def test_slo_feeds_equal_prompts_one_after_another_in_whole_steps():
     """Nobody generates: every step is n_batch of prompt, the shortest (then earliest) first,
     never shared: equal prompts get their first tokens one after another, as llama-server's."""
@@ -473,7 +478,7 @@ def test_slo_keeps_a_step_short_only_for_a_stream_that_needs_it():
     """A stream meeting its objective with no long gap left to spend (p90 of 29 gaps: 2) gets
     short steps: the prompt tokens that fit in 150 ms ((150 - 40) / 1 = 110). With long gaps
     to spend, or when it already missed its first-token target, the step takes the whole room."""
-    policy = BUILTIN["slo"]()
+    policy = _slo_p90()
     stream = _slo_stream(0, 1, remaining=20)
     prompt = _prompt(1, 2, 5000)  # cannot make 2 s anyway: no first token to weigh against the stream
     plan = policy.plan(_view([stream, prompt]), None)
@@ -483,7 +488,7 @@ def test_slo_keeps_a_step_short_only_for_a_stream_that_needs_it():
     plan = policy.plan(_view([stream, prompt]), None)
     assert plan.prefill == ((1, 110),)  # none left: short steps from now on
     late = _slo_stream(0, 1, remaining=20, ttft_s=3.0)  # missed its first-token target: not protected
-    assert BUILTIN["slo"]().plan(_view([late, prompt]), None).prefill == ((1, 511),)
+    assert _slo_p90().plan(_view([late, prompt]), None).prefill == ((1, 511),)
 
 
 def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
@@ -492,11 +497,11 @@ def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
     the step is long. With nothing to lose, it stays short for the stream."""
     fragile = _slo_stream(0, 1, n=10, remaining=1)  # 10 gaps at p90: 1 long gap allowed ...
     three = [_prompt(i, i + 1, 500, waited_s=1.3) for i in (1, 2, 3)]  # the third makes 2 s only in long steps
-    policy = BUILTIN["slo"]()
+    policy = _slo_p90()
     policy.long_gaps[1] = 1  # ... and it is spent
     plan = policy.plan(_view([fragile, *three], ms_tok=0.2, ms_step=100.0), None)
     assert sum(k for _, k in plan.prefill) == 511
-    policy = BUILTIN["slo"]()
+    policy = _slo_p90()
     policy.long_gaps[1] = 1
     plan = policy.plan(_view([fragile, *three[:2]], ms_tok=0.2, ms_step=100.0), None)
     assert plan.prefill == ((1, 250),)
@@ -508,32 +513,58 @@ def test_slo_feeds_prompts_that_missed_their_target_in_slot_order():
     already under way (less left) goes on first. A prompt that can still make its target goes
     before them, until one of them has waited ten targets."""
     burst = [_prompt(3, 1, 1000, waited_s=30.0), _prompt(1, 5, 1000, waited_s=5.0), _prompt(2, 2, 1000, waited_s=25.0)]
-    assert BUILTIN["slo"]().plan(_view(burst), None).prefill == ((1, 512),)
+    assert _slo_p90().plan(_view(burst), None).prefill == ((1, 512),)
     started = [*burst, _prompt(4, 3, 600, waited_s=20.0)]
-    assert BUILTIN["slo"]().plan(_view(started), None).prefill == ((4, 512),)
+    assert _slo_p90().plan(_view(started), None).prefill == ((4, 512),)
     fresh = _prompt(0, 9, 300)  # can make 2 s
-    assert BUILTIN["slo"]().plan(_view([*burst[1:], fresh]), None).prefill[0] == (0, 300)
-    assert BUILTIN["slo"]().plan(_view([*burst, fresh]), None).prefill[0] == (0, 300)  # shortest anyway
+    assert _slo_p90().plan(_view([*burst[1:], fresh]), None).prefill[0] == (0, 300)
+    assert _slo_p90().plan(_view([*burst, fresh]), None).prefill[0] == (0, 300)  # shortest anyway
     long_fresh = _prompt(6, 9, 1000)  # can make 2 s at 0.5 ms a token, in a higher slot
-    assert BUILTIN["slo"]().plan(_view([burst[1], long_fresh], ms_tok=0.5), None).prefill[0] == (6, 512)
+    assert _slo_p90().plan(_view([burst[1], long_fresh], ms_tok=0.5), None).prefill[0] == (6, 512)
     starving = _prompt(3, 1, 1000, waited_s=21.0)  # ten 2 s targets: the precedence ends
-    assert BUILTIN["slo"]().plan(_view([starving, long_fresh], ms_tok=0.5), None).prefill[0] == (3, 512)
+    assert _slo_p90().plan(_view([starving, long_fresh], ms_tok=0.5), None).prefill[0] == (3, 512)
 
 
 def test_slo_does_not_shorten_steps_that_miss_the_gap_target_anyway():
     """Where a step with no prompt already takes longer than the gap target (a slow machine,
     many streams), short steps save no stream: the prompts get the whole room."""
     stream = _slo_stream(0, 1, remaining=20)
-    policy = BUILTIN["slo"]()
+    policy = _slo_p90()
     policy.long_gaps[1] = 2  # no long gap left to spend: at 40 ms a step this is a short step
     assert policy.plan(_view([stream, _prompt(1, 2, 5000)]), None).prefill == ((1, 110),)
     assert policy.plan(_view([stream, _prompt(1, 2, 5000)], ms_step=160.0), None).prefill == ((1, 511),)
 
 
-def test_slo_at_the_mean_spends_a_streams_slack():
-    """``slo_itl_pct=0``: a long gap is fine while the stream's mean stays within target."""
+def test_slo_at_the_mean_spreads_a_streams_slack_over_its_remaining_gaps():
+    """At the mean gap (the time per output token): a stream pays for prompt tokens from its slack (its target x
+    its gaps, less what it spent and its remaining gaps at the plain step time), 90 % of it
+    spread evenly over its remaining gaps; with no slack the prompts wait, unless as many
+    first tokens would be lost as streams saved."""
     stream = _slo_stream(0, 1, n=10, remaining=30)  # 9 gaps in 1 s: 111 ms each, under 150
     prompt = _prompt(1, 2, 5000)
-    assert BUILTIN["slo"](0, slo_itl_pct=0).plan(_view([stream, prompt]), None).prefill == ((1, 511),)
-    tight = _slo_stream(0, 1, n=10, remaining=1)  # one gap left: a 551 ms step breaks the mean
-    assert BUILTIN["slo"](0, slo_itl_pct=0).plan(_view([tight, prompt]), None).prefill == ((1, 110),)
+    mean = BUILTIN["slo"](0, slo_itl_ms=150, slo_itl_pct=0)
+    # slack 150 x 39 - 1000 - 30 x 40 = 3650 ms; 0.9 x 3650 / 30 = 109.5 ms: 109 tokens at 1 ms
+    assert mean.plan(_view([stream, prompt]), None).prefill == ((1, 109),)
+    # 9 gaps in 1.46 s and one left at 40 ms: 1,500 ms for 10 gaps at 150, nothing to spare
+    spent = SlotView(0, "generate", 0, 1, -1, 98.0, 8, 10, 98.54, n_remaining=1)
+    late = _prompt(1, 2, 5000, waited_s=30.0)  # past 5 x its prefill already: nothing to lose
+    assert mean.plan(_view([spent, late]), None).prefill == ()
+    fresh = [_prompt(i, i + 1, 400, waited_s=1.0) for i in (1, 2)]  # both make 2 s only in long steps
+    assert sum(k for _, k in mean.plan(_view([spent, *fresh]), None).prefill) == 511
+
+
+def test_slo_targets_of_0_are_four_times_what_the_prompt_or_a_token_costs_alone():
+    """``slo_itl_ms=0``: the gap target is 4 x the measured step of one stream alone (else of
+    the current steps); ``slo_ttft_ms=0``: the first-token target is 4 x the prompt's own cost
+    (its tokens and one step). Unset, the fixed defaults (2000 and 150 ms)."""
+    policy = BUILTIN["slo"](0, slo_itl_ms=0, slo_ttft_ms=0)
+    policy.plan(GroupView(0, 512, (_prompt(0, 1, 10),), 100.0, 1.0, 40.0, 20.0), None)
+    assert policy.slo_itl_ms == 80.0
+    policy.plan(GroupView(0, 512, (_prompt(0, 1, 10),), 100.0, 1.0, 40.0, 0.0), None)
+    assert policy.slo_itl_ms == 160.0
+    long_prompt = _prompt(0, 1, 3000)
+    assert policy.ttft_target_ms(_view([long_prompt]), long_prompt) == 4 * (3000 + 40)
+    assert policy.ttft_target_ms(_view([long_prompt], ms_tok=0.1), long_prompt) == 4 * (300 + 40)
+    fixed = BUILTIN["slo"]()
+    fixed.plan(GroupView(0, 512, (_prompt(0, 1, 10),), 100.0, 1.0, 40.0, 20.0), None)
+    assert fixed.slo_itl_ms == 150.0 and fixed.ttft_target_ms(_view([long_prompt]), long_prompt) == 2000.0

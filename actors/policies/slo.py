@@ -1,11 +1,14 @@
 """``slo`` (the default): continuous batching steered by the user's service-level objective.
 
-Its inputs are the objective a request is judged by: a first token within ``slo_ttft_ms``, and
-its inter-token gaps within ``slo_itl_ms`` at the ``slo_itl_pct`` percentile of the request's
-own gaps (50, 90, 99; 0: its mean gap). Its aim is goodput: the share of requests that meet
-both. Every step, as llama-server, each generating slot contributes one token and prompt
-chunks fill the rest of n_batch; what this policy decides is whose prompts go first and when a
-step must stay short.
+Its inputs are the objective a request is judged by: a first token within ``slo_ttft_ms`` (or,
+for a prompt whose prefill alone takes longer, ``TTFT_SCALE`` times its prefill), and its
+inter-token gaps within ``slo_itl_ms`` at the ``slo_itl_pct`` percentile of the request's own
+gaps (0, the default: its mean gap, the serving papers' time per output token; 50, 90, 99).
+Unset, ``slo_itl_ms`` is ``ITL_SCALE`` times what a token costs one stream alone on this
+machine, as measured: an objective relative to the hardware, as serving papers set their SLOs.
+Its aim is goodput: the share of requests that meet both. Every step, as llama-server, each
+generating slot contributes one token and prompt chunks fill the rest of n_batch; what this
+policy decides is whose prompts go first and how many prompt tokens a step takes.
 
 - Whose prompts: the ones that can still get their first token in time first, shortest
   remaining first (the most first tokens soonest), then the others, also shortest first and
@@ -14,20 +17,23 @@ step must stay short.
   Each step's prompt tokens go to the first prompts in that order until each is through, so
   prompts are never processor-shared: equal prompts get their first tokens one after another,
   as with llama-server, not all together at the end.
-- When a step stays short: only when a stream still meeting its objective (its first token
-  was in time, and its gaps so far leave it within target) cannot afford one more long gap.
-  A step longer than ``slo_itl_ms`` by the group's measured step costs is a long gap for every
-  stream in it; at a percentile, a stream may have ``(1 - pct) * gaps`` of them, and the
-  policy counts the long steps it planned for each stream; at the mean, a long gap must leave
-  the stream's mean within target once its remaining gaps are counted at the plain step time.
-  Then the step takes only the prompt tokens that fit in ``slo_itl_ms`` (at least
-  ``MIN_PREFILL_CHUNK``), unless prompts that can still make their first-token target would
-  miss it at that pace, as many as the streams it would save: then the step is long (one
-  request lost either way, and the first tokens come sooner).
-  Streams that already missed their objective, and prompts that no longer can, are never
-  protected at the cost of the others: the step is then as long as llama-server's. Neither
-  are streams on a machine (or at a load) where a step with no prompt at all is already
-  longer than ``slo_itl_ms``: short steps would only delay first tokens.
+- How many, at the mean (the default): each stream that can still meet its mean gap (its first
+  token was in time, and its remaining gaps at the plain step time would leave its mean within
+  target) pays for prompt tokens from its slack, ``SLACK_SHARE`` of it spread evenly over its
+  remaining gaps. A step with more prompt tokens than a stream can pay loses that stream; one
+  with fewer than a waiting prompt needs to make its first-token target loses that prompt. Of
+  the budgets the streams can pay and the whole room, the step takes the one that loses the
+  fewest requests, the larger on a tie (first tokens sooner).
+- How many, at a percentile: a step longer than ``slo_itl_ms`` by the group's measured step
+  costs is a long gap for every stream in it, and a stream may have ``(1 - pct) * gaps`` of
+  them; the policy counts the long steps it planned for each stream. When a stream still
+  meeting its objective cannot afford one more, the step takes only the prompt tokens that fit
+  in ``slo_itl_ms`` (at least ``MIN_PREFILL_CHUNK``), unless prompts that can still make their
+  first-token target would miss it at that pace, as many as the streams it would save.
+- Streams that already missed their objective, and prompts that no longer can, are never
+  protected at the cost of the others. Neither are streams on a machine (or at a load) where a
+  step with no prompt at all is already longer than ``slo_itl_ms``: short steps would only
+  delay first tokens.
 """
 
 from __future__ import annotations
@@ -38,12 +44,24 @@ from typing import Any
 from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, fill_prefill, generating
 from llamactor.protocol.messages import Grant
 
-DEFAULT_SLO_TTFT_MS = 2000.0  # the benchmark's goodput objective (ops/slo.py): first token within 2 s
-DEFAULT_SLO_ITL_MS = 150.0  # ... and inter-token gaps within 150 ms
-DEFAULT_SLO_ITL_PCT = 90.0  # ... at the request's own 90th percentile gap
+DEFAULT_SLO_TTFT_MS = 2000.0  # the first-token target until a prompt token's cost was measured
+ITL_SCALE = 4.0
+DEFAULT_SLO_ITL_MS = 150.0  # the gap target until a step was measured
+DEFAULT_SLO_ITL_PCT = 90.0  # that percentile of the request's own gaps (50, 90, 99); 0: the mean gap
 MIN_PREFILL_CHUNK = 32  # prompt tokens a short step still takes while prompts wait
 STARVE_FACTOR = 10.0  # a prompt waiting this many first-token targets ends the feasible ones' precedence
+# the objective, unset: a first token within TTFT_SCALE times what the prompt costs alone, and a
+# mean gap within ITL_SCALE times a token's unloaded time: serving papers set SLOs as a scale
+# (commonly 5) times the unloaded latency; 4 leaves a margin for the steps' noise
+TTFT_SCALE = 4.0
+SLACK_SHARE = 0.9  # of a stream's slack, what prompts may spend: steps cost more than measured at times
 COLD_BUDGET = 128  # prompt tokens a step takes beside streams before its costs are measured
+
+
+def _option(options: dict[str, Any], name: str, default: float) -> float:
+    """A target in ms: ``default`` when not given, 0 (relative to the machine) when given as 0."""
+    value = options.get(name)
+    return default if value is None else max(float(value), 0.0)
 
 
 class SloPolicy(Policy):
@@ -51,13 +69,18 @@ class SloPolicy(Policy):
 
     def __init__(self, group: int = 0, **options: Any) -> None:
         super().__init__(group, **options)
-        self.slo_ttft_ms = float(options.get("slo_ttft_ms") or DEFAULT_SLO_TTFT_MS)
-        self.slo_itl_ms = float(options.get("slo_itl_ms") or DEFAULT_SLO_ITL_MS)
+        # 0: relative to the machine (TTFT_SCALE x the prompt's own cost, ITL_SCALE x a token's)
+        self.slo_ttft_ms = _option(options, "slo_ttft_ms", DEFAULT_SLO_TTFT_MS)
+        self.fixed_itl_ms = _option(options, "slo_itl_ms", DEFAULT_SLO_ITL_MS)
+        self.slo_itl_ms = self.fixed_itl_ms or DEFAULT_SLO_ITL_MS  # this step's gap target
         pct = options.get("slo_itl_pct")
         self.slo_itl_pct = DEFAULT_SLO_ITL_PCT if pct is None else float(pct)  # 0: the mean
         self.long_gaps: dict[int, int] = {}  # per request (arrival order): long steps it was in
 
     def plan(self, view: GroupView, grant: Grant | None) -> StepPlan:
+        if not self.fixed_itl_ms:
+            unloaded = view.ms_single_step or view.ms_per_step
+            self.slo_itl_ms = ITL_SCALE * unloaded if unloaded > 0 else DEFAULT_SLO_ITL_MS
         generate = generating(view)
         streams = [s for s in view.slots if s.phase == "generate"]
         self._forget(view)
@@ -83,6 +106,8 @@ class SloPolicy(Policy):
             return min(room, COLD_BUDGET)
         if per_step >= self.slo_itl_ms:
             return room  # a step with no prompt at all is already a long gap: no stream to save
+        if self.slo_itl_pct <= 0:
+            return self.mean_budget(view, streams, order, room)
         short = max(MIN_PREFILL_CHUNK, int((self.slo_itl_ms - per_step) / per_token))
         if short >= room:
             return room
@@ -92,6 +117,32 @@ class SloPolicy(Policy):
         at_risk = self.first_tokens_lost(view, order, short, room)
         return room if at_risk >= len({s.order for s in fragile}) else short
 
+    def mean_budget(self, view: GroupView, streams: list[SlotView], order: list[SlotView], room: int) -> int:
+        """At the mean: the prompt tokens that lose the fewest requests. Each stream that can
+        still meet its mean gap pays for prompt tokens from its slack, spread over its remaining
+        gaps; a step with more tokens than a stream can pay loses that stream, a step with fewer
+        than a waiting prompt needs to make its first-token target loses that prompt. Of the
+        budgets each stream can pay (and the whole room), the one losing fewest, the larger on
+        a tie (first tokens sooner)."""
+        protected = [s for s in streams if self.meeting(view, s)]
+        if not protected:
+            return room
+        payable = sorted(min(room, max(0, int(self.spare_ms(view, s) / view.ms_per_prompt_token))) for s in protected)
+        best, best_lost = room, None
+        for budget in sorted({*payable, room}, reverse=True):
+            lost = sum(p < budget for p in payable) + self.first_tokens_lost(view, order, budget, room)
+            if best_lost is None or lost < best_lost:
+                best, best_lost = budget, lost
+        return best
+
+    def spare_ms(self, view: GroupView, s: SlotView) -> float:
+        """What each of a stream's remaining gaps may add to a generation step and its mean gap
+        still meet the target."""
+        remaining = max(s.n_remaining, 1)
+        elapsed = (view.now - s.first_token_at) * 1e3
+        slack = self.slo_itl_ms * (s.n_generated - 1 + remaining) - elapsed - remaining * view.ms_per_step
+        return SLACK_SHARE * max(slack, 0.0) / remaining
+
     def long(self, view: GroupView, n_prompt: int) -> bool:
         """Whether a step with ``n_prompt`` prompt tokens is a long gap for its streams."""
         if view.ms_per_prompt_token <= 0 or view.ms_per_step <= 0:
@@ -100,11 +151,14 @@ class SloPolicy(Policy):
 
     def meeting(self, view: GroupView, s: SlotView) -> bool:
         """A stream still meeting its objective: first token in time, gaps within target."""
-        if s.n_generated < 1 or (s.first_token_at - s.arrived) * 1e3 > self.slo_ttft_ms:
+        if s.n_generated < 1 or (s.first_token_at - s.arrived) * 1e3 > self.ttft_target_ms(view, s):
             return False
         if self.slo_itl_pct <= 0:
-            gaps = s.n_generated - 1
-            return gaps < 1 or (view.now - s.first_token_at) * 1e3 / gaps <= self.slo_itl_ms
+            # the mean: it still can be met if its remaining gaps come at the generation step
+            # time (one long gap early in a stream is won back by the short ones after it)
+            elapsed = (view.now - s.first_token_at) * 1e3
+            gaps = s.n_generated - 1 + max(s.n_remaining, 0)
+            return gaps < 1 or elapsed + max(s.n_remaining, 0) * view.ms_per_step <= self.slo_itl_ms * gaps
         return self.long_gaps.get(s.order, 0) <= self.allowed_long_gaps(s)
 
     def allowed_long_gaps(self, s: SlotView) -> int:
@@ -131,7 +185,8 @@ class SloPolicy(Policy):
             waited = self.waited_ms(view, s)
             full = waited + self.finish_ms(view, ahead, room)
             slow = waited + self.finish_ms(view, ahead, short)
-            lost += full <= self.slo_ttft_ms < slow
+            target = self.ttft_target_ms(view, s)
+            lost += full <= target < slow
         return lost
 
     @staticmethod
@@ -142,12 +197,11 @@ class SloPolicy(Policy):
     # ---- whose prompts ---------------------------------------------------------------------
 
     def order(self, view: GroupView, waiting: list[SlotView]) -> list[SlotView]:
-        starve_ms = STARVE_FACTOR * self.slo_ttft_ms
 
         # Prompts that can still make their first-token target go first, unless one has waited
         # too long: then every prompt is in the order below (no prompt waits forever behind a
         # stream of short ones).
-        starved = any(self.waited_ms(view, s) > starve_ms for s in waiting)
+        starved = any(self.waited_ms(view, s) > STARVE_FACTOR * self.ttft_target_ms(view, s) for s in waiting)
 
         def key(s: SlotView) -> tuple[int, float, float, int]:
             if not starved and self.feasible(view, s):
@@ -164,7 +218,18 @@ class SloPolicy(Policy):
         per_token = view.ms_per_prompt_token
         if per_token <= 0:
             return True
-        return self.waited_ms(view, s) + self.finish_ms(view, s.prompt_left, view.n_batch) <= self.slo_ttft_ms
+        finish = self.waited_ms(view, s) + self.finish_ms(view, s.prompt_left, view.n_batch)
+        return finish <= self.ttft_target_ms(view, s)
+
+    def ttft_target_ms(self, view: GroupView, s: SlotView) -> float:
+        """A request's first-token target: ``slo_ttft_ms``; unset (0), ``TTFT_SCALE`` times what
+        its prompt costs alone on this machine (its tokens and one step, by the measured costs;
+        ``DEFAULT_SLO_TTFT_MS`` before any is measured)."""
+        if self.slo_ttft_ms:
+            return self.slo_ttft_ms
+        if view.ms_per_prompt_token <= 0:
+            return DEFAULT_SLO_TTFT_MS
+        return TTFT_SCALE * (s.n_prompt * view.ms_per_prompt_token + (view.ms_single_step or view.ms_per_step))
 
     @staticmethod
     def waited_ms(view: GroupView, s: SlotView) -> float:

@@ -132,7 +132,7 @@ class Output:
         if not replayed:  # a replayed token's text went out before; its Done (if it ends) is sent again
             clock = None
             if task.request.timings_per_token:
-                prompt_ms, predicted_ms = (s.t_prompt_done - s.t_start) * 1e3, (now - s.t_prompt_done) * 1e3
+                prompt_ms, predicted_ms = s.prompt_ms, (now - s.t_prompt_done) * 1e3
                 clock = (len(s.prompt), s.n_cached, s.n_decoded, prompt_ms, predicted_ms)
             first_cached = s.n_cached if s.n_decoded == 1 else -1
             res.events.append((task, Token(s.index, text, token, logprob, top, clock, s.id, first_cached)))
@@ -153,7 +153,7 @@ def done(s: Slot, finish: str) -> Done:
         n_prompt=len(s.prompt),
         n_cached=s.n_cached,
         n_predicted=s.n_decoded,
-        prompt_ms=(s.t_prompt_done - s.t_start) * 1e3,
+        prompt_ms=s.prompt_ms,
         predicted_ms=(s.t_last - s.t_prompt_done) * 1e3,
         slot=s.id,
         truncated=s.truncated,

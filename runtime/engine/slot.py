@@ -70,6 +70,7 @@ class Slot:
         "spec",
         "stream",
         "t_last",
+        "t_prompt_begin",
         "t_prompt_done",
         "t_start",
         "task",
@@ -109,7 +110,9 @@ class Slot:
         self.n_decoded: int = 0
         self.stream: TextStream | None = None
         self.n_cached: int = 0
-        self.t_start = self.t_prompt_done = self.t_last = 0.0
+        # t_start: the request took the slot; t_prompt_begin: its prompt first went into a batch
+        # (where llama-server's prompt time starts: a prompt waiting for room is not counted)
+        self.t_start = self.t_prompt_begin = self.t_prompt_done = self.t_last = 0.0
         self.order = 0
         self.kept_logits: np.ndarray | None = None
         self.finished = False
@@ -119,6 +122,14 @@ class Slot:
         self.follows: Slot | None = None
         self.share_upto = 0
         self.replay: list[int] = []  # delivered tokens still to replay after a resume, last first
+
+    @property
+    def prompt_ms(self) -> float:
+        """The prompt's time as llama-server counts it (``timings.prompt_ms``, the metrics'
+        prompt seconds): from the step that first held it to its end. Waiting for room in a batch
+        does not count; a prompt with no step of its own (all cached, a shared prefix) counts
+        from the slot's start."""
+        return (self.t_prompt_done - (self.t_prompt_begin or self.t_start)) * 1e3
 
     @property
     def prompt_left(self) -> int:

@@ -95,8 +95,11 @@ class DecodeStep:
         generate = sorted(plan.generate)
         filled: list[tuple[Slot, int]] = []  # (slot, its prompt tokens in the batch)
         n_media = 0  # image positions decoded before the batch
+        began = time.perf_counter()
         for local, k in prefill:
             s = slots[local]
+            if not s.t_prompt_begin:
+                s.t_prompt_begin = began
             if s.task is not None and s.task.media:
                 try:
                     k, decoded = self._media(s, k)
@@ -267,7 +270,7 @@ class DecodeStep:
             self.kv.copy_all(s, child)
             child.n_past = s.n_past
             child.n_cached = s.n_cached
-            child.t_prompt_done = now
+            child.t_prompt_begin, child.t_prompt_done = s.t_prompt_begin, now
         if self.holds_ready:
             s.kept_logits = logits_at(self.ctx, i, self.model.n_vocab).copy()  # the next decode overwrites the view
             s.phase = Phase.READY
