@@ -201,6 +201,8 @@ def test_capacity_command_against_llamactor_serve(tiny_model: Path, tmp_path: Pa
     log = (tmp_path / "serve.log").open("wb")
     argv = [str(Path(sys.executable).parent / "llamactor"), "serve", "-m", str(tiny_model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "-t", "1", "-np", "2", "-c", "4096", "--metrics"]
+    # the slo policy with its objective relative to the machine, as the capacity runs measure it
+    argv += ["--slo-ttft-ms", "0", "--slo-itl-ms", "0", "--slo-itl-pct", "mean"]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(proc, url + "/health", 60)

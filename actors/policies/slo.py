@@ -38,6 +38,7 @@ policy decides is whose prompts go first and how many prompt tokens a step takes
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -111,7 +112,7 @@ class SloPolicy(Policy):
         short = max(MIN_PREFILL_CHUNK, int((self.slo_itl_ms - per_step) / per_token))
         if short >= room:
             return room
-        fragile = [s for s in streams if self.meeting(view, s) and not self.affords_long_gap(view, s, room)]
+        fragile = [s for s in streams if self.meeting(view, s) and not self.affords_long_gap(s)]
         if not fragile:
             return room
         at_risk = self.first_tokens_lost(view, order, short, room)
@@ -130,18 +131,22 @@ class SloPolicy(Policy):
         payable = sorted(min(room, max(0, int(self.spare_ms(view, s) / view.ms_per_prompt_token))) for s in protected)
         best, best_lost = room, None
         for budget in sorted({*payable, room}, reverse=True):
-            lost = sum(p < budget for p in payable) + self.first_tokens_lost(view, order, budget, room)
+            lost = bisect.bisect_left(payable, budget) + self.first_tokens_lost(view, order, budget, room)
             if best_lost is None or lost < best_lost:
                 best, best_lost = budget, lost
         return best
 
-    def spare_ms(self, view: GroupView, s: SlotView) -> float:
-        """What each of a stream's remaining gaps may add to a generation step and its mean gap
-        still meet the target."""
-        remaining = max(s.n_remaining, 1)
+    def slack_ms(self, view: GroupView, s: SlotView) -> float:
+        """What a stream can still spend and meet its mean gap: its target over all its gaps,
+        less the time its gaps took so far and its remaining ones at the generation step time
+        (negative: it cannot meet it any more)."""
+        remaining = max(s.n_remaining, 0)
         elapsed = (view.now - s.first_token_at) * 1e3
-        slack = self.slo_itl_ms * (s.n_generated - 1 + remaining) - elapsed - remaining * view.ms_per_step
-        return SLACK_SHARE * max(slack, 0.0) / remaining
+        return self.slo_itl_ms * (s.n_generated - 1 + remaining) - elapsed - remaining * view.ms_per_step
+
+    def spare_ms(self, view: GroupView, s: SlotView) -> float:
+        """What each of a stream's remaining gaps may add to a step (``SLACK_SHARE`` of its slack)."""
+        return SLACK_SHARE * max(self.slack_ms(view, s), 0.0) / max(s.n_remaining, 1)
 
     def long(self, view: GroupView, n_prompt: int) -> bool:
         """Whether a step with ``n_prompt`` prompt tokens is a long gap for its streams."""
@@ -154,11 +159,8 @@ class SloPolicy(Policy):
         if s.n_generated < 1 or (s.first_token_at - s.arrived) * 1e3 > self.ttft_target_ms(view, s):
             return False
         if self.slo_itl_pct <= 0:
-            # the mean: it still can be met if its remaining gaps come at the generation step
-            # time (one long gap early in a stream is won back by the short ones after it)
-            elapsed = (view.now - s.first_token_at) * 1e3
-            gaps = s.n_generated - 1 + max(s.n_remaining, 0)
-            return gaps < 1 or elapsed + max(s.n_remaining, 0) * view.ms_per_step <= self.slo_itl_ms * gaps
+            # the mean: one long gap early in a stream is won back by the short ones after it
+            return s.n_generated - 1 + max(s.n_remaining, 0) < 1 or self.slack_ms(view, s) >= 0
         return self.long_gaps.get(s.order, 0) <= self.allowed_long_gaps(s)
 
     def allowed_long_gaps(self, s: SlotView) -> int:
@@ -166,14 +168,9 @@ class SloPolicy(Policy):
         gaps = s.n_generated + s.n_remaining - 1
         return math.floor(max(gaps, 0) * (100.0 - self.slo_itl_pct) / 100.0 + 1e-9)
 
-    def affords_long_gap(self, view: GroupView, s: SlotView, n_prompt: int) -> bool:
-        if self.slo_itl_pct > 0:
-            return self.long_gaps.get(s.order, 0) + 1 <= self.allowed_long_gaps(s)
-        # the mean: elapsed + this step + its remaining gaps at the generation step time
-        step_ms = view.ms_per_step + n_prompt * view.ms_per_prompt_token
-        elapsed = (view.now - s.first_token_at) * 1e3
-        gaps = s.n_generated - 1 + max(s.n_remaining, 1)
-        return elapsed + step_ms + (max(s.n_remaining, 1) - 1) * view.ms_per_step <= self.slo_itl_ms * gaps
+    def affords_long_gap(self, s: SlotView) -> bool:
+        """At a percentile: one more long gap leaves the stream within its allowance."""
+        return self.long_gaps.get(s.order, 0) + 1 <= self.allowed_long_gaps(s)
 
     def first_tokens_lost(self, view: GroupView, order: list[SlotView], short: int, room: int) -> int:
         """Prompts that would make their first-token target with full steps but not with short ones."""
