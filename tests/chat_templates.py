@@ -86,6 +86,16 @@ THINKING = """\
 {% endif %}{% endif %}"""
 
 
+# ChatML that knows think blocks without opening one (Qwen3 and DeepSeek R1 drop the thoughts
+# of earlier answers from the history): with it, reasoning_format auto splits a <think> block.
+KNOWS_THINK = """\
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content.split('</think>')[-1] if m.role == 'assistant' else m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
 def use_template(rt: Runtime, source: str) -> None:
     """Serve ``rt`` with ``source`` as its chat template (the tiny GGUF carries ChatML)."""
     old = rt.chat_template

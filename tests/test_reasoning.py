@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from chat_templates import THINKING, use_template
+from chat_templates import KNOWS_THINK, THINKING, use_template
 from conftest import open_server
 
 from llamactor.protocol.errors import RequestError
@@ -46,13 +46,17 @@ async def _stream(url: str, **body) -> tuple[str, str, str]:
 
 @pytest.mark.slow
 async def test_think_block_split_into_reasoning_content(make_config):
-    """With reasoning_format auto (the default) and deepseek, the leading think block
-    is reasoning_content and the rest the content, streaming and not; none keeps the raw text;
-    deepseek-legacy fills both."""
+    """With reasoning_format auto (the default) under a template that knows think blocks, and
+    deepseek, the leading think block is reasoning_content and the rest the content, streaming
+    and not; none keeps the raw text; deepseek-legacy fills both. Under a template that never
+    writes <think> (the tiny model's ChatML), auto keeps the raw text, as llama-server."""
     async with open_server(make_config()) as (rt, url):
         raw = (await _chat(url, grammar=THINK_GRAMMAR, reasoning_format="none"))["choices"][0]["message"]
         text = raw["content"]
         assert text.startswith("<think>") and "reasoning_content" not in raw
+        assert (await _chat(url, grammar=THINK_GRAMMAR))["choices"][0]["message"] == raw
+        assert await _stream(url, grammar=THINK_GRAMMAR) == ("", text, "stop")
+        use_template(rt, KNOWS_THINK)
         thoughts, answer = text[len("<think>") :].split("</think>\n")
         for fmt in ("auto", "deepseek", None):
             body = {"grammar": THINK_GRAMMAR, **({"reasoning_format": fmt} if fmt else {})}

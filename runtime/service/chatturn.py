@@ -178,6 +178,12 @@ def prepare_chat(
         rows = _with_system(rows, generic_tool_prompt(specs, choice, parallel))
     prompt = template.render(rows, add_generation_prompt=add_generation_prompt, **extra) + (continued or "")
     thinking_open = reasoning_format != "none" and prompt.rstrip().endswith(THINK_OPEN)
+    if reasoning_format == "auto" and not thinking_open and not _knows_thinking(template.source):
+        # As llama-server, which takes the reasoning markers from the template: a template that
+        # never writes <think> leaves the answer whole. Waiting to see whether a first "<" opens a
+        # block would also hold the first token back one decode step (gemma3 starts most
+        # answers with "<").
+        reasoning_format = "none"
     turn = ChatTurn(
         prompt,
         specs,
@@ -200,6 +206,12 @@ def prepare_chat(
         triggers = tuple(THINK_CLOSE + ws for ws in _AFTER_THINK)
         grammar = grammar.replace("root ::=", "calls ::=", 1) + f'\nroot ::= "{THINK_CLOSE}" [ \\n]{{0,3}} calls'
     return replace(turn, syntax=syntax, grammar=grammar, grammar_lazy=lazy, grammar_triggers=triggers)
+
+
+def _knows_thinking(source: str) -> bool:
+    """Whether a template writes or strips think blocks (DeepSeek R1's and Qwen3's drop the
+    thoughts of earlier answers with ``split('</think>')``)."""
+    return THINK_OPEN in source or THINK_CLOSE in source
 
 
 def _continued(
