@@ -17,6 +17,8 @@ made again by ``errors.error_from``. A frame is a 4-byte big-endian length and a
 from __future__ import annotations
 
 import struct
+import time
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -26,7 +28,7 @@ from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import EmbedderInfo
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.live import LiveSnapshot
-from llamactor.protocol.messages import Cancel, TaskSpec  # Cancel: the supervisor's, passed on
+from llamactor.protocol.messages import Cancel, Task, TaskSpec  # Cancel: the supervisor's, passed on
 from llamactor.protocol.slots import SlotActionResult, SlotState
 
 HEADER = struct.Struct(">I")
@@ -39,6 +41,11 @@ class WireTask(TaskSpec, frozen=True, kw_only=True):
 
     def tokens(self) -> npt.NDArray[np.int32]:
         return np.frombuffer(self.prompt, dtype=np.int32)
+
+    def task(self, sink: Any) -> Task:
+        """The task again, on the engine's side: its events go to ``sink``; it arrived now."""
+        spec = {name: getattr(self, name) for name in TaskSpec.__struct_fields__}
+        return Task(prompt=self.tokens(), sink=sink, arrived=time.perf_counter(), **spec)
 
 
 # ---- API process -> engine ----------------------------------------------------------------

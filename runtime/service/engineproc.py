@@ -34,10 +34,10 @@ from llamactor.actors.policies import load_object
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
 from llamactor.protocol.events import Event, Failed
-from llamactor.protocol.messages import Task, TaskSpec
 from llamactor.runtime.service.config import RuntimeConfig, config_from_wire
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_from
+from llamactor.runtime.service.remote import RemoteSink
 
 log = structlog.get_logger("llamactor.engine")
 
@@ -46,27 +46,22 @@ BEAT_S = 1.0
 PARENT_POLL_S = 1.0  # how often the engine looks for its API process (besides the kernel's signal)
 
 
-class RemoteSink:
+class _Sink(RemoteSink):
     """A request's stream in the engine process: events go to the API process's outbox."""
 
-    __slots__ = ("closed", "side", "task_id")
+    __slots__ = ("side",)
 
     def __init__(self, task_id: int, side: EngineSide) -> None:
-        self.task_id = task_id
+        super().__init__(task_id)
         self.side = side
-        self.closed = False
 
-    def send_nowait(self, event: Event) -> None:
-        if self.closed:
-            raise anyio.ClosedResourceError
+    def put(self, event: Event) -> None:
         self.side.outbox.append((self.task_id, event))
         self.side.wake()
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.side.ended.append(self.task_id)
-            self.side.wake()
+    def end(self) -> None:
+        self.side.ended.append(self.task_id)
+        self.side.wake()
 
 
 class EngineSide:
@@ -110,11 +105,9 @@ class EngineSide:
                     tg.start_soon(self._answer, call)
 
     def _submit(self, wire: link.WireTask) -> None:
-        sink: Any = RemoteSink(wire.id, self)  # duck-types the stream's send_nowait/close
-        spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
-        task = Task(prompt=wire.tokens(), sink=sink, arrived=time.perf_counter(), **spec)
+        sink: Any = _Sink(wire.id, self)  # duck-types the stream's send_nowait/close
         try:
-            self.engine.submit(task)
+            self.engine.submit(wire.task(sink))
         except LlamactorError as exc:
             sink.send_nowait(Failed.of(exc))
             sink.close()

@@ -35,16 +35,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-import numpy as np
 import structlog
 from anyio.abc import Process, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.build import BuildInfo
-from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Overloaded, Unavailable, error_from
-from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.events import Failed
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
@@ -53,7 +51,8 @@ from llamactor.runtime.engine.blackbox import Blackbox
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire
 from llamactor.runtime.service.deathcause import CannotStart, startup_death
 from llamactor.runtime.service.engine import EngineStatus
-from llamactor.runtime.service.journal import Journal, wire
+from llamactor.runtime.service.journal import Resumed, wire
+from llamactor.runtime.service.remote import JournaledEngine, RemoteEmbedder, metrics_text, send
 
 log = structlog.get_logger("llamactor.isolated")
 
@@ -151,32 +150,15 @@ class _Connection:
             done.set()
 
 
-class RemoteEmbedder:
-    """The engine process's embedding actor. Embeddings are not journaled: one whose engine
-    dies fails with a 503, and the client retries (they are cheap and have no stream)."""
-
-    def __init__(self, engine: ProcessEngine, info: EmbedderInfo) -> None:
-        self.engine = engine
-        self.info = info
-
-    async def embed(self, inputs: list[list[int]], normalize: int) -> Embedded:
-        blobs = tuple(np.asarray(t, dtype=np.int32).tobytes() for t in inputs)
-        done = await self.engine.call(lambda cid: link.Embed(cid, blobs, normalize), link.EmbedDone, timeout_s=None)
-        vectors = tuple(np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors)
-        return Embedded(vectors, done.n_tokens, done.pooling)
-
-
-class ProcessEngine:
+class ProcessEngine(JournaledEngine):
     """The ``EngineClient`` of an isolated runtime; made by ``open``."""
 
     def __init__(self, config: RuntimeConfig, folder: str) -> None:
-        self.config = config
+        super().__init__(config)
         self.folder = folder
         self.state = EngineState.STARTING
         self.counters = EngineCounters()
-        self.journal = Journal(resume_max=config.resume_max, fast=config.resume == "fast")
         self.process: Process | None = None
-        self.embedder: RemoteEmbedder | None = None
         self.blackbox = Blackbox(os.path.join(folder, "blackbox"), create=True)  # runtime.engine.blackbox
         self.build: BuildInfo | None = None  # the engine's build and devices, from its Ready
         self._config_path = Path(folder) / "config.msgpack"
@@ -293,9 +275,6 @@ class ProcessEngine:
             return "ok"  # as llama-server's /health while it sleeps: a request only waits
         return "ok" if self.up else "restarting"
 
-    def in_flight(self) -> int:
-        return len(self.journal)
-
     def status(self) -> EngineStatus:
         c = self.counters
         return EngineStatus(
@@ -387,20 +366,18 @@ class ProcessEngine:
 
     def own_metrics(self) -> bytes:
         """This process's metrics of the engine process (restarts, resumes, journal)."""
-        c = self.counters
-        lines = [
-            ("llamactor:engine_restarts_total", "counter", "Restarts of the engine process", c.restarts),
-            ("llamactor:requests_resumed_total", "counter", "Requests resumed after an engine restart", c.resumed),
-            ("llamactor:watchdog_kills_total", "counter", "Engine processes ended by the watchdog", c.watchdog_kills),
-            ("llamactor:engine_up", "gauge", "1 while the engine process serves", int(self.up)),
-            ("llamactor:engine_sleeping", "gauge", "1 while it sleeps", int(self.state is EngineState.SLEEPING)),
-            ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the API process", len(self.journal)),
-        ]
-        out = []
-        for name, kind, doc, value in lines:
-            base = name.removesuffix("_total")
-            out.append(f"# HELP {base} {doc}\n# TYPE {base} {kind}\n{name} {float(value)}\n")
-        return "".join(out).encode()
+        c, journaled, kills = self.counters, len(self.journal), self.counters.watchdog_kills
+        sleeping = int(self.state is EngineState.SLEEPING)
+        return metrics_text(
+            [
+                ("llamactor:engine_restarts_total", "counter", "Restarts of the engine process", c.restarts),
+                ("llamactor:requests_resumed_total", "counter", "Requests resumed after an engine restart", c.resumed),
+                ("llamactor:watchdog_kills_total", "counter", "Engine processes ended by the watchdog", kills),
+                ("llamactor:engine_up", "gauge", "1 while the engine process serves", int(self.up)),
+                ("llamactor:engine_sleeping", "gauge", "1 while it sleeps", sleeping),
+                ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the API process", journaled),
+            ]
+        )
 
     async def call(
         self, make: Any, answer_type: type[A], *, timeout_s: float | None = CALL_TIMEOUT_S, touch: bool = True
@@ -449,7 +426,7 @@ class ProcessEngine:
                 if isinstance(exc, CannotStart):  # the build or the machine: every restart would die so
                     self._set_state(EngineState.DOWN)
                     log.error("engine_down", reason=str(exc))
-                    self._fail_journal(str(exc))
+                    self.fail_journal(str(exc))
                     return
                 log.error("engine_start_failed", error=f"{type(exc).__name__}: {exc}")
             first = False
@@ -463,7 +440,7 @@ class ProcessEngine:
             if len(self._failures) > self.config.engine_max_restarts:
                 self._set_state(EngineState.DOWN)
                 log.error("engine_down", restarts=len(self._failures) - 1, window_s=self.config.restart_window_s)
-                self._fail_journal(
+                self.fail_journal(
                     f"the engine process died {len(self._failures)} times within "
                     f"{self.config.restart_window_s:g} s; it is not restarted again "
                     f"(last: {self.counters.last_exit})"
@@ -527,7 +504,7 @@ class ProcessEngine:
                 raise
             conn = self._conn = _Connection(stream)
             if hello.embedder is not None:
-                self.embedder = RemoteEmbedder(self, hello.embedder)
+                self.embedder = RemoteEmbedder(self._embed, hello.embedder)
             self.build = hello.build
             self._set_state(EngineState.UP)
             log.info("engine_ready", pid=hello.pid, restarts=self.counters.restarts)
@@ -625,7 +602,9 @@ class ProcessEngine:
                 return
             match link.decode_from_engine(body):
                 case link.Events() as events:
-                    self._on_events(events)
+                    self.pass_on(events, events.ended)
+                    if events.ended:
+                        self._last_used = time.monotonic()  # the idle time counts from the last request's end
                 case link.Beat(steps=steps):
                     self.steps_seen = steps
                 case link.Ready():
@@ -633,45 +612,23 @@ class ProcessEngine:
                 case answer:
                     conn.answered(answer)
 
-    def _on_events(self, msg: link.Events) -> None:
-        """One engine step's events: journal them, then pass them on to each request's stream."""
-        deliveries, resumed = self.journal.deliver(msg, time.perf_counter())
-        for r in resumed:
-            self.counters.resume_ms.append(r.pause_s * 1e3)
-            log.info(
-                "request_resumed",
-                task=r.task_id,
-                mode=self.config.resume,
-                resumes=r.resumes,
-                replayed=r.replayed,
-                pause_ms=round(r.pause_s * 1e3, 1),
-            )
-        for entry, event in deliveries:
-            if not _send(entry.task.sink, event):
-                self.cancel(entry.task.id)  # the client left
-        for task_id in msg.ended:
-            ended = self.journal.pop(task_id)
-            if ended is not None:
-                ended.task.sink.close()
-        if msg.ended:
-            self._last_used = time.monotonic()  # the idle time counts from the last request's end
+    def resumed(self, r: Resumed) -> None:
+        self.counters.resume_ms.append(r.pause_s * 1e3)
+
+    async def _embed(self, make: Any) -> link.EmbedDone:
+        return await self.call(make, link.EmbedDone, timeout_s=None)
 
     def _resubmit(self, conn: _Connection) -> None:
         """After a (re)start: send every journaled request, resuming those that had started."""
         for entry, what in self.journal.unsent():
             if isinstance(what, Failed):
                 self.journal.pop(entry.task.id)
-                _send(entry.task.sink, what)
+                send(entry.task.sink, what)
                 entry.task.sink.close()
                 continue
             conn.send(link.Submit(what))
             if self.journal.submitted(entry, what):
                 self.counters.resumed += 1
-
-    def _fail_journal(self, message: str, error: str = "Unavailable") -> None:
-        for entry in self.journal.ends():
-            _send(entry.task.sink, Failed(message, error))
-            entry.task.sink.close()
 
     async def _refresh_live(self) -> None:
         """Read the engine's live snapshot every ``LIVE_REFRESH_S`` while the live view is looked at."""
@@ -709,18 +666,9 @@ class ProcessEngine:
             with anyio.move_on_after(CLOSE_WAIT_S):
                 await process.wait()
             await self._kill(process)
-        self._fail_journal("the runtime is shutting down", "Closed")  # their engine is gone: none waits
+        self.fail_journal("the runtime is shutting down", "Closed")  # their engine is gone: none waits
 
 
 async def _receive(reader: BufferedByteReceiveStream) -> bytes:
     header = await reader.receive_exactly(link.HEADER.size)
     return await reader.receive_exactly(link.HEADER.unpack(header)[0])
-
-
-def _send(sink: Any, event: Event) -> bool:
-    """Put ``event`` on a request's stream; False when the client left (or fell behind)."""
-    try:
-        sink.send_nowait(event)
-    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return False
-    return True

@@ -41,11 +41,11 @@ from ray.serve.request_router import RequestRouter
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
 from llamactor.protocol.events import Event, Failed
-from llamactor.protocol.messages import Task, TaskSpec
 from llamactor.runtime.service.config import config_from_wire
 from llamactor.runtime.service.engineproc import answer_call, load_hooks
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_from
+from llamactor.runtime.service.remote import RemoteSink
 from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, Served, block_hashes, choose
 
 REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
@@ -83,7 +83,7 @@ class _Mux:
 
     def add(self, sink: _Sink) -> int:
         with self.lock:
-            self.live[sink.sid] = sink
+            self.live[sink.task_id] = sink
             return self.epoch
 
     def send(self, sid: int, epoch: int, event: Event) -> None:
@@ -227,12 +227,11 @@ class ReplicaServer:
         engine = self._engine()
         wire = _wire_task.decode(task)
         sink: Any = _Sink(self._mux, wire.id)
-        spec = {name: getattr(wire, name) for name in TaskSpec.__struct_fields__}
-        self._serving[wire.id] = prompt = wire.tokens()
+        self._serving[wire.id] = wire.tokens()
 
         def submit() -> None:
             try:
-                engine.submit(Task(prompt=prompt, sink=sink, arrived=time.perf_counter(), **spec))
+                engine.submit(wire.task(sink))
             except LlamactorError as exc:
                 sink.send_nowait(Failed.of(exc))
                 sink.close()
@@ -265,7 +264,7 @@ class ReplicaServer:
                 yield _encoder.encode(link.Events(tuple(events), tuple(ended)))
         finally:
             for sink in self._mux.detach(epoch):  # their events are lost: the ingress resumes them
-                self._loop.call_soon_threadsafe(engine.cancel, sink.sid)
+                self._loop.call_soon_threadsafe(engine.cancel, sink.task_id)
                 sink.finish(delivered=False)
 
     async def call(self, call: bytes, route: Route) -> bytes:
@@ -356,32 +355,25 @@ def _reporter_ended(task: asyncio.Future[None]) -> None:
         log.error("routing_stats_reporter_failed", error=repr(task.exception()))
 
 
-class _Sink:
+class _Sink(RemoteSink):
     """One request's stream inside a replica: into the replica's ``_Mux``; ``finished`` is set
     (on the loop of the ``run`` call serving it) when it closed or its epoch ended."""
 
-    __slots__ = ("closed", "delivered", "epoch", "finished", "loop", "mux", "sid")
+    __slots__ = ("delivered", "epoch", "finished", "loop", "mux")
 
     def __init__(self, mux: _Mux, sid: int) -> None:
+        super().__init__(sid)
         self.mux = mux
-        self.sid = sid
-        self.closed = False
         self.delivered = False
         self.finished = asyncio.Event()
         self.loop = asyncio.get_running_loop()
         self.epoch = mux.add(self)
 
-    def send_nowait(self, event: Event) -> None:
-        if self.closed:
-            import anyio
+    def put(self, event: Event) -> None:
+        self.mux.send(self.task_id, self.epoch, event)
 
-            raise anyio.ClosedResourceError
-        self.mux.send(self.sid, self.epoch, event)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.finish(delivered=self.mux.end(self.sid, self.epoch))
+    def end(self) -> None:
+        self.finish(delivered=self.mux.end(self.task_id, self.epoch))
 
     def finish(self, *, delivered: bool) -> None:
         self.delivered = delivered

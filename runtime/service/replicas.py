@@ -37,7 +37,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from llamactor.protocol import enginelink as link
-from llamactor.protocol.embedding import Embedded, EmbedderInfo
+from llamactor.protocol.embedding import EmbedderInfo
 from llamactor.protocol.errors import ConfigError, LlamactorError, Unavailable, error_from
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.live import LiveSnapshot, merge_replicas
@@ -45,7 +45,8 @@ from llamactor.protocol.messages import Task
 from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire, replica_range
 from llamactor.runtime.service.engine import EngineStatus, ReplicaStatus, served_by
-from llamactor.runtime.service.journal import Entry, Journal
+from llamactor.runtime.service.journal import Entry
+from llamactor.runtime.service.remote import JournaledEngine, RemoteEmbedder, metrics_text
 from llamactor.runtime.service.routing import Placed, Route, Served, block_hashes
 
 log = structlog.get_logger("llamactor.replicas")
@@ -110,27 +111,13 @@ class Counters:
     resumed: int = 0  # requests submitted again on another replica
 
 
-class RemoteEmbedder:
-    def __init__(self, replicas: ReplicaSet, info: EmbedderInfo) -> None:
-        self.replicas = replicas
-        self.info = info
-
-    async def embed(self, inputs: list[list[int]], normalize: int) -> Embedded:
-        blobs = tuple(np.asarray(x, dtype=np.int32).tobytes() for x in inputs)
-        done = await self.replicas.call(lambda cid: link.Embed(cid, blobs, normalize), link.EmbedDone)
-        vectors = [np.frombuffer(b, dtype=np.float32).reshape(shape) for b, shape in done.vectors]
-        return Embedded(tuple(vectors), done.n_tokens, done.pooling)
-
-
-class ReplicaSet:
+class ReplicaSet(JournaledEngine):
     def __init__(self, config: RuntimeConfig, handle: Any, app: str) -> None:
-        self.config = config
+        super().__init__(config)
         self.handle = handle
         self.stream = handle.options(stream=True)
         self.app = app
-        self.journal = Journal(resume_max=config.resume_max, fast=config.resume == "fast")
         self.counters = Counters()
-        self.embedder: RemoteEmbedder | None = None
         self._tg: TaskGroup | None = None
         self._subs: dict[int, _Sub] = {}  # submission id -> the request submitted under it
         self._sid_of: dict[int, int] = {}  # task id -> its current submission id
@@ -178,7 +165,7 @@ class ReplicaSet:
                     yield self
                 finally:
                     tg.cancel_scope.cancel()
-                    self._fail_journal("the runtime is shutting down", "Closed")
+                    self.fail_journal("the runtime is shutting down", "Closed")
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_stop, serve, ray, app, started_ray)
@@ -195,7 +182,8 @@ class ReplicaSet:
                 hello = await self.handle.hello.remote(Route(0, replica=rid))
                 self._pids[hello["replica"]] = hello["pid"]
         if first["embedder"]:
-            self.embedder = RemoteEmbedder(self, msgspec.msgpack.decode(first["embedder"], type=EmbedderInfo))
+            info = msgspec.msgpack.decode(first["embedder"], type=EmbedderInfo)
+            self.embedder = RemoteEmbedder(partial(self.call, answer_type=link.EmbedDone), info)
 
     async def _follow(self) -> None:
         """Learn each new replica's pid; follow its routing stats (a ``watch`` call per replica,
@@ -272,7 +260,7 @@ class ReplicaSet:
         while task.id in self.journal:
             what = self.journal.next_send(entry, "the replicas serving it")
             if isinstance(what, Failed):
-                self._end(task.id, what)
+                self.end(task.id, what)
                 return
             sid = next(self._sids)
             sub = self._subs[sid] = _Sub(sid, entry)
@@ -296,7 +284,7 @@ class ReplicaSet:
                         lost = sub.lost
                 except Exception as exc:
                     if not _replica_lost(exc):
-                        self._end(
+                        self.end(
                             task.id, Failed.of(exc) if isinstance(exc, LlamactorError) else Failed(_first_line(exc))
                         )
                         return
@@ -377,36 +365,13 @@ class ReplicaSet:
                 self._finished(sid)
                 sub.ended.set()
                 ended.append(sub.entry.task.id)
-        deliveries, resumed = self.journal.deliver(link.Events(tuple(events)), time.perf_counter())
-        for r in resumed:
-            log.info(
-                "request_resumed",
-                task=r.task_id,
-                resumes=r.resumes,
-                replayed=r.replayed,
-                pause_ms=round(r.pause_s * 1e3, 1),
-            )
-        for entry, event in deliveries:
-            if entry.task.id in self.journal and not _send(entry.task.sink, event):
-                self.cancel(entry.task.id)  # the client left
-        for task_id in ended:
-            self._sid_of.pop(task_id, None)
-            done = self.journal.pop(task_id)
-            if done is not None:
-                done.task.sink.close()
+                self._sid_of.pop(sub.entry.task.id, None)
+        self.pass_on(link.Events(tuple(events)), ended)
 
-    def _end(self, task_id: int, failed: Failed) -> None:
-        entry = self.journal.pop(task_id)
+    def end(self, task_id: int, failed: Failed) -> None:
         self._placements.pop(task_id, None)
         self._subs.pop(self._sid_of.pop(task_id, 0), None)
-        if entry is not None:
-            _send(entry.task.sink, failed)
-            entry.task.sink.close()
-
-    def _fail_journal(self, message: str, error: str = "Unavailable") -> None:
-        for entry in self.journal.ends():
-            _send(entry.task.sink, Failed(message, error))
-            entry.task.sink.close()
+        super().end(task_id, failed)
 
     # ---- calls (to one replica, or to each) --------------------------------------------------
 
@@ -461,17 +426,19 @@ class ReplicaSet:
 
     def own_metrics(self) -> bytes:
         c = self.counters
-        lines = [
-            ("llamactor:replicas_up", "gauge", "Replicas the router can send requests to", len(self._replica_ids())),
-            ("llamactor:replica_deaths_total", "counter", "Replicas lost while serving requests", c.deaths),
-            ("llamactor:requests_resumed_total", "counter", "Requests resumed on another replica", c.resumed),
-            ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the ingress", len(self.journal)),
-        ]
-        out = []
-        for name, kind, doc, value in lines:
-            base = name.removesuffix("_total")
-            out.append(f"# HELP {base} {doc}\n# TYPE {base} {kind}\n{name} {float(value)}\n")
-        return "".join(out).encode()
+        return metrics_text(
+            [
+                (
+                    "llamactor:replicas_up",
+                    "gauge",
+                    "Replicas the router can send requests to",
+                    len(self._replica_ids()),
+                ),
+                ("llamactor:replica_deaths_total", "counter", "Replicas lost while serving requests", c.deaths),
+                ("llamactor:requests_resumed_total", "counter", "Requests resumed on another replica", c.resumed),
+                ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the ingress", len(self.journal)),
+            ]
+        )
 
     def live_snapshot(self) -> LiveSnapshot | None:
         return self._live
@@ -484,9 +451,6 @@ class ReplicaSet:
 
     def health(self) -> str:
         return "ok" if self._replica_ids() else "restarting"
-
-    def in_flight(self) -> int:
-        return len(self.journal)
 
     def status(self) -> EngineStatus:
         ids = self._replica_ids()
@@ -550,14 +514,6 @@ async def _answer(response: Any) -> Any:
     except anyio.get_cancelled_exc_class():
         response.cancel()
         raise
-
-
-def _send(sink: Any, event: Event) -> bool:
-    try:
-        sink.send_nowait(event)
-    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        return False
-    return True
 
 
 def _first_line(exc: BaseException) -> str:
