@@ -30,6 +30,8 @@ from llamactor.protocol.errors import RequestError
 from llamactor.protocol.events import Done, Token
 from llamactor.protocol.wire import ChatCompletionRequest
 from llamactor.runtime.http.chat_api import ChoiceParsers
+from llamactor.runtime.http.errors import anthropic_error_body
+from llamactor.runtime.http.shaper import NamedEvents, named_frame
 from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
 from llamactor.runtime.service.results import Completion
@@ -237,7 +239,7 @@ def _blocks(message: ParsedMessage) -> list[dict[str, Any]]:
     return blocks
 
 
-class AnthropicShaper:
+class AnthropicShaper(NamedEvents):
     """One Messages answer (choice 0), as a body or as Anthropic's stream events."""
 
     def __init__(self, model: str, turn: ChatTurn) -> None:
@@ -271,7 +273,11 @@ class AnthropicShaper:
 
     # ---- stream ------------------------------------------------------------------------------
 
-    def events(self, ev: Token | Done) -> list[tuple[str, Any]]:
+    def error_frame(self, exc: BaseException) -> bytes:
+        """An error once the stream has started: Anthropic's ``event: error`` frame."""
+        return named_frame(("error", anthropic_error_body(exc)))
+
+    def stream(self, ev: Token | Done) -> list[tuple[str, Any]]:
         if ev.index != 0:
             return []
         if not self._started:

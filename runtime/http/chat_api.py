@@ -8,14 +8,13 @@ or body has ``finish_reason: "tool_calls"`` when the answer called tools. The en
 and timings are ``OpenAIShaper``'s.
 
 ``ChoiceParsers`` is the same parsing for the other chat-shaped APIs (``runtime.http.anthropic``,
-``runtime.http.responses_api``), and ``named_frame`` their SSE framing (``event:`` lines).
+``runtime.http.responses_api``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from llamactor.protocol import sse
 from llamactor.protocol.events import Done, Token
 from llamactor.runtime.http.responses import OpenAIShaper, token_timings
 from llamactor.runtime.service.chatparse import MessageDelta, MessageParser, ParsedMessage
@@ -49,8 +48,8 @@ class ChatShaper(OpenAIShaper):
         self.turn = turn
         self.parsers = ChoiceParsers(turn)
 
-    def chunks(self, ev: Token | Done) -> list[dict[str, Any]]:
-        out = super().chunks(ev)
+    def stream(self, ev: Token | Done) -> list[dict[str, Any]]:
+        out = super().stream(ev)
         delta = self.parsers.feed(ev)
         if isinstance(ev, Token):
             # The base shaper ends with the raw text's chunk when there was text (or logprobs):
@@ -98,10 +97,3 @@ class ChatShaper(OpenAIShaper):
             entry["message"] = choice.message.to_openai()
             entry["finish_reason"] = choice.finish_reason
         return env
-
-
-def named_frame(events: tuple[str, Any] | list[tuple[str, Any]]) -> bytes:
-    """``event: <name>`` + ``data: <json>`` frames (Responses and Anthropic streams)."""
-    if isinstance(events, tuple):
-        events = [events]
-    return b"".join(sse.named_frame(name, data) for name, data in events)

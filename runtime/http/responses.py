@@ -21,6 +21,7 @@ from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.messages import Task
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.wire import NativeChunk, NativeResult, Timings
+from llamactor.runtime.http.shaper import Shaper
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.results import Completion
 
@@ -208,7 +209,7 @@ def _native_probs(ev: Token, post: bool = False) -> list[dict[str, Any]]:
     ]
 
 
-class NativeShaper:
+class NativeShaper(Shaper):
     """llama-server's /completion."""
 
     def __init__(
@@ -229,6 +230,9 @@ class NativeShaper:
         self.n_prompt = n_prompt  # its tokens: each stream chunk's tokens_evaluated
         self._predicted: dict[int, int] = {}  # per choice: tokens so far
         self._new_line: set[int] = set()  # choices whose text has had a newline
+
+    def stream(self, ev: Token | Done) -> list[Any]:
+        return [self.chunk(ev)]
 
     def chunk(self, ev: Token | Done) -> Any:
         if isinstance(ev, Token):
@@ -318,8 +322,10 @@ class NativeShaper:
         return results[0] if len(results) == 1 else results
 
 
-class OpenAIShaper:
+class OpenAIShaper(Shaper):
     """/v1/completions (``chat=False``) and /v1/chat/completions (``chat=True``)."""
+
+    done = True
 
     def __init__(self, model: str, *, chat: bool, want_logprobs: bool, include_usage: bool = False) -> None:
         self.model = model
@@ -393,7 +399,7 @@ class OpenAIShaper:
             env["timings"] = timings
         return [env]
 
-    def chunks(self, ev: Token | Done) -> list[dict[str, Any]]:
+    def stream(self, ev: Token | Done) -> list[dict[str, Any]]:
         """Zero or more chunks for one event (chat streams open each choice with a role delta)."""
         obj = self.object + ".chunk" if self.chat else self.object
         out: list[dict[str, Any]] = []
@@ -446,7 +452,7 @@ class OpenAIShaper:
             return {"index": index, "finish_reason": finish_reason}
         return {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def usage_chunk(self) -> dict[str, Any] | None:
+    def tail(self) -> dict[str, Any] | None:
         if not self.include_usage:
             return None
         env = self._envelope([], self.object + ".chunk" if self.chat else self.object)

@@ -34,6 +34,7 @@ from llamactor.protocol.events import Done, Progress, Token
 from llamactor.protocol.wire import ChatCompletionRequest
 from llamactor.runtime.http.chat_api import ChoiceParsers
 from llamactor.runtime.http.responses import done_timings, progress_json, progress_timings, token_timings
+from llamactor.runtime.http.shaper import NamedEvents
 from llamactor.runtime.service.chatparse import MessageDelta, ParsedMessage, ToolCall
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
 from llamactor.runtime.service.results import Completion
@@ -285,7 +286,7 @@ def _call_item(call: ToolCall, status: str) -> dict[str, Any]:
     }
 
 
-class ResponsesShaper:
+class ResponsesShaper(NamedEvents):
     """One Responses answer (choice 0), as a response object or as the Responses stream."""
 
     def __init__(self, model: str, turn: ChatTurn) -> None:
@@ -372,7 +373,7 @@ class ResponsesShaper:
         )
         return out
 
-    def events(self, ev: Token | Done) -> list[tuple[str, Any]]:
+    def stream(self, ev: Token | Done) -> list[tuple[str, Any]]:
         if ev.index != 0:
             return []
         out = self._start()

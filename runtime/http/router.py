@@ -35,9 +35,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from llamactor.protocol.errors import NotSupported, RequestError, Unavailable
 from llamactor.runtime.http.agent import Agent
-from llamactor.runtime.http.app import MODEL_ROUTES, Api, _body, _json, app_around, make_route
+from llamactor.runtime.http.app import MODEL_ROUTES, app_around, make_route
+from llamactor.runtime.http.body import json_response, read_body
 from llamactor.runtime.http.disconnect import until_disconnect
 from llamactor.runtime.http.errors import error_response
+from llamactor.runtime.http.generation import Api
 from llamactor.runtime.http.transcriptions import parse_form
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.core import RuntimeCore
@@ -126,7 +128,7 @@ class Router:
     async def health(self, request: Request) -> Response:
         state = self.models.health()
         if state == "ok":
-            return _json({"status": "ok"})
+            return json_response({"status": "ok"})
         if state == "draining":
             return error_response(Unavailable("the server is shutting down: it finishes the requests it has"))
         return error_response(Unavailable("the server is shutting down"))
@@ -134,23 +136,23 @@ class Router:
     async def list_models(self, request: Request) -> Response:
         """GET /models, /v1/models: every model and its status, as llama-server lists them."""
         created = int(time.time())
-        return _json({"data": [_model_json(view, created) for view in self.models.views()], "object": "list"})
+        return json_response({"data": [_model_json(view, created) for view in self.models.views()], "object": "list"})
 
     async def load(self, request: Request) -> Response:
         """POST /models/load ``{"model"}``: start loading it (404 unknown, 400 already running)."""
-        self.models.load(_model_in(await _body(request)))
-        return _json({"success": True})
+        self.models.load(_model_in(await read_body(request)))
+        return json_response({"success": True})
 
     async def unload(self, request: Request) -> Response:
         """POST /models/unload ``{"model"}``: unload it (400 unknown or not running)."""
-        self.models.unload(_model_in(await _body(request)))
-        return _json({"success": True})
+        self.models.unload(_model_in(await read_body(request)))
+        return json_response({"success": True})
 
     async def props(self, request: Request) -> Response:
         """GET /props: the model's with ``?model=``, else the router's (llama-server's fields)."""
         if request.query_params.get("model"):
             return await self._to_model(request, "props", body=False)
-        return _json(
+        return json_response(
             {
                 "role": "router",
                 "max_instances": self.models.models_max,
@@ -184,7 +186,7 @@ class Router:
         return handler
 
     async def _to_model(self, request: Request, method: str, *, body: bool) -> Response:
-        data = await _body(request) if body else None
+        data = await read_body(request) if body else None
         kind = request.headers.get("content-type", "")
         # a JSON body or a form of up to the body limit: read off the event loop
         name = (await anyio.to_thread.run_sync(_model_in, data, kind) if data else "") or request.query_params.get(

@@ -30,6 +30,7 @@ import msgspec
 from llamactor.protocol.errors import RequestError
 from llamactor.protocol.events import Done, Token
 from llamactor.protocol.wire import ChatCompletionRequest
+from llamactor.runtime.http.shaper import Shaper
 from llamactor.runtime.service.chatturn import ChatTurn, parse_completion
 from llamactor.runtime.service.results import Completion
 
@@ -108,8 +109,10 @@ def to_chat(fields: dict[str, str], files: dict[str, bytes], template_source: st
     return msgspec.convert(body, ChatCompletionRequest, strict=False)
 
 
-class TranscriptionShaper:
+class TranscriptionShaper(Shaper):
     """The transcription answer of choice 0, whole or as a stream."""
+
+    done = True
 
     def __init__(self, turn: ChatTurn) -> None:
         self.turn = turn
@@ -132,7 +135,7 @@ class TranscriptionShaper:
         message = parse_completion(self.turn, c).message
         return self._done(message.content or "", c.n_prompt, c.n_cached, c.n_predicted)
 
-    def events(self, ev: Token | Done) -> list[dict[str, Any]]:
+    def stream(self, ev: Token | Done) -> list[dict[str, Any]]:
         if ev.index != 0:
             return []
         if isinstance(ev, Token):

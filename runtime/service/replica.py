@@ -13,17 +13,13 @@ of life); ``call`` answers
 the link's calls (slots, metrics, the live view, embeddings); ``watch`` answers with the
 routing stats when they change.
 
-The routers run in the ingress (Ray Serve builds one per deployment handle): ``CacheRouter``
-routes by the replicas' real caches (``runtime.service.routing``); ``Pow2Router`` and
-``PrefixTreeRouter`` are Ray Serve's own two, for comparison. All three send a call that names a
-replica (``Route.replica``) to that replica only.
+The routers that send requests to the replicas run in the ingress: ``runtime.service.replicarouters``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -32,11 +28,6 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 from ray import serve
-from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve.request_router import RequestRouter
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError
@@ -46,7 +37,7 @@ from llamactor.runtime.service.engineproc import answer_call, load_hooks
 from llamactor.runtime.service.inprocess import InProcessEngine
 from llamactor.runtime.service.logging import configure_from
 from llamactor.runtime.service.remote import RemoteSink
-from llamactor.runtime.service.routing import BLOCK, Placed, ReplicaLoad, Route, Served, block_hashes, choose
+from llamactor.runtime.service.routing import BLOCK, Placed, Route, Served, block_hashes
 
 REPORT_S = 0.1  # how often a replica checks whether its routing stats changed
 REPORT_MIN_S = 0.4  # ... and the least time between two reports (each is a Ray call answered)
@@ -378,168 +369,3 @@ class _Sink(RemoteSink):
     def finish(self, *, delivered: bool) -> None:
         self.delivered = delivered
         self.loop.call_soon_threadsafe(self.finished.set)
-
-
-# ---- routers (in the ingress) ---------------------------------------------------------------
-
-ROUTERS: dict[str, RequestRouter] = {}  # by application name: the ingress finds its router here
-
-
-def _route_of(pending: PendingRequest | None) -> Route | None:
-    if pending is None:
-        return None
-    for arg in (*pending.args, *pending.kwargs.values()):
-        if isinstance(arg, Route):
-            return arg
-    return None
-
-
-class _Targeted:
-    """A call that names a replica goes to it (slots, metrics, live view of one replica)."""
-
-    def _register(self) -> None:
-        # Ray sends the class by value: this function's globals are a copy, the module is not
-        from llamactor.runtime.service import replica
-
-        replica.ROUTERS[self.app_name] = self  # type: ignore[attr-defined,assignment]
-
-    def replicas(self) -> list[RunningReplica]:
-        return list(self.curr_replicas.values())  # type: ignore[attr-defined]
-
-    def target(self, candidates: list[RunningReplica], route: Route | None) -> list[list[RunningReplica]] | None:
-        if route is None or not route.replica:
-            return None
-        return [[r for r in candidates if r.replica_id.unique_id == route.replica]]
-
-
-class CacheRouter(_Targeted, RequestRouter):
-    """Routes by the replicas' reported caches, load and what it sent since (``routing.choose``)."""
-
-    def initialize_state(self, **kwargs: Any) -> None:
-        self.loads: dict[str, ReplicaLoad] = {}
-        self.rng = random.Random(kwargs.get("seed"))
-        self.where: dict[str, str] = {}  # Ray's request id -> the replica it went to, until it ends
-        self.requests: dict[int, str] = {}  # submission id (``Route.task_id``) -> Ray's request id
-        self.lock = threading.Lock()  # the ingress says when a request ended, from its own loop
-        self.guessed: dict[str, tuple[str, float]] = {}  # Ray's request id -> (replica chosen first, when)
-        self.reported: dict[str, dict[str, Any]] = {}  # replica id -> its latest stats (the ingress writes)
-        self._register()
-
-    def _load(self, replica: RunningReplica) -> ReplicaLoad:
-        rid = replica.replica_id.unique_id
-        load = self.loads.get(rid)
-        if load is None:
-            load = self.loads[rid] = ReplicaLoad()
-        stats = self.reported.get(rid)
-        if stats and stats.get("at", 0.0) > load.at:
-            load.report(stats, time.time())
-        return load
-
-    async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
-    ) -> list[list[RunningReplica]]:
-        route = _route_of(pending_request)
-        targeted = self.target(candidate_replicas, route)
-        if targeted is not None:
-            return targeted
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        loads = {rid: self._load(r) for rid, r in by_id.items()}
-        now = time.time()
-        ranks = choose(route or Route(0), loads, now, self.rng)
-        if ranks and route is not None and pending_request is not None:
-            # counted where it most likely goes from now on: requests routed before this one is
-            # sent (a burst sharing a prefix) follow it there. Once: Ray asks again for a
-            # request whose first choice did not answer its queue-length probe in time
-            request_id = pending_request.metadata.internal_request_id
-            if request_id not in self.guessed:
-                first = ranks[0][0]
-                loads[first].sent(route.blocks, now)
-                with self.lock:
-                    loads[first].in_flight += 1
-                self.guessed[request_id] = (first, now)
-        return [[by_id[rid] for rid in rank] for rank in ranks]
-
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
-        route = _route_of(pending_request)
-        if route is None or route.replica:
-            return
-        request_id = pending_request.metadata.internal_request_id
-        guess, at = self.guessed.pop(request_id, ("", 0.0))
-        rid = replica_id.unique_id
-        with self.lock:
-            self.where[request_id] = rid
-            self.requests[route.task_id] = request_id
-            if guess == rid:
-                return
-            if guess in self.loads:
-                self.loads[guess].unsent(at)
-                self.loads[guess].ended()
-            load = self.loads.setdefault(rid, ReplicaLoad())
-            load.sent(route.blocks, time.time())
-            load.in_flight += 1
-
-    def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
-        with self.lock:
-            rid = self.where.pop(internal_request_id, None)
-            if rid is not None and rid in self.loads:
-                self.loads[rid].ended()
-
-    def finished(self, sid: int) -> None:
-        """Submission ``sid`` ended (the ingress says so as its last events arrive: Ray hears of
-        it only with the answer to its call, which may come after the client sent its next turn)."""
-        with self.lock:
-            request_id = self.requests.pop(sid, None)
-        if request_id is not None:
-            self.on_request_completed(None, request_id)
-
-    def on_replica_actor_died(self, replica_id: Any) -> None:
-        super().on_replica_actor_died(replica_id)
-        self.loads.pop(replica_id.unique_id, None)
-        self.reported.pop(replica_id.unique_id, None)
-
-
-class Pow2Router(_Targeted, PowerOfTwoChoicesRequestRouter):
-    """Ray Serve's default: the less loaded of two random replicas."""
-
-    def initialize_state(self, **kwargs: Any) -> None:
-        super().initialize_state(**kwargs)
-        self._register()
-
-    async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
-    ) -> list[list[RunningReplica]]:
-        targeted = self.target(candidate_replicas, _route_of(pending_request))
-        if targeted is not None:
-            return targeted
-        return await super().choose_replicas(candidate_replicas, pending_request)
-
-
-class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
-    """Ray Serve LLM's: a character prefix tree of the prompts it routed (``Route.prompt``)."""
-
-    def initialize_state(self, **kwargs: Any) -> None:  # type: ignore[override]
-        super().initialize_state(**kwargs)
-        self._register()
-
-    async def choose_replicas(  # type: ignore[override]  # Ray's own returns one rank, flat
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
-    ) -> list[list[RunningReplica]]:
-        route = _route_of(pending_request)
-        targeted = self.target(candidate_replicas, route)
-        if targeted is not None:
-            return targeted
-        if route is None or not route.prompt:  # Ray's router divides by the prompt's length
-            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)  # type: ignore[arg-type]
-        return await super().choose_replicas(candidate_replicas, pending_request)  # type: ignore[return-value]
-
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
-        route = _route_of(pending_request)
-        if route is not None and not route.replica:
-            super().on_request_routed(pending_request, replica_id, result)
-
-
-ROUTER_CLASSES: dict[str, type[RequestRouter]] = {
-    "cache": CacheRouter,
-    "pow2": Pow2Router,
-    "prefix-tree": PrefixTreeRouter,
-}

@@ -2,7 +2,7 @@
 
     Runtime (admission, HTTP app) ──► ReplicaSet (this process: the ingress)
         journal of every request in flight (the engine process's, ``runtime.service.journal``)
-        deployment handle ──► router (``replica.CacheRouter``: each replica's real cache)
+        deployment handle ──► router (``replicarouters.CacheRouter``: each replica's real cache)
             ──► replica 0: ReplicaServer, its own engine (groups, policy, prompt cache)
             ──► replica 1: …
 
@@ -135,6 +135,7 @@ class ReplicaSet(JournaledEngine):
         from ray import serve
 
         from llamactor.runtime.service import replica as rep
+        from llamactor.runtime.service import replicarouters
 
         lo, hi = replica_range(config.replicas) or (1, 1)
         started_ray = False
@@ -143,7 +144,7 @@ class ReplicaSet(JournaledEngine):
             started_ray = True
         app = f"llamactor-{os.getpid()}-{next(_apps)}"
         try:
-            deployment = _deployment(serve, rep, config, lo, hi)
+            deployment = _deployment(serve, rep, replicarouters, config, lo, hi)
             # no Ray Serve HTTP proxy (the ingress serves HTTP); a Serve already running is kept
             await anyio.to_thread.run_sync(lambda: serve.start(proxy_location="Disabled"))
             try:
@@ -226,9 +227,9 @@ class ReplicaSet(JournaledEngine):
                 await anyio.sleep(0.5)
 
     def _router(self) -> Any:
-        from llamactor.runtime.service import replica as rep
+        from llamactor.runtime.service import replicarouters
 
-        return rep.ROUTERS.get(self.app)
+        return replicarouters.ROUTERS.get(self.app)
 
     def _replica_ids(self) -> list[str]:
         router = self._router()
@@ -581,7 +582,7 @@ def start_local_ray(ray: Any, **kwargs: Any) -> None:
     ray.init(_node_ip_address="127.0.0.1", **kwargs)
 
 
-def _deployment(serve: Any, rep: Any, config: RuntimeConfig, lo: int, hi: int) -> Any:
+def _deployment(serve: Any, rep: Any, routers: Any, config: RuntimeConfig, lo: int, hi: int) -> Any:
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
     scaling: dict[str, Any] = {"num_replicas": lo}
@@ -597,7 +598,7 @@ def _deployment(serve: Any, rep: Any, config: RuntimeConfig, lo: int, hi: int) -
         max_ongoing_requests=max(1, config.parallel) + config.queue_size + 16,
         ray_actor_options={"num_cpus": config.replica_cpus},
         request_router_config=RequestRouterConfig(
-            request_router_class=rep.ROUTER_CLASSES[config.replica_router],
+            request_router_class=routers.ROUTER_CLASSES[config.replica_router],
         ),
         max_constructor_retry_count=1,  # a replica that cannot start its engine fails the start, with its error
         health_check_period_s=2.0,
