@@ -1,8 +1,8 @@
 # Two commands do all set-up on a fresh machine (both create .venv idempotently):
 #   make run          serve the embedded default model (SmolLM2-135M-Instruct) on 127.0.0.1:8080
 #   make test         everything, stopping at the first failure: `make check`, then the whole suite
-# Both build llama.cpp for the instruction sets this CPU really runs (ops/cpuprobe.py) and check
-# the build by decoding a prompt with it (ops/buildcheck.py). BACKEND=cuda (or vulkan, rocm,
+# Both build llama.cpp for the instruction sets this CPU really runs (ops/setup/cpuprobe.py) and check
+# the build by decoding a prompt with it (ops/setup/buildcheck.py). BACKEND=cuda (or vulkan, rocm,
 # metal) adds that GPU backend: `make run BACKEND=cuda`; CMAKE_ARGS=... is passed through to
 # llama.cpp's CMake (docs/gpu.md).
 # and while working:
@@ -29,7 +29,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 .PHONY: install run check docs test test-fast test-random conformance clean
 
-$(STAMP): pyproject.toml ops/setup_venv.sh ops/cpuprobe.py ops/buildcheck.py
+$(STAMP): pyproject.toml ops/setup_venv.sh ops/setup/cpuprobe.py ops/setup/buildcheck.py
 	BACKEND=$(BACKEND) bash ops/setup_venv.sh
 	rm -f $(VENV)/.llamactor-installed-*
 	touch $(STAMP)
@@ -62,9 +62,9 @@ test-random: $(STAMP)
 	@seed=$(or $(SEED),$$(od -An -N3 -tu4 /dev/urandom | tr -d ' ')); echo "random order, seed $$seed (SEED=$$seed repeats it)"; \
 	$(PYTEST) -q --random-order-bucket=module --random-order-seed=$$seed $(PYTEST_ARGS)
 
-# The vendored llama.cpp's tools/server/tests, once per server, on local models (ops/conformance.py).
+# The vendored llama.cpp's tools/server/tests, once per server, on local models (ops/conformance/run.py).
 conformance: $(STAMP)
-	$(VENV)/bin/python -m llamactor.ops.conformance $(ARGS)
+	$(VENV)/bin/python -m llamactor.ops.conformance.run $(ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -2,7 +2,7 @@
 policy sees of its group each step.
 
 Plain data in, plain data out: no actor, no I/O, no clock. The supervisor and the group actor
-call them live; the replay simulator (``ops.simulate``, behind ``llamactor replay``) and the
+call them live; the replay simulator (``ops.replay.simulate``, behind ``llamactor replay``) and the
 policy test harness (``tests/policy_sim.py``) call the very same functions, so a replay places
 requests and shows policies their groups exactly as the server does.
 

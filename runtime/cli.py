@@ -416,10 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = _serve_parser(sub)
     _worker_parser(sub)
-    from llamactor.ops.bench import add_bench_parser
+    from llamactor.ops.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
-    from llamactor.ops.replay import add_replay_parser
+    from llamactor.ops.replay.cli import add_replay_parser
 
     add_replay_parser(sub)
     words = list(sys.argv[1:] if argv is None else argv)
@@ -427,11 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         words = ["serve", *map(dashed, words[1:])]
     args = parser.parse_args(words)
     if args.command == "bench":
-        from llamactor.ops.bench import run_bench
+        from llamactor.ops.bench.cli import run_bench
 
         return run_bench(args)
     if args.command == "replay":
-        from llamactor.ops.replay import run_replay
+        from llamactor.ops.replay.cli import run_replay
 
         return run_replay(args)
     if args.command == "worker":

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import free_port, wait_healthy
 
-from llamactor.ops import capacity, chatburst
-from llamactor.ops.bench import add_bench_parser, run_bench
-from llamactor.ops.capacity_cli import render
-from llamactor.ops.capacity_shapes import OPEN_CONVERSATIONS, SHAPES, arrival_times, items, workload
-from llamactor.ops.stats import RequestRecord
+from llamactor.ops.bench import capacity, chatburst
+from llamactor.ops.bench.capacity_cli import render
+from llamactor.ops.bench.capacity_shapes import OPEN_CONVERSATIONS, SHAPES, arrival_times, items, workload
+from llamactor.ops.bench.cli import add_bench_parser, run_bench
+from llamactor.ops.bench.stats import RequestRecord
 
 E2E_BUDGET_S = 60.0  # the end-to-end run on the tiny model takes a few seconds; this bounds a hang
 

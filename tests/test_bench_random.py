@@ -20,15 +20,21 @@ import anyio
 import pytest
 from conftest import open_server
 
-from llamactor.ops.apis import ChatApi, Dialogue, Message, NativeApi, OpenAIApi, TextRecord, Vocabulary
-from llamactor.ops.bench import EXIT_USAGE, add_bench_parser, run_bench
-from llamactor.ops.launch import ServerCommand, ServerStartError, serving
-from llamactor.ops.phase import Request
-from llamactor.ops.randomload import ARRIVALS, DEFAULT_FAMILY, LENGTH_KINDS, Family, RandomWorkload, draw, fits_limit
-from llamactor.ops.randomrun import Conversations, itl_percentile_good
-from llamactor.ops.runner import Common
-from llamactor.ops.stats import RequestRecord
-from llamactor.ops.verdict import (
+from llamactor.ops.bench.apis import ChatApi, Dialogue, Message, NativeApi, OpenAIApi, TextRecord, Vocabulary
+from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench
+from llamactor.ops.bench.launch import ServerCommand, ServerStartError, serving
+from llamactor.ops.bench.phase import Request
+from llamactor.ops.bench.random.randomload import (
+    ARRIVALS,
+    DEFAULT_FAMILY,
+    LENGTH_KINDS,
+    Family,
+    RandomWorkload,
+    draw,
+    fits_limit,
+)
+from llamactor.ops.bench.random.randomrun import Conversations, itl_percentile_good
+from llamactor.ops.bench.random.verdict import (
     METRICS,
     MIN_BAND,
     Band,
@@ -39,6 +45,8 @@ from llamactor.ops.verdict import (
     tally,
     verdict,
 )
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.stats import RequestRecord
 
 SEEDS = range(300)
 # A family the tiny model runs in well under a second per run.

@@ -15,18 +15,18 @@ import anyio
 import pytest
 from conftest import open_server
 
-from llamactor.ops.bench import EXIT_USAGE, add_bench_parser, run_bench, workload_from_args
-from llamactor.ops.chatload import Chat, ChatFeed
-from llamactor.ops.compare import Run, Target, pair_ratios, parse_sweep
-from llamactor.ops.latency import LATENCY_KEYS, RATIO_KEYS, latency_of, sample_of
-from llamactor.ops.loadgen import ClosedLoop
-from llamactor.ops.phase import Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.report import render_ratios, render_runs, to_json
-from llamactor.ops.runner import Common, run_workload
-from llamactor.ops.slo import LatencyReport, Sample
-from llamactor.ops.stats import RequestRecord
-from llamactor.ops.traffic import Burst, LengthDist, Poisson, Shape, SharedPrefix, arrival_times, load_lengths
+from llamactor.ops.bench.chatload import Chat, ChatFeed
+from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench, workload_from_args
+from llamactor.ops.bench.compare import Run, Target, pair_ratios, parse_sweep
+from llamactor.ops.bench.latency import LATENCY_KEYS, RATIO_KEYS, latency_of, sample_of
+from llamactor.ops.bench.loadgen import ClosedLoop
+from llamactor.ops.bench.phase import Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.report import render_ratios, render_runs, to_json
+from llamactor.ops.bench.runner import Common, run_workload
+from llamactor.ops.bench.slo import LatencyReport, Sample
+from llamactor.ops.bench.stats import RequestRecord
+from llamactor.ops.bench.traffic import Burst, LengthDist, Poisson, Shape, SharedPrefix, arrival_times, load_lengths
 
 NO_SERVER = "http://127.0.0.1:9"  # validation fails before any request is sent
 
@@ -52,7 +52,7 @@ def json_of(out: str) -> dict:
 
 
 def assert_latency_sane(fig: dict, n_ok: int | None = None) -> None:
-    """The figures every workload reports (ops.slo): goodput within [0, 1], p50 <= p99."""
+    """The figures every workload reports (ops.bench.slo): goodput within [0, 1], p50 <= p99."""
     for k in LATENCY_KEYS:
         assert k in fig, k
     assert 0.0 <= fig["goodput"] <= 1.0
@@ -411,7 +411,7 @@ async def test_bad_lengths_file_lines_exit_2(capsys, tmp_path: Path) -> None:
         assert rc == EXIT_USAGE and "--lengths" in err and why in err, (text, err)
 
 
-# ---- latency and goodput (ops.slo) on every workload ----------------------------------------------
+# ---- latency and goodput (ops.bench.slo) on every workload ----------------------------------------------
 
 
 def test_latency_report_edge_cases() -> None:

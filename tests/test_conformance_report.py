@@ -1,10 +1,10 @@
-"""`make conformance`'s comparison of two JUnit files (ops/conformance_report.py), on made-up runs."""
+"""`make conformance`'s comparison of two JUnit files (ops/conformance/report.py), on made-up runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llamactor.ops import conformance_report as report
+from llamactor.ops.conformance import report
 
 REFERENCE = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">

@@ -2,7 +2,7 @@
 step, the same order of first tokens.
 
 tests/golden/llama_server_schedule.json holds llama-server's schedule of fixed bursts of
-prompts on the tiny model (ops/record_schedule.py records it with llama-server built from the
+prompts on the tiny model (ops/golden/record_schedule.py records it with llama-server built from the
 same llama.cpp: each burst is one multi-prompt request, so it arrives whole before a step).
 Here the same prompts reach llamactor's ``continuous`` together (submitted with no await
 between them, so the supervisor places them all before the group plans), and each request's
@@ -12,7 +12,6 @@ prompt progress step by step and the order of first tokens must be llama-server'
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,8 @@ import anyio
 import pytest
 from conftest import TEST_THREADS
 
+from llamactor.ops.golden.record_schedule import prompt_tokens
 from llamactor.runtime import GenerationRequest, Progress, RequestHandle, Runtime, RuntimeConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
-from record_schedule import prompt_tokens
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_server_schedule.json").read_text())
 SCENARIOS: list[dict[str, Any]] = GOLDEN["scenarios"]

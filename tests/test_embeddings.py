@@ -454,11 +454,11 @@ async def test_disconnect_drops_the_embedding_job(emb_config, monkeypatch):
 
 @pytest.mark.slow
 async def test_embed_bench_script_runs(emb_config):
-    """ops/embed_bench.py measures embeddings alone, chat alone and both at once
+    """ops/bench/embed_bench.py measures embeddings alone, chat alone and both at once
     (a tiny run here; the figures come from the lead's run on the real model)."""
     import argparse
 
-    from llamactor.ops import embed_bench
+    from llamactor.ops.bench import embed_bench
 
     async with open_server(emb_config(parallel=2)) as (_rt, url):
         args = argparse.Namespace(url=url, streams=2, ntg=8, embed_clients=1, embed_batch=4, embed_words=6, seconds=0.3)

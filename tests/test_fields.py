@@ -1,7 +1,8 @@
 """Field for field: each route answers with llama-server's keys, and restores its slot files.
 
 The same requests as tests/golden/llama_server_fields.json (recorded from a llama-server built
-here by ops/record_fields.py, on the same model, the default SmolLM2, and command line) go to ``llamactor serve``;
+here by ops/golden/record_fields.py, on the same model, the default SmolLM2, and command line) go
+to ``llamactor serve``;
 each answer's key paths (and its stream chunks') must be llama-server's, except the differences
 listed below, each with its reason (docs/compatibility.md says the same). Only keys are compared:
 the recorded file holds no value that a CPU could change.
@@ -17,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from llamactor.ops.record_fields import CASES, FLAGS, send, shape
-from llamactor.ops.record_golden import running_llama_server
+from llamactor.ops.golden.record_fields import CASES, FLAGS, send, shape
+from llamactor.ops.golden.record_golden import running_llama_server
 from llamactor.runtime.service.config import default_model_path
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

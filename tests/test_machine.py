@@ -1,6 +1,6 @@
 """Runs on the machine in front of it: the CPU probe, the warm-up decode, what the build reports.
 
-- The probe behind setup's llama.cpp build (ops/cpuprobe.py) decides by executing: an
+- The probe behind setup's llama.cpp build (ops/setup/cpuprobe.py) decides by executing: an
   instruction set whose program traps is left out of the build, whatever the CPU's flags say.
   Shown with instruction sets no current x86 CPU runs (AMD's XOP and FMA4, gone since Zen:
   they trap exactly as AMX traps on a machine that advertises it and traps), and with faked
@@ -8,7 +8,7 @@
   cover, the GPU backends' options). A set is also run as ggml's kernels are compiled (a
   compiler can drop AMX's tile configuration, and that build traps on a CPU whose AMX works).
 - After each build, setup decodes a prompt with the built library in a child process
-  (ops/buildcheck.py); a death there is reported as such (setup then rebuilds without AMX).
+  (ops/setup/buildcheck.py); a death there is reported as such (setup then rebuilds without AMX).
 - An engine whose warm-up decode dies by SIGILL (what such a build does on its first decode)
   makes startup fail once, saying the cause and the remedy, instead of a server that answers
   every request with a 500 after four restarts; one that dies so in a restart takes the engine
@@ -31,7 +31,7 @@ import httpx
 import pytest
 from conftest import free_port
 
-from llamactor.ops import buildcheck, cpuprobe
+from llamactor.ops.setup import buildcheck, cpuprobe
 from llamactor.protocol.errors import Unavailable
 from llamactor.runtime import Runtime
 from llamactor.runtime.engine import backends
@@ -147,7 +147,7 @@ def test_gpu_backends_are_modules_with_the_cpu_probed() -> None:
 
 
 def test_setup_prints_and_records_the_decision(tmp_path: Path) -> None:
-    """`python3 ops/cpuprobe.py` (what setup runs, with the system's Python) prints each verdict on
+    """`python3 ops/setup/cpuprobe.py` (what setup runs, with the system's Python) prints each verdict on
     stderr and the build's options on stdout, and records both."""
     record = tmp_path / "build.json"
     script = Path(cpuprobe.__file__)
@@ -193,7 +193,7 @@ def test_a_set_is_kept_only_if_it_runs_as_ggml_compiles_it() -> None:
 
 
 def test_the_build_check_decodes_in_a_child_and_reports_its_death(tiny_model: Path, tmp_path: Path) -> None:
-    """ops/buildcheck.py (run by setup after each build) decodes a prompt with the installed
+    """ops/setup/buildcheck.py (run by setup after each build) decodes a prompt with the installed
     llama.cpp in a child process; a child that dies by SIGILL is reported so, not as a crash of
     setup."""
     ran, what = buildcheck.check(tiny_model)

@@ -6,7 +6,7 @@ the tokens that llama-server's chain gives on the same logits. The reference is 
 with this machine's build (tests/sampling_reference.py): recorded answers would depend on the
 CPU kernels of the machine that recorded them, since the tiny model's nearly flat logits turn
 last-bit rounding into different samples. Token-for-token equality with a llama-server binary
-built on the same machine is checked by ``make conformance`` (ops/record_golden.py --check).
+built on the same machine is checked by ``make conformance`` (ops/golden/record_golden.py --check).
 """
 
 from __future__ import annotations

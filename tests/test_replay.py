@@ -16,10 +16,10 @@ from conftest import free_port, open_server
 from test_cli import LLAMACTOR, _wait_ready
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
-from llamactor.ops.costfit import fit_costs
-from llamactor.ops.simulate import SimulationError, simulate
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.tracefile import Step, load_trace
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.replay.costfit import fit_costs
+from llamactor.ops.replay.simulate import SimulationError, simulate
+from llamactor.ops.replay.tracefile import Step, load_trace
 from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime, cli
 

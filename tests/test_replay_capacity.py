@@ -12,9 +12,9 @@ from test_cli import LLAMACTOR
 from test_replay import request, write_trace
 
 from llamactor.actors.policies import resolve_policy
-from llamactor.ops.costfit import fit_costs
-from llamactor.ops.replaycapacity import CapacityRun, replay_capacity
-from llamactor.ops.tracefile import load_trace
+from llamactor.ops.replay.costfit import fit_costs
+from llamactor.ops.replay.replaycapacity import CapacityRun, replay_capacity
+from llamactor.ops.replay.tracefile import load_trace
 
 OPTIONS = {"prefill_budget": 512.0, "target_itl_ms": 200.0, "target_ttft_ms": 2000.0, "cohort_max_generate_ms": 0.0}
 

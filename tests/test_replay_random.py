@@ -11,11 +11,11 @@ from test_cli import LLAMACTOR
 from test_replay import request, write_trace
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
-from llamactor.ops.costfit import fit_costs
-from llamactor.ops.randomload import DEFAULT_FAMILY, Family, draw
-from llamactor.ops.replayrandom import replay_random, simulated_capacity, workload_trace
-from llamactor.ops.simulate import simulate
-from llamactor.ops.tracefile import load_trace
+from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family, draw
+from llamactor.ops.replay.costfit import fit_costs
+from llamactor.ops.replay.replayrandom import replay_random, simulated_capacity, workload_trace
+from llamactor.ops.replay.simulate import simulate
+from llamactor.ops.replay.tracefile import load_trace
 
 CLOSED, BURST, POISSON, ONOFF = 9, 0, 7, 2  # seeds whose draw has that arrival process
 OPTIONS = {"prefill_budget": 512.0, "target_itl_ms": 200.0, "target_ttft_ms": 2000.0, "cohort_max_generate_ms": 0.0}

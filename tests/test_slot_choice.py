@@ -23,9 +23,9 @@ from llamactor.actors.scheduling import (
     group_view,
 )
 from llamactor.actors.supervisor import Supervisor
-from llamactor.ops.costfit import CostModel, Linear
-from llamactor.ops.simulate import Simulation
-from llamactor.ops.tracefile import Header, Request, Trace
+from llamactor.ops.replay.costfit import CostModel, Linear
+from llamactor.ops.replay.simulate import Simulation
+from llamactor.ops.replay.tracefile import Header, Request, Trace
 from llamactor.protocol.lora import NO_LORA
 from llamactor.protocol.plan import GroupView, SlotView
 from llamactor.protocol.request import GenerationRequest

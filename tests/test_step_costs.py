@@ -1,8 +1,8 @@
-"""ops/step_costs.py: the step-cost probe behind the chat workload's analysis (README, Engine features)."""
+"""ops/bench/step_costs.py: the step-cost probe behind the chat workload's analysis (README, Engine features)."""
 
 from __future__ import annotations
 
-from llamactor.ops.step_costs import main, wave_floor
+from llamactor.ops.bench.step_costs import main, wave_floor
 
 
 def test_wave_floor_finds_the_best_split():

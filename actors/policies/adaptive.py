@@ -2,7 +2,7 @@
 
 Every step every generating slot contributes its token, as in ``continuous``; what varies is
 how many prompt tokens join them, and whose. The policy judges requests as the goodput
-benchmark does (ops/slo.py): a prompt should get its first token within ``target_ttft_ms``,
+benchmark does (ops/bench/slo.py): a prompt should get its first token within ``target_ttft_ms``,
 and a stream should keep its time per output token under ``target_itl_ms``.
 
 - A stream is *on track* while its mean gap so far is within ``target_itl_ms`` (a stream with

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from llamactor.ops.stats import RequestRecord
+from llamactor.ops.bench.stats import RequestRecord
 
 DONE_PAYLOAD = b"[DONE]"
 ERROR_FIELD = b"error"

@@ -33,15 +33,15 @@ from typing import Any
 import anyio
 import numpy as np
 
-from llamactor.ops.apis import Vocabulary
-from llamactor.ops.capacity_shapes import SHAPES, Shape, mean_lengths, workload
-from llamactor.ops.client import BenchClient
-from llamactor.ops.phase import Request
-from llamactor.ops.prompts import run_seed
-from llamactor.ops.randomrun import RandomRun
-from llamactor.ops.runner import Common
-from llamactor.ops.stats import MS_PER_S, RequestRecord
-from llamactor.ops.suite import run_random
+from llamactor.ops.bench.apis import Vocabulary
+from llamactor.ops.bench.capacity_shapes import SHAPES, Shape, mean_lengths, workload
+from llamactor.ops.bench.client import BenchClient
+from llamactor.ops.bench.phase import Request
+from llamactor.ops.bench.prompts import run_seed
+from llamactor.ops.bench.random.randomrun import RandomRun
+from llamactor.ops.bench.random.suite import run_random
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.stats import MS_PER_S, RequestRecord
 
 TARGET = 0.9  # the share of requests that must meet both SLOs (DistServe's and vLLM's 90 %)
 # 5x the unloaded latency: a request that waits behind about four others of its size still

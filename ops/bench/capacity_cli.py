@@ -1,4 +1,4 @@
-"""``llamactor bench --capacity``: its flags and the command (the search is ``ops.capacity``)."""
+"""``llamactor bench --capacity``: its flags and the command (the search is ``ops.bench.capacity``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio
 
-from llamactor.ops import capacity
-from llamactor.ops.capacity_shapes import ARRIVALS, SHAPES
-from llamactor.ops.plot import PlotUnavailable, require_matplotlib, save_capacity_plot
-from llamactor.ops.runner import Common
+from llamactor.ops.bench import capacity
+from llamactor.ops.bench.capacity_shapes import ARRIVALS, SHAPES
+from llamactor.ops.bench.plot import PlotUnavailable, require_matplotlib, save_capacity_plot
+from llamactor.ops.bench.runner import Common
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Flags of other workloads that --capacity does not take (it sets lengths and counts itself)

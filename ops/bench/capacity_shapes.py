@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llamactor.ops.randomload import Item, RandomWorkload, slot_context_for
-from llamactor.ops.traffic import ARRIVAL_STREAM, LENGTH_STREAM, LengthDist
+from llamactor.ops.bench.random.randomload import Item, RandomWorkload, slot_context_for
+from llamactor.ops.bench.traffic import ARRIVAL_STREAM, LENGTH_STREAM, LengthDist
 
 ARRIVALS = ("poisson", "bursty")
 # gamma shape of bursty gaps: coefficient of variation 1/sqrt(0.25) = 2 (Poisson's is 1), in the

@@ -1,7 +1,7 @@
 """A burst of long distinct chat prompts, servers side by side: the first-token figures a
 scheduler's prompt order decides.
 
-``python -m llamactor.ops.chatburst --url A --vs B``: ``--users`` closed-loop users (32) each
+``python -m llamactor.ops.bench.chatburst --url A --vs B``: ``--users`` closed-loop users (32) each
 send ``--requests`` (2) chat turns through ``/v1/chat/completions``, streamed; every turn is a
 distinct user message of about ``--words`` words (about 1,000 tokens) and asks for
 ``--max-tokens`` (32) tokens, ignoring end of stream. All users start at once and each sends its
@@ -78,7 +78,7 @@ async def run(url: str, a: argparse.Namespace) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llamactor.ops.chatburst", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m llamactor.ops.bench.chatburst", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="server A")
     p.add_argument("--vs", help="server B, run after A in each pair")
     p.add_argument("--pairs", type=int, default=3)

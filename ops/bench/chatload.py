@@ -25,13 +25,13 @@ from typing import cast
 
 import anyio
 
-from llamactor.ops.latency import latency_of, ratio_keys
-from llamactor.ops.loadgen import error_sample
-from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.stats import CrossCheck, RequestRecord, ratio
+from llamactor.ops.bench.latency import latency_of, ratio_keys
+from llamactor.ops.bench.loadgen import error_sample
+from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.bench.stats import CrossCheck, RequestRecord, ratio
 
 Turn = tuple[int, int]  # (conversation, turn), both from 0
 

@@ -15,9 +15,9 @@ from types import TracebackType
 import httpx
 import msgspec
 
-from llamactor.ops.apis import APIS, Api, SseDecoder, Vocabulary
-from llamactor.ops.http1 import Http1Pool, ProtocolError
-from llamactor.ops.stats import RequestRecord
+from llamactor.ops.bench.apis import APIS, Api, SseDecoder, Vocabulary
+from llamactor.ops.bench.http1 import Http1Pool, ProtocolError
+from llamactor.ops.bench.stats import RequestRecord
 
 TOKENS_PREDICTED_METRIC = "llamacpp:tokens_predicted_total"
 PROMPT_TOKENS_METRIC = "llamacpp:prompt_tokens_total"  # prompt tokens evaluated, cached ones not counted

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from llamactor.ops.progress import Progress
-from llamactor.ops.prompts import run_seed
-from llamactor.ops.runner import Workload, probe_prompt_ids, run_workload
-from llamactor.ops.stats import median, ratio
+from llamactor.ops.bench.progress import Progress
+from llamactor.ops.bench.prompts import run_seed
+from llamactor.ops.bench.runner import Workload, probe_prompt_ids, run_workload
+from llamactor.ops.bench.stats import median, ratio
 
 SWEEPABLE_TYPES = (int, float)  # float: poisson's rate
 

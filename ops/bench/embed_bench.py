@@ -1,6 +1,6 @@
 """Chat and embeddings served at once by one server: the embeddings' cost to the chat streams.
 
-    python -m llamactor.ops.embed_bench --url http://127.0.0.1:8080 [--streams 8] [--ntg 128]
+    python -m llamactor.ops.bench.embed_bench --url http://127.0.0.1:8080 [--streams 8] [--ntg 128]
                                         [--embed-clients 2] [--embed-batch 32] [--embed-words 48]
                                         [--seconds 20] [--json]
 

@@ -1,6 +1,6 @@
 """Latency figures and goodput of every workload's records.
 
-The definitions live in ``ops.slo`` (shared with trace replay); this module only turns the
+The definitions live in ``ops.bench.slo`` (shared with trace replay); this module only turns the
 client's ``RequestRecord``s into its ``Sample``s, and names the figure keys every result
 reports, so the report and the ``--vs`` ratios treat them alike. Pure, no I/O.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport, Sample
-from llamactor.ops.stats import RequestRecord
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport, Sample
+from llamactor.ops.bench.stats import RequestRecord
 
 # LatencyReport.figures() keys, in their order: the second table of the report
 LATENCY_KEYS = (
@@ -29,7 +29,7 @@ RATIO_KEYS = ("ttft_mean_ms", "ttft_p50_ms", "itl_p99_ms", "makespan_s", "goodpu
 
 
 def sample_of(rec: RequestRecord) -> Sample:
-    """One request as ``ops.slo`` sees it: a failed request is a sample that is never good."""
+    """One request as ``ops.bench.slo`` sees it: a failed request is a sample that is never good."""
     return Sample(ok=rec.ok, ttft_s=rec.ttft_s, gaps_s=rec.gaps_s(), n_generated=rec.n_generated)
 
 

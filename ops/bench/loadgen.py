@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llamactor.ops.latency import latency_of, ratio_keys
-from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.stats import CrossCheck, Distribution, RequestRecord, finite
+from llamactor.ops.bench.latency import latency_of, ratio_keys
+from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.bench.stats import CrossCheck, Distribution, RequestRecord, finite
 
 MAX_ERRORS_SHOWN = 3
 
@@ -116,7 +116,7 @@ class ClosedLoopResult:
     prompt_mismatches: int
     cross_check: CrossCheck
     client_cpu_s: float  # CPU the harness itself used during the measured phase
-    slo: LatencyReport  # TTFT, inter-token, makespan, goodput (ops.slo)
+    slo: LatencyReport  # TTFT, inter-token, makespan, goodput (ops.bench.slo)
     records: list[RequestRecord] = field(repr=False, compare=False, metadata={"report": False})
     workload: str = "closed"  # or "burst": the same loop with other sizes
 

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 import anyio
 
-from llamactor.ops.client import BenchClient
-from llamactor.ops.progress import NoProgress, Progress
-from llamactor.ops.stats import CrossCheck, RequestRecord
+from llamactor.ops.bench.client import BenchClient
+from llamactor.ops.bench.progress import NoProgress, Progress
+from llamactor.ops.bench.stats import CrossCheck, RequestRecord
 
 WARMUP_NTG = 8  # tokens generated per warm-up request: enough to run decode steps
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamactor.ops.compare import Run
+from llamactor.ops.bench.compare import Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from llamactor.ops.compare import PairRatio, Run
-from llamactor.ops.latency import LATENCY_KEYS
+from llamactor.ops.bench.compare import PairRatio, Run
+from llamactor.ops.bench.latency import LATENCY_KEYS
 
 CLIENT_CPU_WARN_FRACTION = 0.5  # of one core: above this the client may have slowed the run
 UNAUTHORIZED = "HTTP 401"  # how a record's error starts when the server wants an API key

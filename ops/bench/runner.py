@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from llamactor.ops.client import BenchClient
-from llamactor.ops.phase import Job, PhaseResult, measure, warm_up
-from llamactor.ops.progress import NoProgress, Progress
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
+from llamactor.ops.bench.client import BenchClient
+from llamactor.ops.bench.phase import Job, PhaseResult, measure, warm_up
+from llamactor.ops.bench.progress import NoProgress, Progress
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
 
 DEFAULT_TIMEOUT_S = 600.0  # a single request slower than this counts as failed
 

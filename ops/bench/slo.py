@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamactor.ops.stats import MS_PER_S, finite, percentile, ratio
+from llamactor.ops.bench.stats import MS_PER_S, finite, percentile, ratio
 
 DEFAULT_SLO_TTFT_MS = 2000.0
 DEFAULT_SLO_ITL_MS = 150.0

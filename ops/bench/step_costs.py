@@ -1,6 +1,6 @@
 """What one decode step costs on this machine, for the chat workload's shape.
 
-    python -m llamactor.ops.step_costs [MODEL] [--slots 8] [--history 583] [--new 65] [--threads 2]
+    python -m llamactor.ops.bench.step_costs [MODEL] [--slots 8] [--history 583] [--new 65] [--threads 2]
                                        [--ctx 32768] [--repeat 5]
 
 One context as ``llamactor serve`` makes it (split KV, one sequence per slot, flash attention,
@@ -114,7 +114,7 @@ def wave_floor(cost: dict[int, float], slots: int) -> tuple[float, float, tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llamactor.ops.step_costs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m llamactor.ops.bench.step_costs", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--history", type=int, default=583, help="tokens each slot holds (default: a 4th turn's)")

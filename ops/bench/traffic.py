@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from llamactor.ops.latency import latency_of, ratio_keys
-from llamactor.ops.loadgen import ClosedLoop, ClosedLoopResult, error_sample
-from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.stats import MS_PER_S, CrossCheck, RequestRecord, finite, ratio
+from llamactor.ops.bench.latency import latency_of, ratio_keys
+from llamactor.ops.bench.loadgen import ClosedLoop, ClosedLoopResult, error_sample
+from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.bench.stats import MS_PER_S, CrossCheck, RequestRecord, finite, ratio
 
 DIST_FORMS = "fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA"
 ARRIVAL_STREAM, LENGTH_STREAM = 1, 2  # RNG streams of one seed: arrival gaps, lengths

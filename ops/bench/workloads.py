@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llamactor.ops.latency import latency_of, ratio_keys
-from llamactor.ops.loadgen import error_sample
-from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.stats import MS_PER_S, CrossCheck, Distribution, RequestRecord, finite, ratio
+from llamactor.ops.bench.latency import latency_of, ratio_keys
+from llamactor.ops.bench.loadgen import error_sample
+from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.bench.stats import MS_PER_S, CrossCheck, Distribution, RequestRecord, finite, ratio
 
 DEFAULT_ARRIVALS_S = (1.0, 2.5, 4.0)
 DEFAULT_COHORT_NPP = (600, 1100, 1600, 2100)

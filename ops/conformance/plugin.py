@@ -1,7 +1,7 @@
 """pytest plugin that runs llama.cpp's server test suite offline, on local models.
 
-Loaded into the vendored suite's run with ``-p llamactor.ops.conformance_plugin`` by
-``ops/conformance.py`` (``make conformance``); never imported by llamactor itself. The suite
+Loaded into the vendored suite's run with ``-p llamactor.ops.conformance.plugin`` by
+``ops/conformance/run.py`` (``make conformance``); never imported by llamactor itself. The suite
 (``tools/server/tests``: ``utils.ServerProcess`` starts the binary that LLAMA_SERVER_BIN_PATH
 names) asks for Hugging Face models with ``--hf-repo``/``--hf-file`` and downloads LoRA adapters,
 draft models and images with ``utils.download_file``. This plugin, without editing a vendored
@@ -18,7 +18,7 @@ file:
 * waits before each test while the file CONFORMANCE_PAUSE_FILE exists (a benchmark that wants
   the machine quiet creates it).
 
-Environment (set by ops/conformance.py):
+Environment (set by ops/conformance/run.py):
   CONFORMANCE_TEXT_MODEL      the GGUF for every text model (SmolLM2-135M-Instruct)
   CONFORMANCE_TINY_MODEL      tests/tinymodel.py's model (the base of the LoRA adapter)
   CONFORMANCE_TINY_LORA       tests/tinylora.py's adapter for it
@@ -63,7 +63,7 @@ DRAFT_URL_SUFFIX = "/tiny-llamas/resolve/main/stories15M-q4_0.gguf"
 def _env_path(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        raise pytest.UsageError(f"{name} is not set: run the suite through ops/conformance.py")
+        raise pytest.UsageError(f"{name} is not set: run the suite through ops/conformance/run.py")
     return value
 
 

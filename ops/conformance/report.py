@@ -1,6 +1,6 @@
 """Compare two JUnit XML results of llama.cpp's server test suite (``make conformance``).
 
-``ops/conformance.py`` runs the suite once against llama-server and once against llamactor, each
+``ops/conformance/run.py`` runs the suite once against llama-server and once against llamactor, each
 with ``--junitxml``; this module reads both files, counts per test file what each server passed,
 lists the tests llama-server passes and llamactor does not (each with a reason category guessed
 from the test's file, name and failure), and renders that as text and as docs/conformance.md.
@@ -233,8 +233,8 @@ def render_markdown(result: Comparison, *, command: str, date: str, source: str,
         "the suite's assertions expect the outputs of its own tiny story models, so the counts that",
         "matter are llamactor's beside llama-server's, not beside the number of tests.",
         "",
-        "The harness lives in `ops/conformance.py` (set-up, runs, this page), `ops/conformance_plugin.py`",
-        "(the pytest plugin that substitutes the models, offline) and `ops/conformance_report.py`",
+        "The harness lives in `ops/conformance/run.py` (set-up, runs, this page), `ops/conformance/plugin.py`",
+        "(the pytest plugin that substitutes the models, offline) and `ops/conformance/report.py`",
         "(the comparison). Regenerate this page with:",
         "",
         "```sh",

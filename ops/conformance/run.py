@@ -11,11 +11,11 @@ The suite is the one vendored by the llama-cpp-python sdist llamactor builds on
    to llama.cpp's ``models/`` (templates the suite reads by relative path), and writes the local
    models: SmolLM2 for text, tests/tinymodel.py's (with fill-in-the-middle tokens for /infill;
    with tests/tinylora.py's adapter for LoRA), tests/tinyreranker.py's;
-3. runs pytest there once per server, with ``ops/conformance_plugin.py`` loaded (local models
+3. runs pytest there once per server, with ``ops/conformance/plugin.py`` loaded (local models
    for hub models, per-test timeout) and ``--junitxml`` per server, one server at a time;
-4. prints the comparison (ops/conformance_report.py) and writes it to docs/conformance.md.
+4. prints the comparison (ops/conformance/report.py) and writes it to docs/conformance.md.
 
-    python -m llamactor.ops.conformance [--servers llama-server,llamactor] [--report-only] ...
+    python -m llamactor.ops.conformance.run [--servers llama-server,llamactor] [--report-only] ...
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-from llamactor.ops import conformance_report
+from llamactor.ops.conformance import report as conformance_report
 from llamactor.runtime.engine import backends
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SDIST_NAME = "llama_cpp_python-0.3.36"
 SDIST_REQUIREMENT = "llama-cpp-python==0.3.36"
 DEFAULT_SDIST_DIR = Path("/tmp/sdist") / SDIST_NAME
@@ -146,7 +146,7 @@ def run_suite(
         "-m",
         "pytest",
         "-p",
-        "llamactor.ops.conformance_plugin",
+        "llamactor.ops.conformance.plugin",
         "-p",
         "no:cacheprovider",
         "-m",
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.pause_file:
             env["CONFORMANCE_PAUSE_FILE"] = args.pause_file
         # token-for-token parity on the tiny model: both servers built for the same kernels here
-        parity = [sys.executable, str(REPO / "ops/record_golden.py"), "--check", str(binaries["llama-server"])]
+        parity = [sys.executable, str(REPO / "ops/golden/record_golden.py"), "--check", str(binaries["llama-server"])]
         log("sampling parity with llama-server: " + ("passed" if subprocess.run(parity).returncode == 0 else "FAILED"))
         for server in args.servers.split(","):
             run_suite(server, binaries[server], suite, args.work, env, args)

@@ -1,1 +1,2 @@
-"""Recorders of the test goldens: llama-server's answers, token ids and schedules on the tiny test model."""
+"""Recorders of the test goldens: llama-server's answers, token ids and schedules on the tiny test
+model."""

@@ -1,6 +1,6 @@
 """llama-server's response fields, route by route, for the side-by-side field test.
 
-    .venv/bin/python ops/record_fields.py [/path/to/llama-server]
+    .venv/bin/python ops/golden/record_fields.py [/path/to/llama-server]
 
 Starts llama-server (built here, as ``make conformance`` builds it; default
 /tmp/llama-server-build/bin/llama-server) on the default SmolLM2 model with a migrating user's command
@@ -27,10 +27,10 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from llamactor.ops.record_golden import running_llama_server
+from llamactor.ops.golden.record_golden import running_llama_server
 from llamactor.runtime.service.config import default_model_path
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "golden" / "llama_server_fields.json"
 SLOT_FILE = ROOT / "tests" / "golden" / "llama_server_slot.bin"
 DEFAULT_SERVER = "/tmp/llama-server-build/bin/llama-server"

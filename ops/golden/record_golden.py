@@ -1,6 +1,6 @@
 """llama-server's token ids for fixed requests on the tiny test model, and llamactor's beside them.
 
-    .venv/bin/python ops/record_golden.py [--check] [/path/to/llama-server]
+    .venv/bin/python ops/golden/record_golden.py [--check] [/path/to/llama-server]
 
 ``--check``: llama-server (built on this machine with the same CMake arguments as llamactor's
 build, as ``make conformance`` builds it) and llamactor serve the tiny model, one slot and one
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "golden" / "llama_server_tokens.json"
 DEFAULT_SERVER = "/tmp/llama-build/bin/llama-server"
 PROMPT = "the quick brown fox jumps over the lazy dog. hello world, the cat sat on the mat"

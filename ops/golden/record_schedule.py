@@ -1,6 +1,6 @@
 """Record how llama-server schedules fixed bursts of prompts on the tiny test model.
 
-Usage: ``.venv/bin/python ops/record_schedule.py [/path/to/llama-server]``. Writes
+Usage: ``.venv/bin/python ops/golden/record_schedule.py [/path/to/llama-server]``. Writes
 tests/golden/llama_server_schedule.json, which tests/test_continuous_schedule.py replays
 against llamactor's ``continuous`` policy.
 
@@ -23,9 +23,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from llamactor.ops.record_golden import running_llama_server
+from llamactor.ops.golden.record_golden import running_llama_server
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "golden" / "llama_server_schedule.json"
 DEFAULT_SERVER = "/tmp/llama-server-build/bin/llama-server"
 N_BATCH = 64

@@ -1,1 +1,2 @@
-"""The replay simulator: ``llamactor replay``, a recorded trace's arrivals against any policy, offline."""
+"""The replay simulator: ``llamactor replay``, a recorded trace's arrivals against any policy,
+offline."""

@@ -8,13 +8,13 @@
 
 Replays the recorded arrivals (submit times, prompt lengths, cached prefixes, tokens generated)
 against each policy on a fake engine whose step cost is fitted from the recorded step timings
-(``ops.costfit``), and prints per policy the benchmark's figures (``ops.slo``): TTFT mean/p50/p99,
+(``ops.replay.costfit``), and prints per policy the benchmark's figures (``ops.bench.slo``): TTFT mean/p50/p99,
 inter-token p50/p99 (ms), makespan (s) and goodput. The first row is what the server recorded.
 Without ``--scheduler`` the recorded policy is replayed, which checks the model itself.
 ``--workload random`` replays the random workloads of ``llamactor bench --workload random``
-instead of a recorded run, with the step cost of the ``--costs`` trace (``ops.replayrandom``);
+instead of a recorded run, with the step cost of the ``--costs`` trace (``ops.replay.replayrandom``);
 ``--capacity-run`` predicts the attainment of a ``bench --capacity --json`` run at each rate it
-measured, the front end's measured cost included (``ops.replaycapacity``).
+measured, the front end's measured cost included (``ops.replay.replaycapacity``).
 Exit status: 0; 1 when a policy made an invalid plan or left requests unfinished; 2 for bad
 input (a missing or foreign file, an unknown scheduler).
 """
@@ -29,11 +29,11 @@ from typing import Any
 
 from llamactor.actors.policies import resolve_policy
 from llamactor.actors.policy import Policy
-from llamactor.ops.costfit import CostModel, FitError, fit_costs
-from llamactor.ops.report import fmt
-from llamactor.ops.simulate import SimResult, SimulationError, simulate
-from llamactor.ops.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS, LatencyReport, Sample
-from llamactor.ops.tracefile import Trace, TraceError, load_trace
+from llamactor.ops.bench.report import fmt
+from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS, LatencyReport, Sample
+from llamactor.ops.replay.costfit import CostModel, FitError, fit_costs
+from llamactor.ops.replay.simulate import SimResult, SimulationError, simulate
+from llamactor.ops.replay.tracefile import Trace, TraceError, load_trace
 from llamactor.protocol.errors import ConfigError
 
 EXIT_OK, EXIT_POLICY_FAILED, EXIT_USAGE = 0, 1, 2
@@ -204,7 +204,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def run_replay_random(args: argparse.Namespace) -> int:
     """``--workload random``: every seed against every ``--scheduler`` with the ``--costs`` trace's step cost."""
-    from llamactor.ops import replayrandom
+    from llamactor.ops.replay import replayrandom
 
     try:
         if args.trace is not None:
@@ -244,7 +244,7 @@ def run_replay_random(args: argparse.Namespace) -> int:
 
 def run_replay_capacity(args: argparse.Namespace) -> int:
     """``--capacity-run``: each rate of the run, measured against predicted, per ``--scheduler``."""
-    from llamactor.ops import replaycapacity
+    from llamactor.ops.replay import replaycapacity
 
     try:
         if args.costs is None:

@@ -22,7 +22,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from llamactor.ops.tracefile import Step
+from llamactor.ops.replay.tracefile import Step
 
 KV_MIN_GAIN = 0.05  # the KV term is kept when it removes at least 5 % of the squared error
 MIN_LOOP_STEPS = 8  # fewer steps with a known loop gap: use the median gap

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.actors.policy import Policy
-from llamactor.ops.capacity import Slo
-from llamactor.ops.capacity_shapes import SHAPES, workload
-from llamactor.ops.costfit import CostModel
-from llamactor.ops.replayrandom import workload_trace
-from llamactor.ops.simulate import SimResult, simulate
-from llamactor.ops.stats import MS_PER_S
-from llamactor.ops.tracefile import Trace
+from llamactor.ops.bench.capacity import Slo
+from llamactor.ops.bench.capacity_shapes import SHAPES, workload
+from llamactor.ops.bench.stats import MS_PER_S
+from llamactor.ops.replay.costfit import CostModel
+from llamactor.ops.replay.replayrandom import workload_trace
+from llamactor.ops.replay.simulate import SimResult, simulate
+from llamactor.ops.replay.tracefile import Trace
 
 
 @dataclass(frozen=True)

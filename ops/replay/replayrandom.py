@@ -3,7 +3,7 @@
     llamactor replay --workload random --seed 3,17 --costs run.jsonl \\
                      --scheduler slo --scheduler continuous [--capacity 0.8] [--family JSON] [--json]
 
-The workload is ``ops.randomload.draw(seed)``, the one ``llamactor bench --workload random``
+The workload is ``ops.bench.random.randomload.draw(seed)``, the one ``llamactor bench --workload random``
 sends; ``--costs`` is any ``--record-trace`` file recorded on the machine and model to predict
 for (its steps give the step cost, as for a trace replay; its header the batch size and the
 number of groups). The replay sends what the bench's client sends:
@@ -20,7 +20,7 @@ number of groups). The replay sends what the bench's client sends:
   before it was sent (closed loops: a previous round; open loops: an arrival at least the
   prefix's prefill time earlier). The simulator has no cache of its own: this is the rule.
 
-A row per policy and seed, with the trace replay's columns (``ops.replay``).
+A row per policy and seed, with the trace replay's columns (``ops.replay.cli``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from typing import Any
 from msgspec.structs import replace
 
 from llamactor.actors.policy import Policy
-from llamactor.ops.costfit import CostModel
-from llamactor.ops.randomload import DEFAULT_FAMILY, Family, RandomWorkload, draw
-from llamactor.ops.report import fmt
-from llamactor.ops.simulate import SimResult, simulate
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.tracefile import Header, Request, Trace
+from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family, RandomWorkload, draw
+from llamactor.ops.bench.report import fmt
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.replay.costfit import CostModel
+from llamactor.ops.replay.simulate import SimResult, simulate
+from llamactor.ops.replay.tracefile import Header, Request, Trace
 
 CALIBRATION_USERS = 8  # the bench's calibration: up to 8 users x 2 requests of the mean lengths
 CALIBRATION_REQUESTS = 2

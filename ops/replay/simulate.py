@@ -43,9 +43,9 @@ from msgspec.structs import replace
 from llamactor.actors.costs import StepCosts
 from llamactor.actors.policy import GroupView, Policy, StepPlan
 from llamactor.actors.scheduling import SlotEntry, SlotSnapshot, choose_slots, group_view
-from llamactor.ops.costfit import CostModel
-from llamactor.ops.slo import Sample
-from llamactor.ops.tracefile import Request, Trace
+from llamactor.ops.bench.slo import Sample
+from llamactor.ops.replay.costfit import CostModel
+from llamactor.ops.replay.tracefile import Request, Trace
 from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
 from llamactor.runtime.engine.context import StepResult
 

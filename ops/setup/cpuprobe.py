@@ -1,6 +1,6 @@
 """What this CPU really executes, decided by running it: the probe behind setup's llama.cpp build.
 
-    python3 ops/cpuprobe.py [--backend cpu|cuda|vulkan|rocm|metal] [--record FILE] [--cmake]
+    python3 ops/setup/cpuprobe.py [--backend cpu|cuda|vulkan|rocm|metal] [--record FILE] [--cmake]
 
 A CPU's flags (cpuid, ``/proc/cpuinfo``) say what it advertises, not what it runs: a VM can list
 AMX and be granted the tile permission by its kernel, and still trap on the first tile

@@ -1,7 +1,7 @@
 """Where a CUDA build's cuBLAS comes from.
 
-    python ops/cudatoolkit.py requirement   # cuBLAS's pip requirement when the toolkit lacks it
-    python ops/cudatoolkit.py cmake         # CMake arguments for a cuBLAS installed from that wheel
+    python ops/setup/cudatoolkit.py requirement   # cuBLAS's pip requirement when the toolkit lacks it
+    python ops/setup/cudatoolkit.py cmake         # CMake arguments for a cuBLAS installed from that wheel
 
 ggml-cuda links cuBLAS. A full CUDA toolkit has it; a toolkit assembled from NVIDIA's pip wheels
 (``nvidia-cuda-nvcc``, ``nvidia-cuda-runtime``, ...), as on the machines this project is built on,

@@ -10,7 +10,7 @@
   not asked (0): that is a call over the network, and ggml-rpc aborts the process when the
   worker it was registered for has gone (a process that served a split model before).
 - ``cpu_features``: the instruction sets the CPU backend was compiled for (llama.cpp's system
-  info); ``build_record``: how setup built it (ops/cpuprobe.py's verdicts and the CMake
+  info); ``build_record``: how setup built it (ops/setup/cpuprobe.py's verdicts and the CMake
   arguments, in ``.venv/llamactor-build.json``).
 - ``cpu_buffer_types``: the buffer types a weight placed "on the CPU" may land in: the CPU's own
   and its extra ones (AMX, CPU_REPACK), which llama.cpp prefers where the CPU runs them.
@@ -108,7 +108,7 @@ def load_backends() -> int:
 
 def preload_wheel_libraries() -> list[str]:
     """Load the cuBLAS of NVIDIA's wheel, when setup installed it into this environment for a
-    CUDA build (ops/cudatoolkit.py): the CUDA module's run path is its own folder, so its
+    CUDA build (ops/setup/cudatoolkit.py): the CUDA module's run path is its own folder, so its
     dlopen finds the libraries by their sonames only once they are loaded. PyTorch does the
     same with the same wheels. The libraries loaded, by path."""
     if not (library_dir() / "libggml-cuda.so").exists():

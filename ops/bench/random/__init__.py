@@ -1,1 +1,2 @@
-"""The random-workload suite: ``llamactor bench --workload random``, drawn workloads on several servers, seed after seed, and their verdict."""
+"""The random-workload suite: ``llamactor bench --workload random``, drawn workloads on several
+servers, seed after seed, and their verdict."""

@@ -28,16 +28,14 @@ from typing import Any
 
 import anyio
 
-from llamactor.ops.compare import Run
-from llamactor.ops.compare import Target as RunTarget
-from llamactor.ops.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, ServerStartError
-from llamactor.ops.progress import Progress
-from llamactor.ops.randomload import DEFAULT_FAMILY, Family
-from llamactor.ops.randomrun import DEFAULT_SLO_ITL_PCT
-from llamactor.ops.report import notes, plain
-from llamactor.ops.runner import Common
-from llamactor.ops.suite import CalibrationCache, SeedRun, SuiteConfig, Target, run_suite, targets_of
-from llamactor.ops.verdict import (
+from llamactor.ops.bench.compare import Run
+from llamactor.ops.bench.compare import Target as RunTarget
+from llamactor.ops.bench.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, ServerStartError
+from llamactor.ops.bench.progress import Progress
+from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family
+from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT
+from llamactor.ops.bench.random.suite import CalibrationCache, SeedRun, SuiteConfig, Target, run_suite, targets_of
+from llamactor.ops.bench.random.verdict import (
     METRICS,
     Band,
     SeedTable,
@@ -49,6 +47,8 @@ from llamactor.ops.verdict import (
     table_json,
     tally,
 )
+from llamactor.ops.bench.report import notes, plain
+from llamactor.ops.bench.runner import Common
 
 EXIT_OK, EXIT_FAILED_REQUESTS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C

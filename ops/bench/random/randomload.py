@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from llamactor.ops.apis import API_NAMES
-from llamactor.ops.traffic import LengthDist
+from llamactor.ops.bench.apis import API_NAMES
+from llamactor.ops.bench.traffic import LengthDist
 
 ARRIVALS = ("closed", "burst", "poisson", "onoff")
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")

@@ -1,17 +1,17 @@
-"""One run of a drawn random workload (``ops.randomload``) against one server: plan and figures.
+"""One run of a drawn random workload (``ops.bench.random.randomload``) against one server: plan and figures.
 
 ``RandomRun`` is a ``runner.Workload``: ``plan`` draws the prompts (a fresh ``PromptSource``
 per run, so servers of one pair get the same prompts and no pair sees another's) and lays the
 requests out as jobs: one per closed-loop user, or one per open-loop arrival at its time. A
-request is a ``Dialogue`` (``ops.apis``): a shared prefix is its system message, the new text
+request is a ``Dialogue`` (``ops.bench.apis``): a shared prefix is its system message, the new text
 its user message. A later turn can only be built once its previous turn has ended, so every
 job takes its requests from ``Conversations`` (a ``phase.Feed``), which builds a later turn
 from the previous turn's messages, its answer (token ids from the native dialect, text from
-the others) and the new message, as ``ops.chatload`` does. A later turn whose previous turn is
+the others) and the new message, as ``ops.bench.chatload`` does. A later turn whose previous turn is
 still running waits for it (an open-loop arrival then leaves late, as a real user's would).
 
 Figures (pure, ``RandomResult``): TTFT mean/p50/p99, inter-token p50/p99, makespan, and
-goodput in two forms: the mean form (``ops.slo``: TTFT <= SLO and mean time per output token
+goodput in two forms: the mean form (``ops.bench.slo``: TTFT <= SLO and mean time per output token
 <= SLO) and the percentile form (TTFT <= SLO and the request's own inter-token gaps at
 ``slo_itl_pct`` <= SLO, so a request with one long stall among fast tokens is not good).
 """
@@ -23,15 +23,15 @@ from typing import cast
 
 import anyio
 
-from llamactor.ops.apis import Dialogue, Message, TextRecord
-from llamactor.ops.latency import latency_of
-from llamactor.ops.loadgen import error_sample
-from llamactor.ops.phase import WARMUP_NTG, Job, PhaseResult, Request
-from llamactor.ops.prompts import PromptSource
-from llamactor.ops.randomload import RandomWorkload
-from llamactor.ops.runner import Common
-from llamactor.ops.slo import LatencyReport
-from llamactor.ops.stats import MS_PER_S, CrossCheck, RequestRecord, finite, percentile, ratio
+from llamactor.ops.bench.apis import Dialogue, Message, TextRecord
+from llamactor.ops.bench.latency import latency_of
+from llamactor.ops.bench.loadgen import error_sample
+from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
+from llamactor.ops.bench.prompts import PromptSource
+from llamactor.ops.bench.random.randomload import RandomWorkload
+from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.slo import LatencyReport
+from llamactor.ops.bench.stats import MS_PER_S, CrossCheck, RequestRecord, finite, percentile, ratio
 
 WARMUP_NPP = 32  # prompt tokens of each warm-up request
 WARMUP_JOBS_MAX = 8  # warm-up requests per round: one per slot, at most this many

@@ -1,7 +1,7 @@
 """Random workloads on several servers, seed after seed (``llamactor bench --workload random``).
 
-Per seed: draw the workload (``ops.randomload``); start every server the bench owns with the
-drawn ``-np`` and ``-c``, one after another, each on a free loopback port (``ops.launch``), or
+Per seed: draw the workload (``ops.bench.random.randomload``); start every server the bench owns with the
+drawn ``-np`` and ``-c``, one after another, each on a free loopback port (``ops.bench.launch``), or
 use the fixed ``--url`` servers; probe the prompt vocabulary once, on the first server; for an
 open-loop workload, calibrate the first server's capacity (a short closed loop of the drawn mean
 lengths, cached per seed and server configuration); then ``pairs`` rounds, each running the
@@ -10,7 +10,7 @@ the same prompts for every server of a round; then stop every server started.
 
 The first server is the reference. ``noise_band`` adds a second instance of it (the same
 command, another port) right after it, whose ratio to the reference is the noise band
-(``ops.verdict``).
+(``ops.bench.random.verdict``).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Any
 
 import anyio
 
-from llamactor.ops.apis import Vocabulary, make_api
-from llamactor.ops.client import BenchClient
-from llamactor.ops.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, serving
-from llamactor.ops.loadgen import ClosedLoop
-from llamactor.ops.phase import OnRecord, measure, warm_up
-from llamactor.ops.progress import NoProgress, Progress
-from llamactor.ops.prompts import PromptSource, run_seed
-from llamactor.ops.randomload import CALIBRATION_USERS, DEFAULT_FAMILY, Family, RandomWorkload, draw
-from llamactor.ops.randomrun import DEFAULT_SLO_ITL_PCT, RandomResult, RandomRun
-from llamactor.ops.runner import Common, probe_prompt_ids, run_workload
+from llamactor.ops.bench.apis import Vocabulary, make_api
+from llamactor.ops.bench.client import BenchClient
+from llamactor.ops.bench.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, serving
+from llamactor.ops.bench.loadgen import ClosedLoop
+from llamactor.ops.bench.phase import OnRecord, measure, warm_up
+from llamactor.ops.bench.progress import NoProgress, Progress
+from llamactor.ops.bench.prompts import PromptSource, run_seed
+from llamactor.ops.bench.random.randomload import CALIBRATION_USERS, DEFAULT_FAMILY, Family, RandomWorkload, draw
+from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT, RandomResult, RandomRun
+from llamactor.ops.bench.runner import Common, probe_prompt_ids, run_workload
 
 CALIBRATION_REQUESTS = 2  # per user, unless that is estimated to take longer than:
 CALIBRATION_MAX_S = 10.0  # ... on the speed model; then one request per user

@@ -3,7 +3,7 @@ and wins / ties / losses (pure: finished runs in, figures, tables and JSON out).
 
 Per seed and server, each metric is the median over the pairs. A server's ratio to the
 reference (the first server) is taken within each pair, where the machine's drift is smallest,
-and the median over pairs is the figure quoted, as ``ops.compare`` does for ``--vs``.
+and the median over pairs is the figure quoted, as ``ops.bench.compare`` does for ``--vs``.
 
 The noise band says how far a server's ratio to *itself* strays: the reference run against a
 second instance of the same command, on every seed. Per metric, the band is the largest
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.ops.report import fmt
+from llamactor.ops.bench.report import fmt
 
 MIN_BAND = math.log(1.01)  # a band never narrower than +-1 %: figures are rounded, clocks jitter
 DEFAULT_BAND = math.log(1.05)  # used when no band was measured or given
