@@ -120,6 +120,15 @@ async def test_infill_over_http_and_runtime(make_config, fim_model: Path) -> Non
             assert "".join(c["content"] for c in chunks) == out["content"]
             assert chunks[-1]["stop"] is True
 
+            # return_progress: the prompt's progress chunks first, as /completion sends them
+            progressed = {**body, "stream": True, "return_progress": True}
+            async with client.stream("POST", "/infill", json=progressed) as s:
+                assert s.status_code == 200
+                chunks = [json.loads(line[6:]) async for line in s.aiter_lines() if line.startswith("data: ")]
+            progress = [c for c in chunks if "prompt_progress" in c]
+            assert progress and all(c["content"] == "" for c in progress)
+            assert "".join(c["content"] for c in chunks) == out["content"]
+
             props = (await client.get("/props")).json()
             assert props["infill"] is True
 
