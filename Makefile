@@ -29,7 +29,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 .PHONY: install run check docs test test-fast test-random conformance clean
 
-$(STAMP): pyproject.toml ops/setup_venv.sh ops/setup/cpuprobe.py ops/setup/buildcheck.py
+$(STAMP): pyproject.toml ops/setup_venv.sh ops/setup/cpuprobe.py ops/setup/cpusets.py ops/setup/gpubackends.py ops/setup/buildcheck.py
 	BACKEND=$(BACKEND) bash ops/setup_venv.sh
 	rm -f $(VENV)/.llamactor-installed-*
 	touch $(STAMP)

@@ -8,6 +8,10 @@ on the mailbox, so an idle group costs no CPU.
 
 Slot-touching commands (erase/save/restore) run between this group's steps only, never during its
 decode; other groups keep decoding.
+
+The actor is three modules, one concept each: this one (lifecycle, mailbox, the decode loop
+and the policy's snapshot), ``groupoutcomes`` (what a step's outcome does to the requests)
+and ``groupslots`` (how a request starts and ends on the slots, and the slot commands).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from llamactor.actors import eviction, prefixshare
 from llamactor.actors.costs import StepCosts
-from llamactor.actors.delivery import failure, hooked_send, send_event, send_final, send_step
+from llamactor.actors.delivery import hooked_send, send_event, send_final
+from llamactor.actors.groupoutcomes import GroupOutcomes
 from llamactor.actors.loraturns import LoraTurns
 from llamactor.actors.observe import GroupMetrics
 from llamactor.actors.policies.guard import PolicyFailed
@@ -28,24 +32,13 @@ from llamactor.actors.policy import GroupView, Policy, StepPlan
 from llamactor.actors.recorder import TraceRecorder
 from llamactor.actors.scheduling import SlotSnapshot, group_view
 from llamactor.actors.trace import StepRecord
-from llamactor.protocol.errors import Closed, EngineError, SlotBusy
-from llamactor.protocol.events import Failed, Progress
+from llamactor.protocol.errors import EngineError
+from llamactor.protocol.events import Failed
 from llamactor.protocol.lora import NO_LORA, LoraSet
-from llamactor.protocol.messages import (
-    Assign,
-    Grant,
-    GroupMsg,
-    PhaseEvent,
-    PhaseKind,
-    Released,
-    Revoke,
-    SlotCached,
-    SlotCommand,
-    Task,
-)
+from llamactor.protocol.messages import Assign, Grant, GroupMsg, Revoke, SlotCommand
 from llamactor.protocol.plan import NO_TAGS
-from llamactor.protocol.slots import SlotActionResult, SlotState
-from llamactor.runtime.engine.context import Context, ContextOptions, KvCacheFull, StepResult
+from llamactor.protocol.slots import SlotState
+from llamactor.runtime.engine.context import Context, ContextOptions, KvCacheFull
 from llamactor.runtime.engine.hooks import GroupHooks
 from llamactor.runtime.engine.profiler import REPORT_INTERVAL_S, GroupProfile
 from llamactor.runtime.engine.promptcache import PromptCache
@@ -58,7 +51,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("llamactor.group")
 
 
-class GroupActor(Actor[GroupMsg]):
+class GroupActor(GroupOutcomes, Actor[GroupMsg]):
     def __init__(
         self,
         group: int,
@@ -196,42 +189,7 @@ class GroupActor(Actor[GroupMsg]):
                     log.info("pipe_profile", group=self.group, window_s=round(t1 - prof.started, 3), **prof.report())
                     prof.started = t1
 
-    def _policy_failed(self, exc: PolicyFailed) -> None:
-        """The policy was replaced (``GuardedPolicy``): the request on the slot its plan got
-        wrong fails with the reason; the others go on under the fallback policy."""
-        assert self.engine is not None
-        self.engine.holds_ready = self.policy.holds_ready
-        slot = self.slots[exc.slot] if 0 <= exc.slot < len(self.slots) else None
-        if slot is not None and slot.task is not None and slot.task.id in self._tasks:
-            self.metrics.groups[self.group].requests_failed += 1
-            self._end_task(slot.task.id, Failed(str(exc), "EngineError"))
-
-    def _make_room(self) -> None:
-        """Unified KV overcommitted: drop the cached prompts of idle slots; if there are none,
-        stop the request holding the most cells, so the others go on. No restart: the group
-        itself is healthy."""
-        assert self.engine is not None
-        idle = eviction.idle_caches(self.slots)
-        for s in idle:
-            self.engine.erase(s)
-            self._report(SlotCached(self.group, s.local, ()))
-        if idle:
-            return
-        victim = eviction.victim(self.slots)
-        assert victim.task is not None
-        members = [victim, *victim.children]
-        log.warning("kv_cache_full", group=self.group, task=victim.task.id, cells=victim.n_past)
-        self._end_task(
-            victim.task.id,
-            Failed(
-                f"the shared KV cache is full ({victim.n_past} cells held by this request); it was stopped "
-                f"to make room",
-                "EngineError",
-            ),
-        )
-        for s in members:
-            self.engine.erase(s)
-            self._report(SlotCached(self.group, s.local, ()))
+    # ---- the policy's input, the mailbox -----------------------------------------------
 
     def _record(self, plan: StepPlan) -> None:
         assert self.trace is not None
@@ -293,245 +251,6 @@ class GroupActor(Actor[GroupMsg]):
             self.costs.ms_per_step,
             self.costs.ms_single_step,
         )
-
-    # ---- assignment and release --------------------------------------------------------
-
-    def _assign(self, task: Task, locals_: tuple[int, ...]) -> None:
-        """Start serving ``task`` on these slots. Anything that fails here (sampler chains,
-        grammar, a hook) fails this request alone: its slots go back, the group goes on."""
-        assert self.engine is not None
-        prompt = task.prompt
-        parent = self.slots[locals_[0]]
-        members = [self.slots[i] for i in locals_]
-        self._order += 1
-        now = time.perf_counter()
-        try:
-            if self.hooks is not None:
-                self.hooks.on_assign(self.group, task)
-            for index, s in enumerate(members):
-                s.task, s.index, s.order, s.t_start = task, index, self._order, now
-                s.prompt = prompt
-                s.phase = Phase.PREFILL if s is parent else Phase.READY
-                s.parent = None if s is parent else parent
-                self.engine.start(s)
-        except Exception as exc:
-            self._refuse(task, members, exc)
-            return
-        parent.children = members[1:]
-        keep = self.engine.reuse_prefix(
-            parent, prompt, task.cache_prompt, self.prompt_cache, task.lora, task.n_cache_reuse, self.slots
-        )
-        if task.cache_prompt:
-            keep = self._share(parent, keep)
-        parent.n_past = parent.n_cached = keep
-        self._tasks[task.id] = members
-        counters = self.metrics.groups[self.group]
-        counters.requests_processing += 1
-        counters.prompt_cached += keep
-        self.metrics.queue_time(self.group, now - task.arrived)
-        if task.return_progress:  # llama-server's first progress chunk: the request has started
-            try:
-                timed = task.request.timings_per_token
-                self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0, timed))
-            except Exception:
-                pass
-        self._tell_coordinator(PhaseKind.ARRIVED, parent)
-
-    # ---- prefix sharing across slots -----------------------------------------------------
-
-    def _share(self, s: Slot, keep: int) -> int:
-        """Borrow a longer prefix of ``s``'s prompt from another slot of the group: now if one
-        holds it, or (``s`` follows it) once the slot that is prefilling it got there."""
-        assert s.task is not None
-        donor, n, wait = prefixshare.choose(s, s.prompt, keep, self.slots, s.task.lora)
-        if donor is None:
-            return keep
-        if wait:
-            s.follows, s.share_upto = donor, n
-            return keep
-        return self._copy_prefix(s, donor, n)
-
-    def _settle(self, leader: Slot | None = None) -> None:
-        """Copy the shared prefix into every follower whose leader got there (or, with
-        ``leader``, into that slot's followers now: the leader's request is ending)."""
-        for s in self.slots:
-            if s.follows is None or (leader is not None and s.follows is not leader):
-                continue
-            if leader is None and not prefixshare.ready(s):
-                continue
-            n = prefixshare.lendable(s)
-            donor, s.follows = s.follows, None
-            if n > s.n_past:
-                s.n_past = s.n_cached = self._copy_prefix(s, donor, n)
-
-    def _copy_prefix(self, s: Slot, donor: Slot, n: int) -> int:
-        assert self.engine is not None
-        got = self.engine.share_prefix(s, donor, n)
-        counters = self.metrics.groups[self.group]
-        counters.prefix_shares += 1
-        counters.prefix_tokens_shared += got
-        return got
-
-    def _refuse(self, task: Task, members: list[Slot], exc: Exception) -> None:
-        """A request failed before it started: error event, slots back to the table."""
-        assert self.engine is not None
-        log.warning("request_failed", task=task.id, group=self.group, at="assign", error=str(exc))
-        self.metrics.groups[self.group].requests_failed += 1
-        send_final(task.sink, failure(exc, "the request could not start"))
-        for s in members:
-            self.engine.release(s)
-            s.reset()
-        self._report(
-            Released(
-                self.group,
-                tuple(s.local for s in members),
-                tuple(tuple(s.cache) for s in members),
-                task.id,
-                tuple(s.lora for s in members),
-            )
-        )
-
-    def _end_task(self, task_id: int, final: Failed | None, *, report: bool = True) -> list[int]:
-        """Free every slot of a task; send ``final`` (if any) and close its stream."""
-        members = self._tasks.pop(task_id)
-        self.metrics.groups[self.group].requests_processing -= 1
-        sink = members[0].task.sink if members[0].task else None
-        cancelled = any(not s.finished for s in members)
-        if final is not None and sink is not None:
-            send_final(sink, final)
-        elif sink is not None:
-            sink.close()
-        if cancelled and final is None and members[0].task is not None:  # the client left (a failure logs its own)
-            self._log_end(members, time.perf_counter(), "cancelled")
-        self._tell_coordinator(PhaseKind.CANCELLED if cancelled else PhaseKind.FINISHED, members[0])
-        if self.recorder is not None:
-            self.recorder.request(self.group, members, failed=final is not None, cancelled=cancelled)
-        for s in members:
-            # An unfinished prompt's KV is still a valid prefix (``cache`` says what it holds):
-            # prompts that wait for this one's prefix copy what it has now.
-            if self.engine is not None:
-                self._settle(leader=s)
-                self.engine.release(s)
-            s.reset()
-        ids = [s.id for s in members]
-        if report:
-            self._report(
-                Released(
-                    self.group,
-                    tuple(s.local for s in members),
-                    tuple(tuple(s.cache) for s in members),
-                    task_id,
-                    tuple(s.lora for s in members),
-                )
-            )
-        return ids
-
-    def _report(self, msg: Released | SlotCached) -> None:
-        try:
-            self.supervisor.try_tell(msg)
-        except Closed:
-            pass  # the supervisor is stopping: the slot table goes with it
-
-    def _slot_command(self, cmd: SlotCommand) -> None:
-        assert self.engine is not None
-        s = self.slots[cmd.slot]
-        try:
-            if s.busy:
-                raise SlotBusy(f"slot {s.id} is processing a request")
-            t0 = time.perf_counter()
-            if cmd.action == "erase":
-                n = len(s.cache)
-                self.engine.erase(s)
-            elif cmd.action == "save":
-                n = self.engine.save_slot(s, cmd.path)
-            else:
-                n = self.engine.restore_slot(s, cmd.path)
-            result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=(time.perf_counter() - t0) * 1e3)
-        except Exception as exc:
-            if cmd.action == "restore":  # a refused restore has emptied the slot
-                self._report(SlotCached(self.group, s.local, tuple(s.cache)))
-            cmd.reply.fail(exc)
-            return
-        self._report(SlotCached(self.group, s.local, tuple(s.cache)))
-        cmd.reply.send(result)
-
-    # ---- delivery ----------------------------------------------------------------------
-
-    def _deliver(self, res: StepResult) -> None:
-        """Send the step's events (``delivery``), then end what ended: requests that failed
-        alone in the step (error event), whose client left, or whose choices all finished."""
-        self.metrics.step(self.group, res)
-        ts = time.perf_counter()
-        out = send_step(res, self._send)
-        now = time.perf_counter()
-        if self.profile is not None:
-            self.profile.send += now - ts
-        for task_id, error in out.failed.items():
-            if task_id in self._tasks:
-                log.warning("request_failed", task=task_id, group=self.group, at="step", error=str(error))
-                self.metrics.groups[self.group].requests_failed += 1
-                self._end_task(task_id, failure(error, "the request failed while generating"))
-        for s in res.ready:
-            if s.task is not None and s.task.id in self._tasks:
-                self._tell_coordinator(PhaseKind.PREFILL_DONE, s)
-        for s in res.first:  # time to first token, observed when it comes (not when the request ends)
-            if s.task is not None:
-                self.metrics.ttft(self.group, s.t_last - s.task.arrived)
-        done_tasks: set[int] = set()
-        for s in res.finished:
-            if s.task is None or s.task.id not in self._tasks:
-                continue
-            done_tasks.add(s.task.id)
-        for task_id in done_tasks:
-            members = self._tasks.get(task_id)
-            if members and all(m.finished for m in members):
-                self._log_end(members, now)
-                self._end_task(task_id, None)
-        for task_id in out.gone:
-            if task_id in self._tasks:
-                self._end_task(task_id, None)
-        if self.hooks is not None:
-            self.hooks.after_step(self, res)
-
-    def _log_end(self, members: list[Slot], now: float, reason: str = "finished") -> None:
-        """The one event a request logs when it ends (a failure logs ``request_failed``);
-        a finished one's timings also go to the metrics."""
-        s = members[0]
-        assert s.task is not None
-        timings = {}
-        if reason == "finished":
-            self.metrics.request_done(
-                self.group,
-                s.prompt_ms / 1e3,
-                max(m.t_last for m in members) - s.t_prompt_done,
-                max(m.n_past for m in members),
-            )
-            timings = {
-                "queue_ms": round((s.t_start - s.task.arrived) * 1e3, 2),
-                "wait_ms": round(((s.t_prompt_begin or s.t_start) - s.t_start) * 1e3, 2),  # for room in a batch
-                "prompt_ms": round(s.prompt_ms, 2),
-            }
-        log.info(
-            "request_done",
-            task=s.task.id,
-            group=self.group,
-            slot=s.id,
-            reason=reason,
-            n_prompt=len(s.prompt),
-            n_cached=s.n_cached,
-            n_predicted=sum(m.n_decoded for m in members),
-            **timings,
-            total_ms=round((now - s.task.arrived) * 1e3, 2),
-        )
-
-    def _tell_coordinator(self, kind: PhaseKind, s: Slot) -> None:
-        if self.coordinator is not None:
-            try:
-                self.coordinator.try_tell(
-                    PhaseEvent(self.group, kind, s.local, s.prompt_left, time.perf_counter(), s.order)
-                )
-            except Closed:
-                pass  # stopping
 
     # ---- introspection -------------------------------------------------------------------
 

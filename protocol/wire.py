@@ -139,7 +139,7 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     n_probs: int = 0  # llama-server's: logprobs with this many alternatives, as logprobs + top_logprobs
-    # tool calls and reasoning (checked in runtime.service.chatturn)
+    # tool calls and reasoning (checked in runtime.service.chatprepare)
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

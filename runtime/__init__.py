@@ -55,7 +55,7 @@ _WHERE = {
     "RuntimeConfig": "llamactor.runtime.service.config",
     "ChatResult": "llamactor.runtime.service.chatturn",
     "Ranked": "llamactor.runtime.service.embeddings",
-    "RuntimeState": "llamactor.runtime.service.core",
+    "RuntimeState": "llamactor.runtime.service.lifecycle",
     "EngineStatus": "llamactor.runtime.service.engine",
     "Choice": "llamactor.runtime.service.results",
     "Completion": "llamactor.runtime.service.results",
@@ -126,9 +126,9 @@ if TYPE_CHECKING:
     from llamactor.runtime.api import Runtime
     from llamactor.runtime.service.chatturn import ChatResult
     from llamactor.runtime.service.config import RuntimeConfig
-    from llamactor.runtime.service.core import RuntimeState
     from llamactor.runtime.service.embeddings import Embeddings as EmbeddingResult
     from llamactor.runtime.service.embeddings import Ranked
     from llamactor.runtime.service.engine import EngineStatus
     from llamactor.runtime.service.handles import EventStream, RequestHandle
+    from llamactor.runtime.service.lifecycle import RuntimeState
     from llamactor.runtime.service.results import Choice, Completion

@@ -19,7 +19,7 @@ on the command line wins over its variable, as in llama-server. llamactor's own 
 
 This module is the table, one declaration a group (so it is long on purpose); its value parsers
 are ``runtime.flagvalues``; the machinery (``Opt``, ``Group``, argparse,
-variables) is ``runtime.cliargs``, and ``runtime.cli`` logs, refuses and builds the config.
+variables) is ``runtime.cliargs``, and ``runtime.serveoptions`` refuses and builds the config.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
                  llamactor.runtime.engine.*      the llama.cpp bindings (model, context, sampling)
     2 actors     llamactor.actors.*              supervisor, groups, coordinator, policies
     3 service    llamactor.runtime.service.*     Runtime facade, admission, config, metrics
-    4 app        llamactor.runtime.http.*, llamactor.runtime.cli*, llamactor.runtime.presets, llamactor.runtime.api,
-                 llamactor.runtime (the public surface), llamactor.ops.*
+    4 app        llamactor.runtime.http.*, llamactor.runtime.cli*, llamactor.runtime.serve*, llamactor.runtime.presets,
+                 llamactor.runtime.api, llamactor.runtime (the public surface), llamactor.ops.*
 
 The table is pyproject's import-linter contract (``[tool.importlinter]``, id "layers"), read
 from there: ``lint-imports`` (run by ``make test``) and this AST walk check the same rules.

@@ -24,16 +24,10 @@ from llamactor.ops.bench.apis import ChatApi, Dialogue, Message, NativeApi, Open
 from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench
 from llamactor.ops.bench.launch import ServerCommand, ServerStartError, serving
 from llamactor.ops.bench.phase import Request
-from llamactor.ops.bench.random.randomload import (
-    ARRIVALS,
-    DEFAULT_FAMILY,
-    LENGTH_KINDS,
-    Family,
-    RandomWorkload,
-    draw,
-    fits_limit,
-)
+from llamactor.ops.bench.random.randomfamily import ARRIVALS, DEFAULT_FAMILY, Family, fits_limit
+from llamactor.ops.bench.random.randomload import LENGTH_KINDS, draw
 from llamactor.ops.bench.random.randomrun import Conversations, itl_percentile_good
+from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.random.verdict import (
     METRICS,
     MIN_BAND,

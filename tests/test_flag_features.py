@@ -36,7 +36,7 @@ from llamactor.runtime.engine.backends import cpu_buffer_types
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.placement import buffer_types
 from llamactor.runtime.presets import load_models
-from llamactor.runtime.service.inprocess import load_options
+from llamactor.runtime.service.engineoptions import load_options
 
 pytestmark = pytest.mark.slow  # a server process per test
 

@@ -509,7 +509,8 @@ def test_fuzz_responses_and_messages_conversion(request: tuple[str, Any]) -> Non
     import msgspec
 
     from llamactor.protocol.errors import RequestError
-    from llamactor.runtime.http import anthropic, responses_api
+    from llamactor.runtime.http import anthropic
+    from llamactor.runtime.http import responses_request as responses_api
 
     api, body = request
     try:

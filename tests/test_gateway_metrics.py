@@ -23,7 +23,7 @@ from faults import Faults
 from prometheus_client.parser import text_string_to_metric_families
 from tinylora import write_tiny_lora
 
-from llamactor.runtime.service.metrics import GATEWAY_BLOCK_TOKENS, adapter_names
+from llamactor.runtime.service.gatewaymetrics import GATEWAY_BLOCK_TOKENS, adapter_names
 
 N_PREDICT = 1000  # past the slot's context: the held requests generate until the test ends them
 

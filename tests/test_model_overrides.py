@@ -30,7 +30,7 @@ from llamactor.runtime import cli
 from llamactor.runtime.engine.controlvector import control_vector_for, load_control_vector
 from llamactor.runtime.engine.overrides import KvOverride, RopeOptions, kv_override_array, parse_kv_override
 from llamactor.runtime.service.config import config_from_wire, config_to_wire
-from llamactor.runtime.service.inprocess import draft_load_options, load_options, rope_options
+from llamactor.runtime.service.engineoptions import draft_load_options, load_options, rope_options
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 # long and varied enough that RoPE changes reach the greedy tokens of the random tiny model

@@ -18,7 +18,8 @@ from test_cli import LLAMACTOR, _wait_ready
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.ops.bench.slo import LatencyReport
 from llamactor.ops.replay.costfit import fit_costs
-from llamactor.ops.replay.simulate import SimulationError, simulate
+from llamactor.ops.replay.simgroup import SimulationError
+from llamactor.ops.replay.simulate import simulate
 from llamactor.ops.replay.tracefile import Step, load_trace
 from llamactor.protocol.events import Token
 from llamactor.runtime import Runtime, cli

@@ -11,7 +11,8 @@ from test_cli import LLAMACTOR
 from test_replay import request, write_trace
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
-from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family, draw
+from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
+from llamactor.ops.bench.random.randomload import draw
 from llamactor.ops.replay.costfit import fit_costs
 from llamactor.ops.replay.replayrandom import replay_random, simulated_capacity, workload_trace
 from llamactor.ops.replay.simulate import simulate

@@ -23,7 +23,7 @@ from conftest import free_port, past_first_event, serve_runtime, wait_healthy, w
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime
-from llamactor.runtime.service.replicas import start_local_ray
+from llamactor.runtime.service.raycluster import start_local_ray
 
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed")
 

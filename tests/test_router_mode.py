@@ -30,8 +30,9 @@ from tinymodel import write_tiny_model
 
 from llamactor.protocol.errors import ConfigError
 from llamactor.runtime import Runtime, cliargs, cliflags
-from llamactor.runtime.presets import load_models, parse_ini
-from llamactor.runtime.service.modelset import ModelSpec, ModelStatus, ModelView, evictions
+from llamactor.runtime.presetfiles import parse_ini
+from llamactor.runtime.presets import load_models
+from llamactor.runtime.service.modeltable import ModelSpec, ModelStatus, ModelView, evictions
 
 pytestmark = pytest.mark.slow  # server processes, each starting engine processes
 

@@ -205,7 +205,7 @@ def test_graph_reuse_off_only_while_making_a_context(monkeypatch, make_config):
     import llama_cpp
 
     from llamactor.runtime.engine import model as model_mod
-    from llamactor.runtime.service.inprocess import concurrent_rpc_contexts
+    from llamactor.runtime.service.engineoptions import concurrent_rpc_contexts
 
     seen: list[str | None] = []
     monkeypatch.setattr(

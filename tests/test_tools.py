@@ -27,7 +27,7 @@ from llamactor.protocol.sampling import ParamError, SamplingParams, check_sampli
 from llamactor.runtime import GenerationRequest, RequestHandle, Runtime, RuntimeConfig
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatparse import MessageParser
-from llamactor.runtime.service.chatturn import prepare_chat
+from llamactor.runtime.service.chatprepare import prepare_chat
 from llamactor.runtime.service.config import default_model_path
 from llamactor.runtime.service.toolcalls import (
     SYNTAX,

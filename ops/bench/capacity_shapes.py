@@ -10,7 +10,7 @@ Everything is drawn at unit rate from the seed alone and scaled by 1 / rate when
 measured, so every rate, and both servers at one rate, see the same request sequence: the
 same lengths, the same conversations, the same relative arrival pattern.
 
-The requests are ``randomload.Item``s in a ``RandomWorkload``, so ``randomrun.RandomRun`` (the
+The requests are ``randomworkload.Item``s in a ``RandomWorkload``, so ``randomrun.RandomRun`` (the
 harness's open-loop runner with conversations) sends them: through ``/v1/chat/completions``,
 streamed, ``ignore_eos`` with ``max_tokens`` fixing each answer's length, a later turn sent
 once its previous turn has ended, with the server's answer in its history.
@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llamactor.ops.bench.random.randomload import Item, RandomWorkload, slot_context_for
-from llamactor.ops.bench.traffic import ARRIVAL_STREAM, LENGTH_STREAM, LengthDist
+from llamactor.ops.bench.lengths import LengthDist
+from llamactor.ops.bench.random.randomfamily import slot_context_for
+from llamactor.ops.bench.random.randomworkload import Item, RandomWorkload
+from llamactor.ops.bench.traffic import ARRIVAL_STREAM, LENGTH_STREAM
 
 ARRIVALS = ("poisson", "bursty")
 # gamma shape of bursty gaps: coefficient of variation 1/sqrt(0.25) = 2 (Poisson's is 1), in the

@@ -32,6 +32,7 @@ import anyio
 from llamactor.ops.bench.capacity_cli import add_capacity_flags, arrivals_flag, run_capacity_bench
 from llamactor.ops.bench.chatload import Chat
 from llamactor.ops.bench.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.bench.lengths import DEFAULT_LENGTHS, LengthDist, load_lengths
 from llamactor.ops.bench.loadgen import ClosedLoop
 from llamactor.ops.bench.plot import PlotUnavailable, require_matplotlib, save_plot
 from llamactor.ops.bench.progress import Progress
@@ -39,15 +40,7 @@ from llamactor.ops.bench.random.randombench import DEFAULT_RANDOM_PAIRS, add_ran
 from llamactor.ops.bench.report import describe, notes, render_ratios, render_runs, to_json
 from llamactor.ops.bench.runner import DEFAULT_TIMEOUT_S, Common, Workload
 from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
-from llamactor.ops.bench.traffic import (
-    DEFAULT_LENGTHS,
-    DEFAULT_POISSON_REQUESTS,
-    Burst,
-    LengthDist,
-    Poisson,
-    SharedPrefix,
-    load_lengths,
-)
+from llamactor.ops.bench.traffic import DEFAULT_POISSON_REQUESTS, Burst, Poisson, SharedPrefix
 from llamactor.ops.bench.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
 
 WORKLOADS = ("closed", "mixed", "cohort", "burst", "shared-prefix", "chat", "poisson", "random")

@@ -32,7 +32,9 @@ from llamactor.actors.policy import Policy
 from llamactor.ops.bench.report import fmt
 from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS, LatencyReport, Sample
 from llamactor.ops.replay.costfit import CostModel, FitError, fit_costs
-from llamactor.ops.replay.simulate import SimResult, SimulationError, simulate
+from llamactor.ops.replay.simgroup import SimulationError
+from llamactor.ops.replay.simresult import SimResult
+from llamactor.ops.replay.simulate import simulate
 from llamactor.ops.replay.tracefile import Trace, TraceError, load_trace
 from llamactor.protocol.errors import ConfigError
 

@@ -30,7 +30,8 @@ from llamactor.ops.bench.capacity_shapes import SHAPES, workload
 from llamactor.ops.bench.stats import MS_PER_S
 from llamactor.ops.replay.costfit import CostModel
 from llamactor.ops.replay.replayrandom import workload_trace
-from llamactor.ops.replay.simulate import SimResult, simulate
+from llamactor.ops.replay.simresult import SimResult
+from llamactor.ops.replay.simulate import simulate
 from llamactor.ops.replay.tracefile import Trace
 
 

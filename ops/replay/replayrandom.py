@@ -35,11 +35,14 @@ from typing import Any
 from msgspec.structs import replace
 
 from llamactor.actors.policy import Policy
-from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family, RandomWorkload, draw
+from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
+from llamactor.ops.bench.random.randomload import draw
+from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.report import fmt
 from llamactor.ops.bench.slo import LatencyReport
 from llamactor.ops.replay.costfit import CostModel
-from llamactor.ops.replay.simulate import SimResult, simulate
+from llamactor.ops.replay.simresult import SimResult
+from llamactor.ops.replay.simulate import simulate
 from llamactor.ops.replay.tracefile import Header, Request, Trace
 
 CALIBRATION_USERS = 8  # the bench's calibration: up to 8 users x 2 requests of the mean lengths

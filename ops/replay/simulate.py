@@ -35,123 +35,22 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 from msgspec.structs import replace
 
-from llamactor.actors.costs import StepCosts
 from llamactor.actors.policy import GroupView, Policy, StepPlan
 from llamactor.actors.scheduling import SlotEntry, SlotSnapshot, choose_slots, group_view
-from llamactor.ops.bench.slo import Sample
 from llamactor.ops.replay.costfit import CostModel
+from llamactor.ops.replay.simgroup import SimChoice, SimGroup, SimRequest, check_plan
+from llamactor.ops.replay.simresult import Outcome, SimResult
 from llamactor.ops.replay.tracefile import Request, Trace
-from llamactor.protocol.messages import Grant, PhaseEvent, PhaseKind
+from llamactor.protocol.messages import PhaseEvent, PhaseKind
 from llamactor.runtime.engine.context import StepResult
 
 # Event kinds, in the order they are handled at one instant: a step's end frees slots
 # before a tick or an arrival at the same time is looked at.
 _STEP_END, _TICK, _ARRIVAL = 0, 1, 2
-
-
-class SimulationError(Exception):
-    """The policy made a plan the engine could not run (the message says what and why)."""
-
-
-@dataclass(eq=False)
-class _Choice:
-    local: int
-    target: int  # tokens this choice generates (as recorded)
-    parent: int = -1  # the parent's local slot for n > 1 children
-    phase: str = "prefill"
-    n_past: int = 0
-    generated: int = 0
-    last_token: float | None = None
-    gaps: list[float] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.generated >= self.target
-
-
-@dataclass(eq=False)
-class _Live:
-    """A request in a group: its choices (parent first) and its prompt still to decode."""
-
-    index: int  # in trace.requests
-    rec: Request
-    order: int
-    prompt_left: int
-    choices: list[_Choice]
-    first_token: float | None = None
-    prompt_done: float = 0.0  # when its prompt was decoded (the view's ``first_token_at``, as live)
-
-    @property
-    def parent(self) -> _Choice:
-        return self.choices[0]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One request as the simulated client sees it."""
-
-    finished: bool  # it ended in the simulation (False: the policy never ran it to the end)
-    ok: bool  # finished, and completed in the recording too (not cancelled, not failed)
-    submitted: float
-    ended: float | None
-    ttft_s: float | None
-    gaps_s: tuple[float, ...]
-    n_generated: int
-
-    def sample(self) -> Sample:
-        return Sample(self.ok, self.ttft_s, self.gaps_s, self.n_generated)
-
-
-@dataclass(frozen=True)
-class SimResult:
-    policy: str
-    outcomes: tuple[Outcome, ...]  # in trace order (by submission)
-    steps: int
-    prompt_tokens: int
-
-    @property
-    def unfinished(self) -> int:
-        return sum(not o.finished for o in self.outcomes)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(o.n_generated for o in self.outcomes)
-
-    @property
-    def makespan_s(self) -> float:
-        if not self.outcomes:
-            return 0.0
-        ends = [o.ended for o in self.outcomes if o.ended is not None]
-        start = min(o.submitted for o in self.outcomes)
-        return max(ends) - start if ends else 0.0
-
-    def samples(self) -> list[Sample]:
-        return [o.sample() for o in self.outcomes]
-
-
-class _Group:
-    def __init__(self, index: int, policy: Policy, n_slots: int, n_batch: int, entries: list[SlotEntry]) -> None:
-        self.index = index
-        self.policy = policy
-        self.n_slots = n_slots
-        self.n_batch = n_batch
-        self.costs = StepCosts()
-        self.grant: Grant | None = None
-        self.slots: dict[int, tuple[_Live, _Choice]] = {}  # local -> its request and choice
-        self.entries = entries  # its rows of the supervisor's table, by local id (busy: given away)
-        self.inbox: list[tuple[_Live, tuple[int, ...]]] = []  # assigned, not yet taken by the group
-        self.pending: list[PhaseEvent] = []  # events not yet seen by the coordinator
-        self.running = False  # a step is in flight
-        self.wake = False  # something arrived that an idle group must look at
-        self.ending: list[_Live] = []  # requests that end with the step in flight
-        self.ready: list[_Live] = []  # prompts that finished in it and wait (PREFILL_DONE)
-        self.tick_for: tuple[int, float] = (0, 0.0)  # the deadline a tick is armed for
-        self.order = 0
 
 
 class Simulation:
@@ -189,7 +88,7 @@ class Simulation:
             SlotEntry(g * h.n_slots + i, g, i, cached=held[g]) for g in range(h.groups) for i in range(h.n_slots)
         ]
         self.groups = [
-            _Group(g, policy_cls(g, **opts), h.n_slots, h.n_batch, self.table[g * h.n_slots : (g + 1) * h.n_slots])
+            SimGroup(g, policy_cls(g, **opts), h.n_slots, h.n_batch, self.table[g * h.n_slots : (g + 1) * h.n_slots])
             for g in range(h.groups)
         ]
         self._warm_costs()
@@ -198,7 +97,7 @@ class Simulation:
         self._queue: deque[int] = deque()
         self._prompts: dict[int, np.ndarray] = {}  # stand-in prompts of queued requests
         self._outcomes: dict[int, Outcome] = {}
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, SimRequest] = {}
         self.steps = 0
         self.prompt_tokens = 0
 
@@ -274,10 +173,10 @@ class Simulation:
                 g.entries[local].busy = True
             targets = rec.per_choice
             choices = [
-                _Choice(local, targets[k], -1 if k == 0 else locals_[0], "prefill" if k == 0 else "ready")
+                SimChoice(local, targets[k], -1 if k == 0 else locals_[0], "prefill" if k == 0 else "ready")
                 for k, local in enumerate(locals_)
             ]
-            live = _Live(i, rec, 0, rec.prompt - rec.cached, choices)
+            live = SimRequest(i, rec, 0, rec.prompt - rec.cached, choices)
             choices[0].n_past = rec.cached
             self._live[i] = live
             g.inbox.append((live, locals_))
@@ -300,7 +199,7 @@ class Simulation:
 
     # ---- a group's step boundary ---------------------------------------------------------
 
-    def _boundary(self, g: _Group, t: float) -> None:
+    def _boundary(self, g: SimGroup, t: float) -> None:
         g.wake = False
         for live, locals_ in g.inbox:
             g.order += 1
@@ -316,7 +215,7 @@ class Simulation:
             return  # idle until an assignment, a grant or a tick wakes it
         self._start_step(g, plan, t)
 
-    def _view(self, g: _Group, t: float) -> GroupView:
+    def _view(self, g: SimGroup, t: float) -> GroupView:
         busy = (
             SlotSnapshot(
                 local,
@@ -336,7 +235,7 @@ class Simulation:
         c = g.costs
         return group_view(g.index, g.n_batch, busy, t, c.ms_per_prompt_token, c.ms_per_step, c.ms_single_step)
 
-    def _deliver(self, g: _Group, t: float) -> bool:
+    def _deliver(self, g: SimGroup, t: float) -> bool:
         """The coordinator handles the group's events: True if the grant changed."""
         events, g.pending = g.pending, []
         changed = False
@@ -344,7 +243,7 @@ class Simulation:
             changed |= self._on_event(g, e, t)
         return changed
 
-    def _on_event(self, g: _Group, e: PhaseEvent, t: float) -> bool:
+    def _on_event(self, g: SimGroup, e: PhaseEvent, t: float) -> bool:
         grant = g.policy.on_event(e)
         changed = grant is not None and grant != g.grant
         if changed:
@@ -358,47 +257,20 @@ class Simulation:
             self._push(max(status.generate_deadline, t), _TICK, g.index)
         return changed
 
-    def _tick(self, g: _Group, t: float) -> None:
+    def _tick(self, g: SimGroup, t: float) -> None:
         if self._on_event(g, PhaseEvent(g.index, PhaseKind.TICK, at=t), t):
             g.wake = True
 
     # ---- the fake engine -----------------------------------------------------------------
 
-    def _check(self, g: _Group, plan: StepPlan) -> None:
-        def bad(why: str) -> SimulationError:
-            return SimulationError(f"policy {self.name!r} planned {plan} for group {g.index}: {why}")
-
-        seen: set[int] = set()
-        for local, k in plan.prefill:
-            entry = g.slots.get(local)
-            if entry is None or entry[1].phase != "prefill" or entry[1].parent >= 0:
-                raise bad(f"slot {local} is not prefilling")
-            if not 0 < k <= entry[0].prompt_left:
-                raise bad(f"slot {local} has {entry[0].prompt_left} prompt tokens left, the plan gives {k}")
-            if local in seen:
-                raise bad(f"slot {local} appears twice")
-            seen.add(local)
-        for local in plan.generate:
-            entry = g.slots.get(local)
-            if entry is None or entry[1].phase != "generate" or entry[1].done or local in seen:
-                raise bad(f"slot {local} is not generating (or appears twice)")
-            seen.add(local)
-        for local in plan.release:
-            entry = g.slots.get(local)
-            if entry is None or entry[1].phase != "ready" or entry[1].parent >= 0 or local in seen:
-                raise bad(f"slot {local} is not a ready prompt")
-            seen.add(local)
-        if sum(k for _, k in plan.prefill) + len(plan.generate) > g.n_batch:
-            raise bad(f"more than n_batch ({g.n_batch}) tokens")
-
-    def _start_step(self, g: _Group, plan: StepPlan, t: float) -> None:
+    def _start_step(self, g: SimGroup, plan: StepPlan, t: float) -> None:
         """Apply ``plan`` now (nothing looks at the group before the step ends) and schedule
         its end; its tokens carry the end time, its events and ended requests wait for it."""
-        self._check(g, plan)
+        check_plan(g, plan, self.name)
         holds = g.policy.holds_ready
-        emitted: list[tuple[_Live, _Choice]] = []
+        emitted: list[tuple[SimRequest, SimChoice]] = []
         n_prompt = 0
-        prompts_done: list[_Live] = []
+        prompts_done: list[SimRequest] = []
         for local, k in plan.prefill:
             live, c = g.slots[local]
             live.prompt_left -= k
@@ -447,7 +319,7 @@ class Simulation:
         g.running = True
         self._push(end_t, _STEP_END, g.index)
 
-    def _token(self, live: _Live, c: _Choice, at: float) -> None:
+    def _token(self, live: SimRequest, c: SimChoice, at: float) -> None:
         c.generated += 1
         if c.last_token is not None:
             c.gaps.append(at - c.last_token)
@@ -455,7 +327,7 @@ class Simulation:
         if live.first_token is None:
             live.first_token = at
 
-    def _end_step(self, g: _Group, t: float) -> None:
+    def _end_step(self, g: SimGroup, t: float) -> None:
         g.running = False
         g.wake = True
         for live in g.ready:
@@ -499,4 +371,4 @@ def simulate(
     return Simulation(trace, policy_cls, cost, options, after).run()
 
 
-__all__ = ["Outcome", "SimResult", "Simulation", "SimulationError", "simulate"]
+__all__ = ["Simulation", "simulate"]

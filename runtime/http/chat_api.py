@@ -8,7 +8,7 @@ or body has ``finish_reason: "tool_calls"`` when the answer called tools. The en
 and timings are ``OpenAIShaper``'s.
 
 ``ChoiceParsers`` is the same parsing for the other chat-shaped APIs (``runtime.http.anthropic``,
-``runtime.http.responses_api``).
+``runtime.http.responses_shaper``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from llamactor.protocol.events import Done, Token
-from llamactor.runtime.http.responses import OpenAIShaper, token_timings
+from llamactor.runtime.http.openai_shaper import OpenAIShaper
+from llamactor.runtime.http.timings import token_timings
 from llamactor.runtime.service.chatparse import MessageDelta, MessageParser, ParsedMessage
 from llamactor.runtime.service.chatturn import ChatTurn, finish_reason, parse_completion
 from llamactor.runtime.service.results import Completion

@@ -13,7 +13,7 @@ Here, around the whole ASGI app (``llamactor serve`` puts it there):
   past it the answer is abandoned, its request cancelled (its slot freed) and the connection
   closed. A stream whose client reads is never cut, however long it runs.
 
-Before a request's headers, Hypercorn's keep-alive timeout applies (``cli.serve`` sets it): a
+Before a request's headers, Hypercorn's keep-alive timeout applies (``runtime.server.serve`` sets it): a
 connection that sends no complete request head within it is closed, so a slow trickle of
 header bytes holds nothing for long either.
 """

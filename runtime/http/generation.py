@@ -30,12 +30,14 @@ from llamactor.protocol.wire import (
     InfillRequest,
     NativeCompletionRequest,
 )
-from llamactor.runtime.http import anthropic, responses_api, transcriptions
+from llamactor.runtime.http import anthropic, responses_request, responses_shaper, transcriptions
 from llamactor.runtime.http.body import decode_body, json_response, read_body
 from llamactor.runtime.http.chat_api import ChatShaper
 from llamactor.runtime.http.disconnect import until_disconnect
+from llamactor.runtime.http.generation_settings import generation_settings
+from llamactor.runtime.http.native_shaper import NativeShaper
+from llamactor.runtime.http.openai_shaper import OpenAIShaper
 from llamactor.runtime.http.requests import from_chat, from_completion, from_infill, from_native, several_prompts
-from llamactor.runtime.http.responses import NativeShaper, OpenAIShaper, generation_settings
 from llamactor.runtime.http.shaper import Shaper
 from llamactor.runtime.http.utility import UtilityEndpoints
 from llamactor.runtime.service.handles import RequestHandle, collect
@@ -167,8 +169,8 @@ class Api(UtilityEndpoints):
     # ---- chat-shaped APIs over the chat path (Responses, Anthropic Messages) -------------
 
     async def responses(self, request: Request) -> Response:
-        req = responses_api.to_chat(await decode_body(request, dict[str, Any]))
-        return await self._chat_as(request, req, responses_api.ResponsesShaper)
+        req = responses_request.to_chat(await decode_body(request, dict[str, Any]))
+        return await self._chat_as(request, req, responses_shaper.ResponsesShaper)
 
     async def messages(self, request: Request) -> Response:
         req = anthropic.to_chat(await decode_body(request, dict[str, Any]))
@@ -208,11 +210,11 @@ class Api(UtilityEndpoints):
 
     async def chat_input_tokens(self, request: Request) -> Response:
         req = await decode_body(request, ChatCompletionRequest)
-        return json_response(responses_api.input_tokens_body(await self._count(req)))
+        return json_response(responses_shaper.input_tokens_body(await self._count(req)))
 
     async def responses_input_tokens(self, request: Request) -> Response:
-        req = responses_api.to_chat(await decode_body(request, dict[str, Any]))
-        return json_response(responses_api.input_tokens_body(await self._count(req)))
+        req = responses_request.to_chat(await decode_body(request, dict[str, Any]))
+        return json_response(responses_shaper.input_tokens_body(await self._count(req)))
 
     async def count_tokens(self, request: Request) -> Response:
         req = anthropic.to_chat(await decode_body(request, dict[str, Any]))

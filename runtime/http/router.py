@@ -43,7 +43,8 @@ from llamactor.runtime.http.generation import Api
 from llamactor.runtime.http.transcriptions import parse_form
 from llamactor.runtime.service.config import RuntimeConfig, route_prefix
 from llamactor.runtime.service.core import RuntimeCore
-from llamactor.runtime.service.modelset import ModelLease, ModelSet, ModelView
+from llamactor.runtime.service.modelset import ModelLease, ModelSet
+from llamactor.runtime.service.modeltable import ModelView
 
 Handler = Callable[[Request], Awaitable[Response]]
 # Answers that do not keep their model loaded while they are sent: the live view's stream lasts

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from llamactor.protocol.slots import SlotActionResult, SlotState
-from llamactor.runtime.http.responses import sampling_settings
+from llamactor.runtime.http.generation_settings import sampling_settings
 
 _COUNT_NAMES = {"erase": "n_erased", "save": "n_saved", "restore": "n_restored"}
 

@@ -25,8 +25,8 @@ from llamactor.protocol.wire import (
 from llamactor.runtime.http import embeddings
 from llamactor.runtime.http.body import decode_body, json_response, read_body
 from llamactor.runtime.http.errors import error_response
+from llamactor.runtime.http.generation_settings import default_generation_settings
 from llamactor.runtime.http.live import LiveFeed
-from llamactor.runtime.http.responses import default_generation_settings
 from llamactor.runtime.http.slots import slot_action_json, slots_json
 from llamactor.runtime.service.templatecaps import template_caps
 

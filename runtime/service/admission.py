@@ -41,7 +41,8 @@ from llamactor.protocol.sampling import (
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.sampling import check_chain
 from llamactor.runtime.service.chat import ChatTemplate
-from llamactor.runtime.service.chatturn import ChatTurn, prepare_chat
+from llamactor.runtime.service.chatprepare import prepare_chat
+from llamactor.runtime.service.chatturn import ChatTurn
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.egress import EgressPolicy, host_names
 from llamactor.runtime.service.infill import infill_tokens

@@ -9,7 +9,7 @@ attribute writes) and has only the helpers HF templates expect: ``raise_exceptio
 ``strftime_now``, a ``tojson`` that writes JSON as ``transformers`` does (no HTML escaping:
 tool schemas reach the model as written) and the ``break``/``continue`` loop controls. Extra
 variables (``tools``, ``enable_thinking``, ``chat_template_kwargs``) are passed by
-``runtime.service.chatturn``.
+``runtime.service.chatprepare``.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class ConfigFields:
     special: bool = False  # -sp/--special: special tokens render as their text in generated output
     static_path: str | None = None  # --path: serve the files of this directory at / (the built-in page's place)
     # --kv-unified-per-slot: the longest context one request may have (0: unset); without -c it sizes
-    # the context as parallel x N (runtime.cli)
+    # the context as parallel x N (runtime.serveoptions)
     kv_unified_per_slot: int = 0
     pipeline_groups: int = 1  # N: contexts over the one model
     kv_unified: bool = False

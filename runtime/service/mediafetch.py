@@ -17,7 +17,7 @@ name its image instead of carrying it, as llama-server's ``handle_media`` takes 
   ``..``, or one that leads out of the directory through a symlink (llama-server does not
   look at symlinks), is a 400; so is a file over ``max_bytes`` (llama-server reads any size).
 
-Rendering a chat (``chatturn``) runs on the event loop and does no I/O: it leaves an
+Rendering a chat (``chatprepare``) runs on the event loop and does no I/O: it leaves an
 ``ImageURL`` where such an image goes, and admission fetches them all with ``fetch_images``,
 before tokenizing, in the API process (the engine gets the bytes, as for a data URL). A
 request naming more than ``MAX_MEDIA_URLS`` files by URL is a 400 before anything is fetched.

@@ -6,9 +6,9 @@ Tokenizing a prompt with media decodes its files (stb_image for images, miniaudi
 inside libmtmd) and preprocesses them: C code fed bytes a client chose. In an isolated server
 (the default) the API process does not run it itself: ``MediaProcess`` keeps one child that
 loaded the model's vocabulary and the projector (on the CPU), sends it a prompt and its files,
-and gets back the prompt's layout (``vision.MediaSpan``: its text runs' token ids and media
+and gets back the prompt's layout (``medialayout.MediaSpan``: its text runs' token ids and media
 chunks). The stand-ins the chunks' positions hold are given in the API process
-(``vision.place``), so they never repeat across restarts of the child.
+(``medialayout.place``), so they never repeat across restarts of the child.
 
 - A file that crashes the decoder (a signal, an abort) fails its request alone, with a 400:
   the child is started again for the next request, and every other request carries on.
@@ -46,7 +46,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol.errors import ConfigError, LlamactorError, RequestError
 from llamactor.protocol.media import MediaChunk
-from llamactor.runtime.engine.vision import MediaFacts, MediaKeys, MediaSpan, Vision, place
+from llamactor.runtime.engine.medialayout import MediaKeys, MediaSpan, place
+from llamactor.runtime.engine.vision import MediaFacts, Vision
 from llamactor.runtime.service.config import RuntimeConfig, config_from_wire, config_to_wire
 
 log = structlog.get_logger("llamactor.media")

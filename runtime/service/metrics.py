@@ -7,20 +7,13 @@ group that decoded (so nothing is counted twice), and are read at scrape time by
 collector: the hot path pays a few integer additions per step, not a Prometheus call per token.
 Each runtime has its own registry: no global state, two runtimes can coexist.
 
-The gateway series (``_GatewayCollector``) are the Kubernetes Gateway API Inference
-Extension's model server protocol, named as vLLM names them with ``llamactor:`` for ``vllm:``,
-so that an endpoint picker (llm-d's inference scheduler, the GIE EPP) scrapes llamactor as it
-scrapes vLLM: one unlabelled series each, totals over the groups, read from a ``ServingLoad``
-made at the scrape (docs/server.md, "Behind an inference gateway").
+The inference gateway's series (vLLM's names, for an endpoint picker) are
+``runtime.service.gatewaymetrics``, registered here.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from os import PathLike
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -28,36 +21,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from llamactor.actors.observe import GroupCounters
+from llamactor.runtime.service.gatewaymetrics import GatewayCollector, ServingLoad
 
 if TYPE_CHECKING:
     from llamactor.runtime.engine.context import StepResult
     from llamactor.runtime.engine.promptcache import PromptCacheStats
-
-# The block the gateway series count KV cells in (``llamactor:cache_config_info``). llamactor has
-# no paged blocks: a prompt reuses any common prefix token by token. 16 tokens is vLLM's default
-# block and the endpoint picker's default prefix block, so its prefix index needs no retuning.
-GATEWAY_BLOCK_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class ServingLoad:
-    """What the gateway series read at a scrape, taken from the supervisor and its groups."""
-
-    queued: int = 0  # requests waiting for a slot (the supervisor's queue)
-    running: int = 0  # requests holding slots
-    kv_cells_used: int = 0  # KV cells the slots serving a request hold (all groups)
-    running_lora: tuple[int, ...] = ()  # adapter ids the running requests apply, ascending
-    waiting_lora: tuple[int, ...] = ()  # adapter ids the queued requests will apply, ascending
-
-
-def adapter_names(paths: Iterable[str | PathLike[str]]) -> tuple[str, ...]:
-    """Each LoRA adapter's name in ``llamactor:lora_requests_info``, by id: its file name without
-    ``.gguf`` (commas, the list separator, become ``_``); a name taken already gets ``-ID``."""
-    names: list[str] = []
-    for i, path in enumerate(paths):
-        name = Path(path).name.removesuffix(".gguf").replace(",", "_") or f"lora-{i}"
-        names.append(f"{name}-{i}" if name in names else name)
-    return tuple(names)
 
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -125,7 +93,7 @@ class Metrics:
         self._gap_g = [self._gap.labels(str(g)) for g in range(n_groups)]
         self._queue_g = [self._queue.labels(str(g)) for g in range(n_groups)]
         self.registry.register(_CounterCollector(self))
-        self.registry.register(_GatewayCollector(self))
+        self.registry.register(GatewayCollector(self))
 
     # ---- called by groups ----------------------------------------------------------------
 
@@ -367,57 +335,3 @@ class _CounterCollector:
                 fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(f"llamactor:{name}", doc)
                 fam.add_metric([], value)
                 yield fam
-
-
-class _GatewayCollector:
-    """The model server protocol's series (module docstring); each scrape reads one
-    ``ServingLoad``, a pass over the slots: nothing is kept up to date between scrapes."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.m = metrics
-        # the LoRA labels as last scraped (at the start: nothing running or waiting), and the unix
-        # time a scrape found them changed: the series' value, so the newest series is the largest
-        self._lora_labels = ("", "", str(len(metrics.lora_names)))
-        self._lora_changed = time.time()
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        m = self.m
-        load = m.load()
-        total = m.kv_cells_total
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"llamactor:{name}", doc, value=value)
-
-        yield gauge("num_requests_waiting", "Requests waiting for a slot (queued)", load.queued)
-        yield gauge("num_requests_running", "Requests holding a slot (being served)", load.running)
-        yield gauge(
-            "kv_cache_usage_perc",
-            "KV cache usage as a fraction, 1 = full: cells held by the slots serving a request over "
-            "every group's KV cells",
-            min(load.kv_cells_used / total, 1.0) if total > 0 else 0.0,
-        )
-        info = GaugeMetricFamily(
-            "llamactor:cache_config_info",
-            "KV cache sizes for the gateway, in blocks of block_size tokens (llamactor has no paged blocks)",
-            labels=["block_size", "num_gpu_blocks"],
-        )
-        info.add_metric([str(GATEWAY_BLOCK_TOKENS), str(total // GATEWAY_BLOCK_TOKENS)], 1.0)
-        yield info
-        names = m.lora_names
-        labels = (
-            ",".join(names[i] for i in load.running_lora if i < len(names)),
-            ",".join(names[i] for i in load.waiting_lora if i < len(names)),
-            str(len(names)),
-        )
-        if labels != self._lora_labels:
-            self._lora_labels, self._lora_changed = labels, time.time()
-        lora = GaugeMetricFamily(
-            "llamactor:lora_requests_info",
-            "LoRA adapters of running and waiting requests; the value is the unix time they last changed",
-            labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
-        )
-        lora.add_metric(list(labels), self._lora_changed)
-        yield lora

@@ -4,24 +4,18 @@ The engine (model weights, groups, coordinator, supervisor) runs in a child proc
 (``runtime.service.engineproc``); this process keeps admission, the HTTP app or the embedding
 app's event loop, and the ``Journal`` of every request in flight (``runtime.service.journal``,
 which holds the resume rules). This module is the I/O around them: start the process, read its
-frames, answer calls, and when it dies (an abort inside llama.cpp, a segfault, the OOM killer,
-the watchdog) or stops answering, restart it with backoff and submit every journaled request
-again. Past ``engine_max_restarts`` deaths within ``restart_window_s`` the engine is DOWN:
-requests fail with a clear error and ``/health`` stays 503 until ``restart()``.
+frames, and when it dies (an abort inside llama.cpp, a segfault, the OOM killer, the watchdog)
+or stops answering, restart it with backoff and submit every journaled request again. Past
+``engine_max_restarts`` deaths within ``restart_window_s`` the engine is DOWN: requests fail
+with a clear error and ``/health`` stays 503 until ``restart()``.
 
-With ``sleep_idle_seconds`` (llama-server's ``--sleep-idle-seconds``) an engine that has had
-nothing to do for that long is stopped (SLEEPING: its process exits, its memory is freed) and
-the next request or call starts it again (WAKING): requests are journaled meanwhile, exactly as
-across a restart, so they only wait. A sleep is not a death: it counts toward no restart limit.
-
-Sends never wait: ``submit`` and ``cancel`` queue a message for the connection's writer, so
-``EngineClient.submit`` is as synchronous as the in-process one; a connection's queue dies with
-it, and the journal resubmits what the next engine needs.
+What the runtime calls and how a call is answered are in ``runtime.service.processclient``; the
+engine's socket in ``runtime.service.engineconn``; sleeping on idle (``sleep_idle_seconds``) in
+``runtime.service.processsleep``.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import shutil
 import signal
@@ -30,9 +24,9 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import structlog
@@ -40,55 +34,27 @@ from anyio.abc import Process, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from llamactor.protocol import enginelink as link
-from llamactor.protocol.build import BuildInfo
-from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError, Overloaded, Unavailable, error_from
+from llamactor.protocol.errors import ConfigError, EngineError, LlamactorError
 from llamactor.protocol.events import Failed
-from llamactor.protocol.live import LiveSnapshot
-from llamactor.protocol.messages import Task
-from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.engine.blackbox import ENV as BLACKBOX_ENV
 from llamactor.runtime.engine.blackbox import Blackbox
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire
 from llamactor.runtime.service.deathcause import CannotStart, startup_death
-from llamactor.runtime.service.engine import EngineStatus
-from llamactor.runtime.service.journal import Resumed, wire
-from llamactor.runtime.service.remote import JournaledEngine, RemoteEmbedder, metrics_text, send
+from llamactor.runtime.service.engineconn import EngineConnection, receive_frame
+from llamactor.runtime.service.processclient import EngineState
+from llamactor.runtime.service.processsleep import IdleSleep
+from llamactor.runtime.service.remote import RemoteEmbedder, send
 
 log = structlog.get_logger("llamactor.isolated")
 
 READY_TIMEOUT_S = 600.0  # loading a large model over ggml-rpc takes a while
-CALL_TIMEOUT_S = 60.0
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # before restart k (the first one at once)
 SILENCE_S = 10.0  # no frame at all for this long (heartbeats come every second): the engine is stuck
-LIVE_REFRESH_S = 0.25  # how often the live view's snapshot is read while someone looks
-LIVE_WANTED_S = 5.0  # ... for this long after the last look
-LIVE_READ_TIMEOUT_S = 2.0  # the live view's own read: a busy engine answers within a step
 KILL_GRACE_S = 0.5  # an engine whose socket closed gets this long to exit by itself
 CLOSE_WAIT_S = 10.0  # a closing engine gets this long to stop its actors cleanly
-SLEEP_CHECK_S = 0.25  # the shortest wait between two looks at whether an engine may sleep
 RPC_PROBE_S = 0.5  # how often a missing ggml-rpc worker is probed
 RPC_LOG_EVERY_S = 5.0
 WATCHDOG_EXIT = 75  # engineproc's exit code when its watchdog ended it
-
-A = TypeVar("A", bound=link.Answer)
-
-
-class EngineState(enum.Enum):
-    STARTING = "starting"  # the first engine process is loading
-    UP = "up"  # serving
-    RESTARTING = "restarting"  # it died; a new one is being started
-    SLEEPING = "sleeping"  # idle past sleep_idle_seconds: its process exited; the next request starts one
-    WAKING = "waking"  # a request came while it slept: a new process is loading, requests wait for it
-    DOWN = "down"  # past the restart limit: requests fail until restart()
-
-
-@dataclass
-class EngineCounters:
-    restarts: int = 0
-    resumed: int = 0  # requests submitted again after a restart
-    watchdog_kills: int = 0
-    last_exit: str = ""
-    resume_ms: list[float] = field(default_factory=list)  # per resumed request: death to next token
 
 
 def exit_reason(code: int | None) -> str:
@@ -114,68 +80,18 @@ async def reachable(endpoint: str) -> bool:
     return True
 
 
-class _Connection:
-    """One engine process's socket: its writer queue and its calls waiting for answers."""
-
-    def __init__(self, stream: SocketStream) -> None:
-        self.stream = stream
-        self.outbox: list[bytes] = []
-        self.wake = anyio.Event()
-        self.waiting: dict[int, tuple[anyio.Event, list[link.Answer]]] = {}
-
-    def send(self, msg: link.ToEngine) -> None:
-        self.outbox.append(link.frame(msg))
-        self.wake.set()
-
-    async def write(self) -> None:
-        """Send what is queued, all of it in one write, until the socket breaks."""
-        while True:
-            await self.wake.wait()
-            self.wake = anyio.Event()
-            data, self.outbox = b"".join(self.outbox), []
-            try:
-                await self.stream.send(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return  # the reader sees the end
-
-    def answered(self, answer: link.Answer) -> None:
-        waiter = self.waiting.pop(answer.call_id, None)
-        if waiter is not None:
-            waiter[1].append(answer)
-            waiter[0].set()
-
-    def fail_calls(self) -> None:
-        waiting, self.waiting = self.waiting, {}
-        for done, _ in waiting.values():
-            done.set()
-
-
-class ProcessEngine(JournaledEngine):
+class ProcessEngine(IdleSleep):
     """The ``EngineClient`` of an isolated runtime; made by ``open``."""
 
     def __init__(self, config: RuntimeConfig, folder: str) -> None:
         super().__init__(config)
         self.folder = folder
-        self.state = EngineState.STARTING
-        self.counters = EngineCounters()
-        self.process: Process | None = None
         self.blackbox = Blackbox(os.path.join(folder, "blackbox"), create=True)  # runtime.engine.blackbox
-        self.build: BuildInfo | None = None  # the engine's build and devices, from its Ready
         self._config_path = Path(folder) / "config.msgpack"
         self._config_path.write_bytes(config_to_wire(replace(config, isolate=False)))
-        self._conn: _Connection | None = None
-        self._closing = False
         self._local = False  # --rpc-fallback local took effect
         self._failures: list[float] = []
-        self._call_ids = 0
         self._tg: TaskGroup | None = None
-        self._live: LiveSnapshot | None = None
-        self._live_wanted = 0.0
-        self._state_changed = anyio.Event()
-        self.steps_seen = 0
-        self._last_used = time.monotonic()  # the last request or call (idle time counts from here)
-        self._wake_asked = anyio.Event()  # set by what needs a sleeping engine
-        self._sleep_metrics = b""  # the engine's metrics when it went to sleep, served while it sleeps
         self._starts = 0  # processes started (names each one's socket)
 
     @classmethod
@@ -200,95 +116,6 @@ class ProcessEngine(JournaledEngine):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    # ---- EngineClient -------------------------------------------------------------------
-
-    @property
-    def up(self) -> bool:
-        return self.state is EngineState.UP and self._conn is not None
-
-    def submit(self, task: Task) -> None:
-        if self.state is EngineState.DOWN:
-            raise Unavailable(f"the engine process is down ({self.counters.last_exit}); restart the runtime's engine")
-        waiting = self.journal.waiting()
-        if not self.up and waiting >= self.config.queue_size:
-            raise Overloaded(f"the engine is restarting and {waiting} requests wait for it")
-        entry = self.journal.add(task)
-        self._touch()
-        if self._conn is not None:  # else the next engine gets it (``_resubmit``)
-            first = wire(task, entry.delivered, 0)
-            self._conn.send(link.Submit(first))
-            self.journal.submitted(entry, first)
-
-    def cancel(self, task_id: int) -> None:
-        entry = self.journal.pop(task_id)
-        if entry is None:
-            return
-        entry.task.sink.close()  # no event goes to a stream the client left (nor leaks unclosed)
-        if entry.sent and self._conn is not None:
-            self._conn.send(link.Cancel(task_id))
-
-    async def slots(self) -> list[SlotState]:
-        return list((await self.call(link.GetSlots, link.Slots)).slots)
-
-    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
-        answer = await self.call(lambda cid: link.SlotAction(cid, slot, action, path), link.SlotDone)
-        return answer.result
-
-    async def metrics_text(self) -> bytes:
-        """The engine's metrics and this process's own; a sleeping engine's are those it had when
-        it went to sleep (a scrape does not wake it, as in llama-server)."""
-        body = b""
-        if self.up:
-            try:
-                body = (await self.call(link.GetMetrics, link.MetricsText, touch=False)).text
-            except LlamactorError:
-                body = b""
-        elif self.state is EngineState.SLEEPING:
-            body = self._sleep_metrics
-        return body + self.own_metrics()
-
-    def live_snapshot(self) -> LiveSnapshot | None:
-        """The engine's snapshot as last read (at most ``LIVE_REFRESH_S`` old while asked for;
-        None on the first ask after a pause: what was read then is long stale)."""
-        now = time.monotonic()
-        if now - self._live_wanted > LIVE_WANTED_S:
-            self._live = None
-        self._live_wanted = now
-        return self._live if self.up else None
-
-    async def read_live(self) -> LiveSnapshot | None:
-        """The engine's snapshot, asked for now (None when it is down or does not answer in time)."""
-        if not self.up:
-            return None
-        try:
-            with anyio.fail_after(LIVE_READ_TIMEOUT_S):
-                self._live = (await self.call(link.GetLive, link.Live, touch=False)).snapshot
-        except (LlamactorError, TimeoutError):
-            return None
-        self._live_wanted = time.monotonic()
-        return self._live
-
-    def health(self) -> str:
-        if self.state is EngineState.DOWN:
-            return "unhealthy"
-        if self.state in (EngineState.SLEEPING, EngineState.WAKING):
-            return "ok"  # as llama-server's /health while it sleeps: a request only waits
-        return "ok" if self.up else "restarting"
-
-    def status(self) -> EngineStatus:
-        c = self.counters
-        return EngineStatus(
-            isolated=True,
-            state=self.state.value,
-            pid=self.process.pid if self.process is not None and self.state is not EngineState.SLEEPING else None,
-            restarts=c.restarts,
-            requests_resumed=c.resumed,
-            watchdog_kills=c.watchdog_kills,
-            last_exit=c.last_exit,
-            requests_in_flight=len(self.journal),
-            build=self.build,
-        )
-
     async def restart(self) -> None:
         """Start the engine again after it went DOWN (its death count starts over)."""
         if self.state is not EngineState.DOWN or self._tg is None:
@@ -299,118 +126,6 @@ class ProcessEngine(JournaledEngine):
         self._tg.start_soon(self._run)
         while self.state is EngineState.RESTARTING:
             await self._state_changed.wait()
-
-    def _set_state(self, state: EngineState) -> None:
-        self.state = state
-        self._state_changed.set()
-        self._state_changed = anyio.Event()
-
-    # ---- sleeping on idle ---------------------------------------------------------------
-
-    def _touch(self) -> None:
-        """A request or a call came: the idle time starts over; a sleeping engine is woken."""
-        self._last_used = time.monotonic()
-        if self.state is EngineState.SLEEPING:
-            self._wake_asked.set()
-
-    async def _woken(self) -> None:
-        """Wait until a sleeping or waking engine is up again (or gave up)."""
-        while self.state in (EngineState.SLEEPING, EngineState.WAKING):
-            changed = self._state_changed
-            self._wake_asked.set()
-            await changed.wait()
-
-    def _idle(self) -> bool:
-        conn = self._conn
-        return self.up and conn is not None and not self.journal and not conn.waiting
-
-    async def _sleep_when_idle(self, idle_s: float) -> None:
-        """Put the engine to sleep once it has had nothing to do for ``idle_s``: no request in
-        flight, no call waiting, none of either for that long. Runs for the engine's life."""
-        while not self._closing:
-            changed = self._state_changed
-            if self.state is not EngineState.UP:
-                await changed.wait()
-                continue
-            left = idle_s - (time.monotonic() - self._last_used)
-            if left > 0 or not self._idle():
-                await anyio.sleep(max(left, SLEEP_CHECK_S))
-                continue
-            try:  # what a scrape reads while it sleeps (llama-server serves the same snapshot)
-                metrics = (await self.call(link.GetMetrics, link.MetricsText, touch=False)).text
-            except LlamactorError:
-                metrics = b""
-            if not self._idle() or time.monotonic() - self._last_used < idle_s:
-                continue  # something came while the metrics were read
-            self._sleep_metrics = metrics
-            await self._sleep(idle_s)
-
-    async def _sleep(self, idle_s: float) -> None:
-        """Stop the engine process as a close does; ``_serve_once`` sees SLEEPING and ``_run``
-        waits for ``_wake_asked`` instead of restarting it."""
-        conn, process = self._conn, self.process
-        assert conn is not None
-        self._wake_asked = anyio.Event()
-        self._set_state(EngineState.SLEEPING)
-        self._conn = None  # what is submitted from now on waits in the journal for the next engine
-        log.info("engine_sleeping", pid=process.pid if process is not None else None, idle_s=idle_s)
-        await conn.stream.aclose()  # its reader ends: it stops its actors and exits, freeing its memory
-
-    async def _until_wanted(self) -> None:
-        """While SLEEPING: return when a request or a call wants the engine (both set
-        ``_wake_asked``; a request journaled while it fell asleep is wanted already)."""
-        if not self.journal:
-            await self._wake_asked.wait()
-        self._set_state(EngineState.WAKING)
-        log.info("engine_waking", in_flight=len(self.journal))
-
-    def own_metrics(self) -> bytes:
-        """This process's metrics of the engine process (restarts, resumes, journal)."""
-        c, journaled, kills = self.counters, len(self.journal), self.counters.watchdog_kills
-        sleeping = int(self.state is EngineState.SLEEPING)
-        return metrics_text(
-            [
-                ("llamactor:engine_restarts_total", "counter", "Restarts of the engine process", c.restarts),
-                ("llamactor:requests_resumed_total", "counter", "Requests resumed after an engine restart", c.resumed),
-                ("llamactor:watchdog_kills_total", "counter", "Engine processes ended by the watchdog", kills),
-                ("llamactor:engine_up", "gauge", "1 while the engine process serves", int(self.up)),
-                ("llamactor:engine_sleeping", "gauge", "1 while it sleeps", sleeping),
-                ("llamactor:requests_journaled", "gauge", "Requests in flight, kept by the API process", journaled),
-            ]
-        )
-
-    async def call(
-        self, make: Any, answer_type: type[A], *, timeout_s: float | None = CALL_TIMEOUT_S, touch: bool = True
-    ) -> A:
-        """Send the call ``make(call_id)`` and wait for its answer (raising the engine's error).
-        A call that ``touch``es (all but the scrapes and the live view's reads) counts as use:
-        it wakes a sleeping engine, waiting for it, and restarts the idle time."""
-        if touch:
-            self._touch()
-            if self.state in (EngineState.SLEEPING, EngineState.WAKING):
-                await self._woken()
-        conn = self._conn
-        if conn is None or not self.up:
-            raise Unavailable(f"the engine is {self.state.value}")
-        self._call_ids += 1
-        cid = self._call_ids
-        done = anyio.Event()
-        out: list[link.Answer] = []
-        conn.waiting[cid] = (done, out)
-        conn.send(make(cid))
-        try:
-            with anyio.fail_after(timeout_s):
-                await done.wait()
-        finally:
-            conn.waiting.pop(cid, None)
-        if not out:
-            raise Unavailable("the engine process died during the call; retry")
-        answer = out[0]
-        if isinstance(answer, link.CallFailed):
-            raise error_from(answer.error.error, answer.error.message)
-        if not isinstance(answer, answer_type):
-            raise EngineError(f"the engine answered {type(answer).__name__} to a call for {answer_type.__name__}")
-        return answer
 
     # ---- the process ------------------------------------------------------------------------
 
@@ -502,7 +217,7 @@ class ProcessEngine(JournaledEngine):
             except BaseException:
                 await self._kill(process)
                 raise
-            conn = self._conn = _Connection(stream)
+            conn = self._conn = EngineConnection(stream)
             if hello.embedder is not None:
                 self.embedder = RemoteEmbedder(self._embed, hello.embedder)
             self.build = hello.build
@@ -560,7 +275,7 @@ class ProcessEngine(JournaledEngine):
             stream = accepted[0]
             reader = BufferedByteReceiveStream(stream)
             try:
-                hello = link.decode_from_engine(await _receive(reader))
+                hello = link.decode_from_engine(await receive_frame(reader))
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
                 await stream.aclose()
                 raise await self._not_ready(process) from None
@@ -588,12 +303,12 @@ class ProcessEngine(JournaledEngine):
         cls = ConfigError if code == 2 else EngineError
         return cls(f"the engine process ended before it was ready ({self.counters.last_exit}); see its log above")
 
-    async def _pump(self, conn: _Connection, reader: BufferedByteReceiveStream) -> None:
+    async def _pump(self, conn: EngineConnection, reader: BufferedByteReceiveStream) -> None:
         """Frames from the engine until it goes away (EOF) or falls silent past SILENCE_S."""
         while True:
             try:
                 with anyio.fail_after(SILENCE_S):
-                    body = await _receive(reader)
+                    body = await receive_frame(reader)
             except TimeoutError:
                 log.error("engine_silent", seconds=SILENCE_S, action="killed")
                 self.counters.watchdog_kills += 1
@@ -612,13 +327,7 @@ class ProcessEngine(JournaledEngine):
                 case answer:
                     conn.answered(answer)
 
-    def resumed(self, r: Resumed) -> None:
-        self.counters.resume_ms.append(r.pause_s * 1e3)
-
-    async def _embed(self, make: Any) -> link.EmbedDone:
-        return await self.call(make, link.EmbedDone, timeout_s=None)
-
-    def _resubmit(self, conn: _Connection) -> None:
+    def _resubmit(self, conn: EngineConnection) -> None:
         """After a (re)start: send every journaled request, resuming those that had started."""
         for entry, what in self.journal.unsent():
             if isinstance(what, Failed):
@@ -629,19 +338,6 @@ class ProcessEngine(JournaledEngine):
             conn.send(link.Submit(what))
             if self.journal.submitted(entry, what):
                 self.counters.resumed += 1
-
-    async def _refresh_live(self) -> None:
-        """Read the engine's live snapshot every ``LIVE_REFRESH_S`` while the live view is looked at."""
-        while True:
-            await anyio.sleep(LIVE_REFRESH_S)
-            if not self.up or time.monotonic() - self._live_wanted > LIVE_WANTED_S:
-                if not self.up:
-                    self._live = None
-                continue
-            try:
-                self._live = (await self.call(link.GetLive, link.Live, touch=False)).snapshot
-            except (LlamactorError, TimeoutError):
-                self._live = None
 
     async def _kill(self, process: Process) -> None:
         """Make sure the engine process is gone. One whose socket closed is usually exiting:
@@ -667,8 +363,3 @@ class ProcessEngine(JournaledEngine):
                 await process.wait()
             await self._kill(process)
         self.fail_journal("the runtime is shutting down", "Closed")  # their engine is gone: none waits
-
-
-async def _receive(reader: BufferedByteReceiveStream) -> bytes:
-    header = await reader.receive_exactly(link.HEADER.size)
-    return await reader.receive_exactly(link.HEADER.unpack(header)[0])

@@ -139,7 +139,7 @@ class _Mux:
 
 def _serve_grpc_on_loopback() -> None:
     """On a Ray node whose address is loopback (the instance llamactor starts itself: see
-    ``replicas.start_local_ray``), bind the inter-deployment gRPC server Ray Serve starts in each
+    ``raycluster.start_local_ray``), bind the inter-deployment gRPC server Ray Serve starts in each
     replica to 127.0.0.1 too: Serve writes its address as ``[::]:0`` (every interface) with no
     setting, after the replica's constructor (this one) has run. It takes the replica's handle
     calls, which no other machine should reach. A cluster's node keeps Serve's binding."""

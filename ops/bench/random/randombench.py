@@ -32,7 +32,7 @@ from llamactor.ops.bench.compare import Run
 from llamactor.ops.bench.compare import Target as RunTarget
 from llamactor.ops.bench.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, ServerStartError
 from llamactor.ops.bench.progress import Progress
-from llamactor.ops.bench.random.randomload import DEFAULT_FAMILY, Family
+from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
 from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT
 from llamactor.ops.bench.random.suite import CalibrationCache, SeedRun, SuiteConfig, Target, run_suite, targets_of
 from llamactor.ops.bench.random.verdict import (

@@ -26,255 +26,34 @@ The request count is sized from a speed model (``Family.prompt_tok_s``, ``gen_to
 270m on 2 cores by default) so a run takes about a drawn ``duration_s``; a faster or slower
 machine runs the same requests in another time. Closed-loop users and requests per user start
 from their drawn values and are scaled (within bounds) towards that duration.
+
+The family's bounds are ``randomfamily.Family``; what a draw gives is ``randomworkload.RandomWorkload``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from llamactor.ops.bench.apis import API_NAMES
-from llamactor.ops.bench.traffic import LengthDist
+from llamactor.ops.bench.lengths import LengthDist
+from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family, fits_limit, slot_context_for
+from llamactor.ops.bench.random.randomworkload import OPEN_LOOP, Item, RandomWorkload
 
-ARRIVALS = ("closed", "burst", "poisson", "onoff")
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")
-OPEN_LOOP = ("poisson", "onoff")
 FAMILY_STREAM, LENGTH_STREAM, LINK_STREAM = 0x66616D, 0x6C656E, 0x6C6E6B  # RNG streams of one seed
 NONE_SHARE_P = 0.5  # chance that the shared-prefix (and the multi-turn) dimension is "none"
 LOGNORMAL_SIGMA = (0.3, 1.2)
 ONOFF_BURST_REQUESTS = (4.0, 16.0)  # mean arrivals per on period
 ONOFF_OFF_FACTOR = (0.5, 1.5)  # idle time / the time the server needs for one on period's requests
-TEMPLATE_MARGIN_TOKENS = 64  # a chat template's tokens around the messages
-RETOKENIZE_MARGIN = 1.1  # text dialects: the server re-tokenizes the text of the pieces
-MIN_SLOT_CONTEXT = 1024
 OPEN_LOOP_TURN_LAG = 4  # a later turn follows a request at least this many arrivals earlier
 OPEN_LOOP_TURN_WINDOW = 16  # ... and at most this many (a user comes back soon)
 MAX_TURNS = 4  # turns of one conversation at most
 PREFIX_COST_SHARE = 0.25  # of a prefix's tokens counted as prefill per request (mostly cached)
 CALIBRATION_USERS = 8
 SIZE_PREFERENCE_WEIGHT = 0.25  # closed loops: how much staying near the drawn users counts against duration
-
-
-@dataclass(frozen=True)
-class Family:
-    """The bounds every dimension is drawn within, and the speed model the sizes aim at."""
-
-    npp: tuple[int, int] = (16, 1500)  # the new message of a request, tokens
-    ntg: tuple[int, int] = (8, 256)
-    prefix_npp: tuple[int, int] = (200, 1000)
-    prefixes: tuple[int, int] = (1, 3)
-    prefix_share: tuple[float, float] = (0.3, 1.0)
-    turn_share: tuple[float, float] = (0.2, 0.6)
-    users: tuple[int, int] = (2, 32)
-    requests_per_user: tuple[int, int] = (1, 4)
-    rate_fraction: tuple[float, float] = (0.3, 1.0)  # poisson: of the measured capacity
-    on_multiple: tuple[float, float] = (1.5, 3.0)  # onoff: the on periods' rate, of the capacity
-    nps: tuple[int, ...] = (4, 8, 16, 32)
-    apis: tuple[str, ...] = API_NAMES
-    arrivals: tuple[str, ...] = ARRIVALS
-    duration_s: tuple[float, float] = (15.0, 40.0)  # a run's target length on the speed model
-    min_requests: int = 4
-    max_requests: int = 160
-    max_slot_context: int = 4096  # a later turn that would not fit in this starts a conversation
-    prompt_tok_s: float = 3000.0  # prefill speed of the speed model
-    gen_tok_s: float = 70.0  # aggregate decode speed at many users; c users: gen_tok_s * c / (c + 1.5)
-
-    @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> Family:
-        """Defaults overridden by ``obj`` (lists for the pairs); a ValueError naming a bad key."""
-        known = {f.name: f for f in fields(cls)}
-        kw: dict[str, Any] = {}
-        for key, value in obj.items():
-            if key not in known:
-                raise ValueError(f"unknown family setting {key!r}; known: {', '.join(known)}")
-            kw[key] = tuple(value) if isinstance(value, list) else value
-        fam = cls(**kw)
-        fam.check()
-        return fam
-
-    def check(self) -> None:
-        for name in (
-            "npp",
-            "ntg",
-            "prefix_npp",
-            "prefixes",
-            "users",
-            "requests_per_user",
-            "prefix_share",
-            "turn_share",
-            "rate_fraction",
-            "on_multiple",
-            "duration_s",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, tuple) and len(value) == 2):
-                raise ValueError(f"family {name} must be a pair [LO, HI], got {value!r}")
-        for name in ("npp", "ntg", "prefix_npp", "prefixes", "users", "requests_per_user"):
-            lo, hi = getattr(self, name)
-            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-                raise ValueError(f"family {name} must be two integers 1 <= LO <= HI, got {[lo, hi]}")
-        for name in ("prefix_share", "turn_share", "rate_fraction", "on_multiple", "duration_s"):
-            lo, hi = getattr(self, name)
-            if not (0 < lo <= hi and math.isfinite(hi)):
-                raise ValueError(f"family {name} must be two numbers 0 < LO <= HI, got {[lo, hi]}")
-        if self.prefix_share[1] > 1 or self.turn_share[1] > 1:
-            raise ValueError("family prefix_share and turn_share are shares: at most 1")
-        if not self.nps or min(self.nps) < 1:
-            raise ValueError(f"family nps must list slot counts >= 1, got {list(self.nps)}")
-        for name, allowed in (("apis", API_NAMES), ("arrivals", ARRIVALS)):
-            values = getattr(self, name)
-            if not values or any(v not in allowed for v in values):
-                raise ValueError(f"family {name} must list some of {', '.join(allowed)}, got {list(values)}")
-        if not 1 <= self.min_requests <= self.max_requests:
-            raise ValueError("family needs 1 <= min_requests <= max_requests")
-        if self.prompt_tok_s <= 0 or self.gen_tok_s <= 0:
-            raise ValueError("family prompt_tok_s and gen_tok_s must be > 0")
-        if fits_limit(self.max_slot_context) < self.prefix_npp[0] + self.npp[0] + self.ntg[0]:
-            raise ValueError(f"family max_slot_context {self.max_slot_context} is too small for the shortest request")
-
-    def gen_rate(self, concurrency: int) -> float:
-        """Aggregate decode tokens per second of the speed model with ``concurrency`` streams."""
-        c = max(1, concurrency)
-        return self.gen_tok_s * c / (c + 1.5)
-
-
-DEFAULT_FAMILY = Family()
-
-
-def fits_limit(max_slot_context: int) -> int:
-    """The largest prompt + output (in token ids) that fits a slot of ``max_slot_context``."""
-    return int((max_slot_context - TEMPLATE_MARGIN_TOKENS) / RETOKENIZE_MARGIN)
-
-
-def slot_context_for(largest: int) -> int:
-    """The per-slot context for a largest request of ``largest`` tokens: a power of two >= 1024."""
-    need = math.ceil(largest * RETOKENIZE_MARGIN) + TEMPLATE_MARGIN_TOKENS
-    return max(MIN_SLOT_CONTEXT, 1 << (need - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class Item:
-    """One request of a drawn workload."""
-
-    npp: int  # its new message, tokens
-    ntg: int
-    prefix: int | None  # the shared prefix its conversation starts with (index), or None
-    follows: int | None  # the request whose answer it continues (a later turn), or None
-    context: int  # the prompt it sends in all: prefix + earlier turns and answers + message
-    unit_at: float  # open loop: arrival time at one request per second of on-time; else 0
-    user: int  # closed loop: the user that sends it; open loop: its own index
-
-
-@dataclass(frozen=True)
-class RandomWorkload:
-    """One draw of the family: every dimension fixed, every request listed (``items``)."""
-
-    seed: int
-    arrival: str
-    users: int  # closed and burst: simulated users; open loop: 0
-    requests_per_user: int  # closed and burst
-    stagger_s: float  # closed: user k starts k * stagger_s after the barrier opens
-    load: float  # poisson: the rate as a multiple of the capacity (< 1); onoff: the on periods' rate
-    burst_requests: float  # onoff: mean arrivals per on period
-    off_factor: float  # onoff: idle time = off_factor x the time the server needs for one on period
-    npp: LengthDist  # new message lengths (clamped to the family's npp bounds)
-    ntg: LengthDist
-    prefix_share: float  # of the conversations (0: none)
-    prefix_lengths: tuple[int, ...]
-    turn_share: float  # of the requests, drawn (0: none); ``later_turns`` is what it came to
-    api: str
-    np: int
-    slot_context: int
-    duration_s: float  # the run length aimed at, on the speed model
-    estimated_capacity_rps: float  # the speed model's capacity; the run calibrates the real one
-    estimated_s: float  # how long a run takes on the speed model
-    items: tuple[Item, ...]
-
-    @property
-    def ctx(self) -> int:
-        return self.np * self.slot_context
-
-    @property
-    def n_requests(self) -> int:
-        return len(self.items)
-
-    @property
-    def later_turns(self) -> int:
-        return sum(it.follows is not None for it in self.items)
-
-    @property
-    def open_loop(self) -> bool:
-        return self.arrival in OPEN_LOOP
-
-    def with_api(self, api: str) -> RandomWorkload:
-        """The same draw sent through another API (``--api`` overrides the drawn one)."""
-        return replace(self, api=api)
-
-    def calibration_lengths(self) -> tuple[int, int]:
-        """Mean new-message and output lengths: the calibration's closed loop sends these
-        (shared prefixes and earlier turns left out: a server has them cached)."""
-        n = len(self.items)
-        return max(1, round(sum(it.npp for it in self.items) / n)), max(1, round(sum(it.ntg for it in self.items) / n))
-
-    def arrival_times(self, capacity_rps: float | None) -> list[float]:
-        """Each request's offset after the barrier, seconds: the user's stagger (closed), 0
-        (burst), or the open-loop schedule at the measured ``capacity_rps``."""
-        if not self.open_loop:
-            return [it.user * self.stagger_s if self.arrival == "closed" else 0.0 for it in self.items]
-        if capacity_rps is None or not capacity_rps > 0:
-            raise ValueError(f"an open-loop workload ({self.arrival}) needs the server's capacity")
-        rate = self.load * capacity_rps
-        if self.arrival == "poisson":
-            return [it.unit_at / rate for it in self.items]
-        on_s = self.burst_requests / rate
-        off_s = self.off_factor * self.burst_requests / capacity_rps
-        return [it.unit_at / rate + math.floor(it.unit_at / rate / on_s) * off_s for it in self.items]
-
-    def summary(self) -> str:
-        """One line naming every drawn dimension."""
-        if self.arrival == "closed":
-            shape = f"closed loop, {self.users} users x {self.requests_per_user} (started {self.stagger_s:.2f} s apart)"
-        elif self.arrival == "burst":
-            shape = f"burst, {self.users} users x {self.requests_per_user} released at t=0"
-        elif self.arrival == "poisson":
-            shape = f"poisson at {self.load:.2f}x capacity"
-        else:
-            shape = (
-                f"on/off at {self.load:.2f}x capacity, ~{self.burst_requests:.0f} per burst, "
-                f"idle {self.off_factor:.2f}x"
-            )
-        prefix = (
-            f"prefix {self.prefix_share:.0%} of {len(self.prefix_lengths)} "
-            f"({', '.join(str(n) for n in self.prefix_lengths)} tok)"
-            if self.prefix_lengths
-            else "no prefix"
-        )
-        turns = f"turns {self.turn_share:.0%} ({self.later_turns} later)" if self.turn_share else "single turns"
-        return (
-            f"seed {self.seed}: {shape}, {self.n_requests} requests, prompts {self.npp}, outputs {self.ntg}, "
-            f"{prefix}, {turns}, api {self.api}, -np {self.np} -c {self.ctx}"
-        )
-
-    def describe(self) -> dict[str, Any]:
-        """The drawn parameters as plain data (JSON), without the per-request items."""
-        out = {k: v for k, v in asdict(self).items() if k != "items"}
-        out.update(
-            npp=str(self.npp),
-            ntg=str(self.ntg),
-            ctx=self.ctx,
-            n_requests=self.n_requests,
-            later_turns=self.later_turns,
-            prefixed=sum(it.prefix is not None for it in self.items),
-            largest_request=max(it.context + it.ntg for it in self.items),
-            summary=self.summary(),
-        )
-        return out
-
-
-# ---- drawing ---------------------------------------------------------------------------------
 
 
 def _log_uniform_int(rng: np.random.Generator, lo: int, hi: int) -> int:
@@ -478,14 +257,4 @@ def _with_times(items: list[Item], arrival: str, gaps: list[float]) -> list[Item
     return [replace(it, unit_at=round(t, 6)) for it, t in zip(items, at)]
 
 
-__all__ = [
-    "ARRIVALS",
-    "DEFAULT_FAMILY",
-    "LENGTH_KINDS",
-    "Family",
-    "Item",
-    "RandomWorkload",
-    "draw",
-    "fits_limit",
-    "slot_context_for",
-]
+__all__ = ["CALIBRATION_USERS", "LENGTH_KINDS", "draw"]

@@ -28,7 +28,7 @@ from llamactor.ops.bench.latency import latency_of
 from llamactor.ops.bench.loadgen import error_sample
 from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
 from llamactor.ops.bench.prompts import PromptSource
-from llamactor.ops.bench.random.randomload import RandomWorkload
+from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.runner import Common
 from llamactor.ops.bench.slo import LatencyReport
 from llamactor.ops.bench.stats import MS_PER_S, CrossCheck, RequestRecord, finite, percentile, ratio

@@ -31,8 +31,10 @@ from llamactor.ops.bench.loadgen import ClosedLoop
 from llamactor.ops.bench.phase import OnRecord, measure, warm_up
 from llamactor.ops.bench.progress import NoProgress, Progress
 from llamactor.ops.bench.prompts import PromptSource, run_seed
-from llamactor.ops.bench.random.randomload import CALIBRATION_USERS, DEFAULT_FAMILY, Family, RandomWorkload, draw
+from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
+from llamactor.ops.bench.random.randomload import CALIBRATION_USERS, draw
 from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT, RandomResult, RandomRun
+from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.runner import Common, probe_prompt_ids, run_workload
 
 CALIBRATION_REQUESTS = 2  # per user, unless that is estimated to take longer than:

@@ -1,7 +1,7 @@
 """The agent features on the command line: the tool names ``--tools`` accepts, whether
 ``/tools`` is on (``agent_enabled``), the value parsers and startup checks of ``--tools``,
 ``--tools-runtime`` and the MCP server flags (``runtime.cliflags``), and the rules
-``runtime.cli`` applies to the config: ``localhost_cors`` and ``require_api_key``."""
+``runtime.serveoptions`` applies to the config: ``localhost_cors`` and ``require_api_key``."""
 
 from __future__ import annotations
 
