@@ -7,7 +7,7 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
                  llamactor.runtime.engine.*      the llama.cpp bindings (model, context, sampling)
     2 actors     llamactor.actors.*              supervisor, groups, coordinator, policies
     3 service    llamactor.runtime.service.*     Runtime facade, admission, config, metrics
-    4 app        llamactor.runtime.http.*, llamactor.runtime.cli*, llamactor.runtime.serve*, llamactor.runtime.presets,
+    4 app        llamactor.runtime.http.*, llamactor.runtime.cli*, llamactor.runtime.serve*, llamactor.runtime.preset*,
                  llamactor.runtime.api, llamactor.runtime (the public surface), llamactor.ops.*
 
 The table is pyproject's import-linter contract (``[tool.importlinter]``, id "layers"), read
