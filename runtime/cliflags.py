@@ -1515,8 +1515,8 @@ GROUPS: tuple[Group, ...] = (
                 value="MS",
                 env="LLAMACTOR_SLO_TTFT_MS",
                 parse=float,
-                help="slo: the objective's time to first token (default 2000; 0: 4 times what the prompt costs "
-                "alone on this machine, as measured)",
+                help="slo: the objective's time to first token, or 4 times what the prompt costs alone on this "
+                "machine (as measured) for a prompt whose cost alone is longer (default 2000; 0: always)",
             ),
             opt(
                 "--slo-itl-ms",

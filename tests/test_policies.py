@@ -507,6 +507,20 @@ def test_slo_weighs_first_tokens_against_the_streams_it_would_slow():
     assert plan.prefill == ((1, 250),)
 
 
+def test_slo_takes_whole_steps_while_prompts_past_their_target_wait():
+    """Each short step delays every prompt already past its first-token target (a burst's
+    backlog): with as many of those waiting as streams it would save, the step takes the whole
+    room; a prompt still in time that short steps do not cost its target leaves them short."""
+    stream = _slo_stream(0, 1, remaining=20)  # p90 of 29 gaps: 2 long ones ...
+    late = _prompt(1, 2, 1000, waited_s=5.0)  # 1,000 tokens at 1 ms: a 2 s target, 5 s waited
+    policy = _slo_p90()
+    policy.long_gaps[1] = 2  # ... both spent
+    assert policy.plan(_view([stream, late]), None).prefill == ((1, 511),)
+    policy = _slo_p90()
+    policy.long_gaps[1] = 2
+    assert policy.plan(_view([stream, _prompt(1, 2, 1000)]), None).prefill == ((1, 110),)
+
+
 def test_slo_feeds_prompts_that_missed_their_target_in_slot_order():
     """In a burst no prompt can make 2 s any more: equal prompts go in slot order, as
     llama-server feeds them (a later arrival in a lower slot first), not oldest first; one
@@ -553,10 +567,31 @@ def test_slo_at_the_mean_spreads_a_streams_slack_over_its_remaining_gaps():
     assert sum(k for _, k in mean.plan(_view([spent, *fresh]), None).prefill) == 511
 
 
+def test_slo_a_long_prompt_past_the_fixed_first_token_target_keeps_its_stream_protected():
+    """Two long prompts at once: the first, whose 2,600 tokens cost 2.6 s alone, gets its first
+    token after 2.7 s, beyond the fixed 2 s but within 4 x its own cost; its stream (30 tokens
+    left) is still one the policy protects, so the second prompt is fed in the short steps
+    the stream can pay for from its slack at the 150 ms mean, not in one whole batch."""
+    now = 100.0
+    stream = SlotView(0, "generate", 0, 1, -1, now - 2.8, 2600, 2, now - 0.1, n_remaining=30)
+    prompt = _prompt(1, 2, 1900, waited_s=2.8)
+    policy = BUILTIN["slo"](0, slo_itl_ms=150, slo_itl_pct=0)
+    view = _view([stream, prompt], ms_tok=1.0, ms_step=20.0)
+    assert policy.ttft_target_ms(view, stream) == 4 * (2600 + 20)
+    assert policy.meeting(view, stream)
+    assert 0 < sum(k for _, k in policy.plan(view, None).prefill) < 511
+    fixed_only = BUILTIN["slo"](0, slo_itl_ms=150, slo_itl_pct=0)
+    fixed_only.ttft_target_ms = lambda _view, _s: 2000.0  # the target before: fixed whatever the prompt
+    assert not fixed_only.meeting(view, stream)
+    assert sum(k for _, k in fixed_only.plan(view, None).prefill) == 511
+
+
 def test_slo_targets_of_0_are_four_times_what_the_prompt_or_a_token_costs_alone():
     """``slo_itl_ms=0``: the gap target is 4 x the measured step of one stream alone (else of
     the current steps); ``slo_ttft_ms=0``: the first-token target is 4 x the prompt's own cost
-    (its tokens and one step). Unset, the fixed defaults (2000 and 150 ms)."""
+    (its tokens and one step). Unset, the fixed defaults (2000 and 150 ms); the first-token one
+    is 4 x the prompt's own cost for a prompt whose cost alone is over 2 s, which no schedule
+    could give its first token in time."""
     policy = BUILTIN["slo"](0, slo_itl_ms=0, slo_ttft_ms=0)
     policy.plan(GroupView(0, 512, (_prompt(0, 1, 10),), 100.0, 1.0, 40.0, 20.0), None)
     assert policy.slo_itl_ms == 80.0
@@ -567,4 +602,7 @@ def test_slo_targets_of_0_are_four_times_what_the_prompt_or_a_token_costs_alone(
     assert policy.ttft_target_ms(_view([long_prompt], ms_tok=0.1), long_prompt) == 4 * (300 + 40)
     fixed = BUILTIN["slo"]()
     fixed.plan(GroupView(0, 512, (_prompt(0, 1, 10),), 100.0, 1.0, 40.0, 20.0), None)
-    assert fixed.slo_itl_ms == 150.0 and fixed.ttft_target_ms(_view([long_prompt]), long_prompt) == 2000.0
+    short_prompt = _prompt(0, 1, 10)
+    assert fixed.slo_itl_ms == 150.0 and fixed.ttft_target_ms(_view([short_prompt]), short_prompt) == 2000.0
+    assert fixed.ttft_target_ms(_view([long_prompt]), long_prompt) == 4 * (3000 + 40)
+    assert fixed.ttft_target_ms(_view([long_prompt], ms_tok=0.1), long_prompt) == 2000.0
