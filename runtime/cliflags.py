@@ -1516,7 +1516,7 @@ GROUPS: tuple[Group, ...] = (
                 env="LLAMACTOR_SLO_TTFT_MS",
                 parse=float,
                 help="slo: the objective's time to first token, or 4 times what the prompt costs alone on this "
-                "machine (as measured) for a prompt whose cost alone is longer (default 2000; 0: always)",
+                "machine (as measured) where that is longer (default 2000; 0: that alone)",
             ),
             opt(
                 "--slo-itl-ms",

@@ -1,7 +1,7 @@
 """``slo`` (the default): continuous batching steered by the user's service-level objective.
 
-Its inputs are the objective a request is judged by: a first token within ``slo_ttft_ms`` (or,
-for a prompt whose prefill alone takes longer, ``TTFT_SCALE`` times its prefill), and its
+Its inputs are the objective a request is judged by: a first token within ``slo_ttft_ms``, or
+``TTFT_SCALE`` times what the prompt costs alone where that is longer, and its
 inter-token gaps within ``slo_itl_ms`` at the ``slo_itl_pct`` percentile of the request's own
 gaps (0, the default: its mean gap, the serving papers' time per output token; 50, 90, 99).
 Unset, ``slo_itl_ms`` is ``ITL_SCALE`` times what a token costs one stream alone on this
@@ -29,8 +29,7 @@ policy decides is whose prompts go first and how many prompt tokens a step takes
   them; the policy counts the long steps it planned for each stream. When a stream still
   meeting its objective cannot afford one more, the step takes only the prompt tokens that fit
   in ``slo_itl_ms`` (at least ``MIN_PREFILL_CHUNK``), unless prompts that can still make their
-  first-token target would miss it at that pace, or prompts already past theirs wait (each
-  short step delays them all), as many as the streams it would save.
+  first-token target would miss it at that pace, as many as the streams it would save.
 - Streams that already missed their objective, and prompts that no longer can, are never
   protected at the cost of the others. Neither are streams on a machine (or at a load) where a
   step with no prompt at all is already longer than ``slo_itl_ms``: short steps would only
@@ -116,12 +115,8 @@ class SloPolicy(Policy):
         fragile = [s for s in streams if self.meeting(view, s) and not self.affords_long_gap(s)]
         if not fragile:
             return room
-        # Short steps cost the prompts that can still make their first token in time (at risk)
-        # and delay every prompt already past its target (late): in a burst those are many,
-        # and each waits through every short step the streams are given.
         at_risk = self.first_tokens_lost(view, order, short, room)
-        late = sum(not self.feasible(view, s) for s in order)
-        return room if at_risk + late >= len({s.order for s in fragile}) else short
+        return room if at_risk >= len({s.order for s in fragile}) else short
 
     def mean_budget(self, view: GroupView, streams: list[SlotView], order: list[SlotView], room: int) -> int:
         """At the mean: the prompt tokens that lose the fewest requests. Each stream that can
@@ -225,16 +220,14 @@ class SloPolicy(Policy):
 
     def ttft_target_ms(self, view: GroupView, s: SlotView) -> float:
         """A request's first-token target: ``slo_ttft_ms``, or ``TTFT_SCALE`` times what its
-        prompt costs alone on this machine (its tokens and one step, by the measured costs) for
-        a prompt whose cost alone is longer than ``slo_ttft_ms`` (0: always; before any cost is
-        measured, ``DEFAULT_SLO_TTFT_MS``). A prompt that cannot meet the fixed target even
-        alone is not written off for it: its stream is still protected once it generates. A
-        prompt that could meet it keeps it: in a burst of such prompts, a looser target would
-        protect the first streams at the cost of every prompt behind them."""
+        prompt costs alone on this machine (its tokens and one step, by the measured costs)
+        where that is longer (0: that alone; before any cost is measured,
+        ``DEFAULT_SLO_TTFT_MS``). A long prompt is not written off for missing a target its own
+        prefill can hardly meet: its stream is still protected once it generates."""
         if view.ms_per_prompt_token <= 0:
             return self.slo_ttft_ms or DEFAULT_SLO_TTFT_MS
         alone = s.n_prompt * view.ms_per_prompt_token + (view.ms_single_step or view.ms_per_step)
-        return TTFT_SCALE * alone if alone > self.slo_ttft_ms else self.slo_ttft_ms
+        return max(self.slo_ttft_ms, TTFT_SCALE * alone)
 
     @staticmethod
     def waited_ms(view: GroupView, s: SlotView) -> float:
