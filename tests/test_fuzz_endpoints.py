@@ -509,12 +509,11 @@ def test_fuzz_responses_and_messages_conversion(request: tuple[str, Any]) -> Non
     import msgspec
 
     from llamactor.protocol.errors import RequestError
-    from llamactor.runtime.http import anthropic
-    from llamactor.runtime.http import responses_request as responses_api
+    from llamactor.runtime.http import anthropic, responses_request
 
     api, body = request
     try:
-        (responses_api if api == "responses" else anthropic).to_chat(body)
+        (responses_request if api == "responses" else anthropic).to_chat(body)
     except (RequestError, msgspec.ValidationError):
         pass
 

@@ -3,7 +3,7 @@
 Its inputs are the objective a request is judged by: a first token within ``slo_ttft_ms``, or
 ``TTFT_SCALE`` times what the prompt costs alone where that is longer, and its
 inter-token gaps within ``slo_itl_ms`` at the ``slo_itl_pct`` percentile of the request's own
-gaps (0, the default: its mean gap, the serving papers' time per output token; 50, 90, 99).
+gaps (0: its mean gap, the serving papers' time per output token; 50, 90 (the default), 99).
 Unset, ``slo_itl_ms`` is ``ITL_SCALE`` times what a token costs one stream alone on this
 machine, as measured: an objective relative to the hardware, as serving papers set their SLOs.
 Its aim is goodput: the share of requests that meet both. Every step, as llama-server, each
