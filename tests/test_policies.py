@@ -535,6 +535,21 @@ def test_slo_does_not_shorten_steps_that_miss_the_gap_target_anyway():
     assert policy.plan(_view([stream, _prompt(1, 2, 5000)], ms_step=160.0), None).prefill == ((1, 511),)
 
 
+def test_slo_stops_shortening_steps_once_a_prompt_has_waited_twice_its_first_token_target():
+    """A stream with no long gap left gets short steps while the prompt behind it waits; once
+    that prompt has waited twice its first-token target (4 x its 1,040 ms alone: 4.16 s) the
+    server is overloaded and every step takes the whole room, as llama-server's, at the mean
+    objective as at a percentile."""
+    stream = _slo_stream(0, 1, remaining=20)
+    for waited, tokens in ((8.3, 110), (8.4, 511)):
+        policy = _slo_p90()
+        policy.long_gaps[1] = 2  # none left to spend
+        assert policy.plan(_view([stream, _prompt(1, 2, 1000, waited_s=waited)]), None).prefill == ((1, tokens),)
+    at_the_mean = BUILTIN["slo"](0, slo_itl_ms=150, slo_itl_pct=0)
+    assert at_the_mean.plan(_view([stream, _prompt(1, 2, 1000, waited_s=8.3)]), None).prefill[0][1] < 511
+    assert at_the_mean.plan(_view([stream, _prompt(1, 2, 1000, waited_s=8.4)]), None).prefill == ((1, 511),)
+
+
 def test_slo_at_the_mean_spreads_a_streams_slack_over_its_remaining_gaps():
     """At the mean gap (the time per output token): a stream pays for prompt tokens from its slack (its target x
     its gaps, less what it spent and its remaining gaps at the plain step time), 90 % of it

@@ -30,6 +30,10 @@ policy decides is whose prompts go first and how many prompt tokens a step takes
   meeting its objective cannot afford one more, the step takes only the prompt tokens that fit
   in ``slo_itl_ms`` (at least ``MIN_PREFILL_CHUNK``), unless prompts that can still make their
   first-token target would miss it at that pace, as many as the streams it would save.
+- Once a waiting prompt has waited ``OVERLOAD_FACTOR`` times its first-token target, the
+  server is overloaded: every step takes the whole room, as llama-server's do, and the streams'
+  gaps pay for the first tokens. Short steps there cost a step's overhead per chunk (8 % more
+  time for a burst of 64 long prompts) and only push every later first token further back.
 - Streams that already missed their objective, and prompts that no longer can, are never
   protected at the cost of the others. Neither are streams on a machine (or at a load) where a
   step with no prompt at all is already longer than ``slo_itl_ms``: short steps would only
@@ -51,6 +55,7 @@ DEFAULT_SLO_ITL_MS = 150.0  # the gap target until a step was measured
 DEFAULT_SLO_ITL_PCT = 90.0  # that percentile of the request's own gaps (50, 90, 99); 0: the mean gap
 MIN_PREFILL_CHUNK = 32  # prompt tokens a short step still takes while prompts wait
 STARVE_FACTOR = 10.0  # a prompt waiting this many first-token targets ends the feasible ones' precedence
+OVERLOAD_FACTOR = 2.0  # a prompt waiting this many first-token targets: whole steps, streams unprotected
 # the objective, unset: a first token within TTFT_SCALE times what the prompt costs alone, and a
 # mean gap within ITL_SCALE times a token's unloaded time: serving papers set SLOs as a scale
 # (commonly 5) times the unloaded latency; 4 leaves a margin for the steps' noise
@@ -102,6 +107,8 @@ class SloPolicy(Policy):
     def budget(self, view: GroupView, streams: list[SlotView], order: list[SlotView], room: int) -> int:
         """The step's prompt tokens: all the room, unless a stream that meets its objective
         cannot afford a long gap and no prompt's first token is worth more."""
+        if self.overloaded(view, order):
+            return room
         per_token, per_step = view.ms_per_prompt_token, view.ms_per_step
         if per_token <= 0 or per_step <= 0:
             return min(room, COLD_BUDGET)
@@ -135,6 +142,13 @@ class SloPolicy(Policy):
             if best_lost is None or lost < best_lost:
                 best, best_lost = budget, lost
         return best
+
+    def overloaded(self, view: GroupView, order: list[SlotView]) -> bool:
+        """A waiting prompt has waited ``OVERLOAD_FACTOR`` first-token targets: the queue grows
+        faster than short steps drain it."""
+        if view.ms_per_prompt_token <= 0:
+            return False
+        return any(self.waited_ms(view, s) > OVERLOAD_FACTOR * self.ttft_target_ms(view, s) for s in order)
 
     def slack_ms(self, view: GroupView, s: SlotView) -> float:
         """What a stream can still spend and meet its mean gap: its target over all its gaps,

@@ -7,7 +7,8 @@ distinct user message of about ``--words`` words (about 1,000 tokens) and asks f
 ``--max-tokens`` (32) tokens, ignoring end of stream. All users start at once and each sends its
 next turn when its previous one ends. Printed per run: TTFT mean and p50 as the client saw them
 (the first streamed content), makespan; then B/A per pair and the median over ``--pairs``
-(A and B interleaved, A first).
+(A and B interleaved, A first). Pair k sends the prompts of seed ``--seed`` + k: no pair meets
+prompts a server cached in an earlier one.
 
 Kept apart from the benchmark's own burst on purpose: a second client, written from the
 workload's description, so that a scheduler cannot be tuned to one generator's quirks.
@@ -32,6 +33,7 @@ _WORD_TEXT = (
     "question answer minute season corner pocket ladder hammer candle mirror"
 )
 WORDS = _WORD_TEXT.split()
+RETRIES = 1  # a request the server closed without a response is sent once more
 
 
 def prompt(user: int, turn: int, words: int, seed: int) -> str:
@@ -49,28 +51,36 @@ async def one(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -
         "ignore_eos": True,
         "cache_prompt": False,
     }
-    sent = time.perf_counter()
-    first = None
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if first is None and line.startswith("data: ") and line != "data: [DONE]":
-                delta = json.loads(line[6:])["choices"][0].get("delta", {})
-                if delta.get("content"):
-                    first = time.perf_counter()
+    for attempt in range(RETRIES + 1):
+        sent = time.perf_counter()
+        first = None
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+                async for line in r.aiter_lines():
+                    if first is None and line.startswith("data: ") and line != "data: [DONE]":
+                        delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                        if delta.get("content"):
+                            first = time.perf_counter()
+        except httpx.RemoteProtocolError:
+            # a kept-alive connection the server closed between runs: sent again on a new one
+            if attempt == RETRIES:
+                raise
+            continue
+        break
     if first is None:
         raise RuntimeError("no content streamed")
     return first - sent, time.perf_counter()
 
 
-async def run(url: str, a: argparse.Namespace) -> dict[str, float]:
+async def run(url: str, a: argparse.Namespace, seed: int) -> dict[str, float]:
     limits = httpx.Limits(max_connections=a.users, max_keepalive_connections=a.users)
     async with httpx.AsyncClient(timeout=httpx.Timeout(a.timeout), limits=limits) as client:
         start = time.perf_counter()
 
         async def user(u: int) -> list[float]:
-            return [(await one(client, url, prompt(u, t, a.words, a.seed), a.max_tokens))[0] for t in range(a.requests)]
+            return [(await one(client, url, prompt(u, t, a.words, seed), a.max_tokens))[0] for t in range(a.requests)]
 
         ttfts = [t for per_user in await asyncio.gather(*(user(u) for u in range(a.users))) for t in per_user]
         makespan = time.perf_counter() - start
@@ -94,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for pair in range(a.pairs):
         figures = []
         for url in urls:
-            f = asyncio.run(run(url, a))
+            f = asyncio.run(run(url, a, a.seed + pair))
             figures.append(f)
             print(f"pair {pair} {url}: " + " ".join(f"{k} {v:.2f}" for k, v in f.items()), flush=True)
         if a.vs:
