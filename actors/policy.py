@@ -39,6 +39,7 @@ __all__ = [
     "fair_share",
     "fill_prefill",
     "generating",
+    "take_split",
 ]
 
 
@@ -127,6 +128,41 @@ def fair_share(slots: list[SlotView], budget: int, rotate: int) -> tuple[tuple[i
             give[x] += add
             left -= add
     return tuple((x, give[x]) for x in order if give[x] > 0)
+
+
+def take_split(
+    slots: list[SlotView], budget: int, step_ms: float, token_ms: float, urgent: frozenset[int] = frozenset()
+) -> tuple[tuple[int, int], ...]:
+    """``fill_prefill``, ending the step early when that gives first tokens sooner on the whole.
+
+    Prompts that finish in this step all get their first token when it ends. One more prompt
+    finished in it delays the ``done`` ones before it by its own cost; left to the next step,
+    it and every prompt after it wait one more step (``step_ms``: the streams' tokens and the
+    fixed cost) instead. So a whole prompt joins while ``done * its cost <= (waiting - done) *
+    step_ms``: only while that lowers the waiting prompts' summed time to first token. A chunk
+    of a prompt that does not finish joins while fewer prompts finish in this step than wait
+    after them (its tokens delay the first and bring the second closer), and always when it
+    is ``urgent`` (a prompt past its first-token target, or one that would miss it otherwise:
+    it takes what is left, so a stream of shorter prompts cannot hold it back). The streams get their
+    tokens either way (a step more now is a generation-only step less later); what an early
+    end costs is one more step's fixed cost, and prompts that arrive together no longer stay
+    in lockstep (docs/policies.md).
+    """
+    out: list[tuple[int, int]] = []
+    done, n = 0, len(slots)
+    for s in slots:
+        if budget <= 0:
+            break
+        k = min(s.prompt_left, budget)
+        finishes = k == s.prompt_left
+        if done and (
+            done * k * token_ms > (n - done) * step_ms if finishes else done >= n - done and s.local not in urgent
+        ):
+            break
+        out.append((s.local, k))
+        budget -= k
+        done += finishes
+    return tuple(out)
 
 
 class PlanProblem(NamedTuple):

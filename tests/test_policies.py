@@ -466,12 +466,17 @@ def _slo_p90():
 
 def test_slo_feeds_equal_prompts_one_after_another_in_whole_steps():
     """Nobody generates: every step is n_batch of prompt, the shortest (then earliest) first,
-    never shared: equal prompts get their first tokens one after another, as llama-server's."""
+    never shared: equal prompts get their first tokens one after another, as llama-server's.
+    A short prompt that arrives with a long one gets its first token after its own 100 tokens
+    (the step ends there: the long one's 412 would delay it by 412 ms, ending costs the long
+    one a 40 ms step); a long one that can no longer make its target takes the rest of the step."""
     prompts = [_prompt(i, i + 1, 1000, waited_s=0.1 * (3 - i)) for i in range(3)]
     plan = BUILTIN["slo"]().plan(_view(prompts), None)
     assert plan.prefill == ((0, 512),)
     short = [_prompt(0, 1, 1000, waited_s=1.0), _prompt(1, 2, 100)]
-    assert BUILTIN["slo"]().plan(_view(short), None).prefill == ((1, 100), (0, 412))
+    assert BUILTIN["slo"]().plan(_view(short), None).prefill == ((1, 100),)
+    late = [_prompt(0, 1, 1000, waited_s=4.0), _prompt(1, 2, 100)]
+    assert BUILTIN["slo"]().plan(_view(late), None).prefill == ((1, 100), (0, 412))
 
 
 def test_slo_keeps_a_step_short_only_for_a_stream_that_needs_it():
@@ -565,7 +570,9 @@ def test_slo_at_the_mean_spreads_a_streams_slack_over_its_remaining_gaps():
     late = _prompt(1, 2, 5000, waited_s=30.0)  # past 5 x its prefill already: nothing to lose
     assert mean.plan(_view([spent, late]), None).prefill == ()
     fresh = [_prompt(i, i + 1, 400, waited_s=1.0) for i in (1, 2)]  # both make 2 s only in long steps
-    assert sum(k for _, k in mean.plan(_view([spent, *fresh]), None).prefill) == 511
+    # the long step's budget (511), ending after the first prompt: the second's 111 tokens
+    # would only delay its first token (the second makes 2 s in the next step either way)
+    assert mean.plan(_view([spent, *fresh]), None).prefill == ((1, 400),)
 
 
 def test_slo_a_long_prompt_past_the_fixed_first_token_target_keeps_its_stream_protected():

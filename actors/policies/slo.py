@@ -16,7 +16,10 @@ policy decides is whose prompts go first and how many prompt tokens a step takes
   first-token targets, the ones that can still make theirs lose their precedence.
   Each step's prompt tokens go to the first prompts in that order until each is through, so
   prompts are never processor-shared: equal prompts get their first tokens one after another,
-  as with llama-server, not all together at the end.
+  as with llama-server, not all together at the end. A step that finishes a prompt ends there
+  when the prompt tokens after it would delay that first token by more than one more step
+  delays the prompts still waiting (``take_split``): a short prompt that arrives with a long
+  one gets its first token after its own tokens, not after the long one's.
 - How many, at the mean (the default): each stream that can still meet its mean gap (its first
   token was in time, and its remaining gaps at the plain step time would leave its mean within
   target) pays for prompt tokens from its slack, ``SLACK_SHARE`` of it spread evenly over its
@@ -46,7 +49,7 @@ import bisect
 import math
 from typing import Any
 
-from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, fill_prefill, generating
+from llamactor.actors.policy import GroupView, Policy, SlotView, StepPlan, fill_prefill, generating, take_split
 from llamactor.protocol.messages import Grant
 
 DEFAULT_SLO_TTFT_MS = 2000.0  # the first-token target until a prompt token's cost was measured
@@ -96,11 +99,20 @@ class SloPolicy(Policy):
         room = view.n_batch - len(generate)
         order = self.order(view, waiting)
         budget = room if not generate else self.budget(view, streams, order, room)
-        prefill = fill_prefill(order, budget)
+        prefill = self.take(view, order, budget)
         if generate and self.long(view, sum(k for _, k in prefill)):
             for s in streams:
                 self.long_gaps[s.order] = self.long_gaps.get(s.order, 0) + 1
         return StepPlan(prefill=prefill, generate=generate)
+
+    def take(self, view: GroupView, order: list[SlotView], budget: int) -> tuple[tuple[int, int], ...]:
+        """The step's prompt chunks: ``budget`` tokens in ``order``, ending after a prompt that
+        finishes when the rest would cost its first token more than a step costs the others; a
+        prompt that can no longer make its target always takes what is left."""
+        if view.ms_per_step <= 0 or view.ms_per_prompt_token <= 0:
+            return fill_prefill(order, budget)
+        late = frozenset(s.local for s in order if not self.feasible(view, s))
+        return take_split(order, budget, view.ms_per_step, view.ms_per_prompt_token, late)
 
     # ---- how many prompt tokens ------------------------------------------------------------
 
