@@ -235,8 +235,8 @@ class GroupActor(GroupOutcomes, Actor[GroupMsg]):
                 s.t_prompt_done,
                 s.finished,
                 s.follows is not None,  # a follower waits for its leader's prefix (prefix sharing)
-                s.task.request.priority if s.task is not None else 0,
-                s.task.request.tags if s.task is not None else NO_TAGS,
+                s.task.priority if s.task is not None else 0,
+                s.task.tags if s.task is not None else NO_TAGS,
                 s.task.n_predict - s.n_decoded if s.task is not None else 0,
             )
             for s in self.slots
@@ -285,7 +285,7 @@ class GroupActor(GroupOutcomes, Actor[GroupMsg]):
                     n_decoded=n_decoded,
                     n_remain=0 if task is None else task.n_predict - s.n_decoded,
                     age_s=0.0 if task is None else round(now - task.arrived, 3),
-                    priority=0 if ref is None else ref.request.priority,
+                    priority=0 if ref is None else ref.priority,
                     params=None if ref is None else ref.params,
                     n_predict=0 if ref is None else ref.n_predict,
                     ignore_eos=False if ref is None else ref.ignore_eos,

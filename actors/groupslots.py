@@ -88,7 +88,7 @@ class GroupSlots:
         self.metrics.queue_time(self.group, now - task.arrived)
         if task.return_progress:  # llama-server's first progress chunk: the request has started
             try:
-                timed = task.request.timings_per_token
+                timed = task.timings_per_token
                 self._send(task, Progress(0, len(prompt), parent.n_cached, parent.n_past, 0.0, timed))
             except Exception:
                 pass

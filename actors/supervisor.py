@@ -354,7 +354,7 @@ class _StartOnce:
 
 
 def _priority(task: Task) -> int:
-    return task.request.priority
+    return task.priority
 
 
 def _fail(task: Task, message: str, error: str) -> None:

@@ -14,6 +14,7 @@ with a deadline by the caller (``runtime.kernel.Actor.ask``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
@@ -22,7 +23,6 @@ import numpy.typing as npt
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.media import MediaChunk
-from llamactor.protocol.request import GenerationRequest
 from llamactor.protocol.sampling import SamplingParams
 from llamactor.protocol.slots import SlotActionResult
 
@@ -52,21 +52,27 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     """An admitted request as the engine serves it, without its prompt tokens and its stream:
     the part that is journaled and crosses the link to an engine process (``WireTask``).
 
-    ``request`` is the request as asked (its prompt, messages and infill parts dropped: the
-    task holds their tokens); the other fields are what admission resolved from it and the
-    server's defaults, the only values the engine reads for them.
+    Every field is a value admission resolved from the request and the server's defaults: the
+    engine reads nothing else, and nothing here has a second name elsewhere in the task.
     """
 
     id: int
-    request: GenerationRequest
-    params: SamplingParams  # the request's sampling over the server's defaults
+    params: SamplingParams  # the request's sampling over the server's defaults (speculation included)
     n_predict: int  # tokens it may generate (0: none; bounded by the slot unless the context shifts)
+    n: int = 1  # choices; they share one prompt prefill and live in one group
+    id_slot: int = -1  # the slot it is pinned to (-1: any)
     stop: tuple[str, ...] = ()
     cache_prompt: bool = True
     ignore_eos: bool = False
     n_keep: int = 0  # context shift: prompt tokens kept at the start (-1: the whole prompt)
+    n_discard: int = 0  # context shift: tokens dropped per shift (0: half of what is not kept)
     n_cache_reuse: int = 0  # cache reuse: min chunk of the slot's cache moved into place past the prefix (0: off)
     lora: LoraSet = NO_LORA  # the adapters its decode steps apply
+    return_progress: bool = False  # Progress events while its prompt is processed
+    timings_per_token: bool = False  # every Token event carries its timings so far
+    post_sampling_probs: bool = False  # token probabilities after the sampler chain (shown in its settings)
+    priority: int = 0  # lower first, under the priority policy
+    tags: Mapping[str, str] = {}  # free-form labels a scheduling policy may read
     # --mmproj: the prompt's images, by position (their positions in the prompt hold stand-in
     # tokens, ``protocol.media``); each is decoded when the slot's prefill reaches it
     media: tuple[MediaChunk, ...] = ()
@@ -77,25 +83,6 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     # ``--resume fast``: the delivered tokens were appended to the prompt (prefilled at once,
     # numerically not bit-identical); the group only primes the sampler and text stream with them
     replay_in_prompt: bool = False
-
-    # The request's own fields the engine reads, by their names.
-
-    @property
-    def n(self) -> int:
-        """Choices; they share one prompt prefill and live in one group."""
-        return self.request.n
-
-    @property
-    def id_slot(self) -> int:
-        return self.request.id_slot
-
-    @property
-    def n_discard(self) -> int:
-        return self.request.n_discard
-
-    @property
-    def return_progress(self) -> bool:
-        return self.request.return_progress
 
 
 class Task(TaskSpec, frozen=True, kw_only=True):

@@ -13,7 +13,6 @@ from llamactor.protocol import errors
 from llamactor.protocol.enginelink import Events
 from llamactor.protocol.events import Done, Failed, Progress, Token
 from llamactor.protocol.messages import Task
-from llamactor.protocol.request import GenerationRequest
 from llamactor.protocol.sampling import DEFAULT_SEED, SamplingParams
 from llamactor.runtime.service.config import RuntimeConfig, config_from_wire, config_to_wire
 from llamactor.runtime.service.journal import SEED_STEP, Journal, wire
@@ -21,15 +20,16 @@ from llamactor.runtime.service.journal import SEED_STEP, Journal, wire
 PROMPT = np.array([5, 6, 7], dtype=np.int32)
 
 
-def task(task_id: int = 1, n: int = 1, seed: int = DEFAULT_SEED, temperature: float = 0.0, **request: object) -> Task:
+def task(task_id: int = 1, n: int = 1, seed: int = DEFAULT_SEED, temperature: float = 0.0, **fields: object) -> Task:
     send, recv = anyio.create_memory_object_stream[object](100)
     recv.close()
     send.close()
     return Task(
         id=task_id,
-        request=GenerationRequest(n=n, **request),  # type: ignore[arg-type]
         params=SamplingParams(seed=seed, temperature=temperature),
         n_predict=10,
+        n=n,
+        **fields,  # type: ignore[arg-type]
         stop=("STOP",),
         prompt=PROMPT,
         sink=send,

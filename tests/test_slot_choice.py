@@ -28,7 +28,6 @@ from llamactor.ops.replay.simulate import Simulation
 from llamactor.ops.replay.tracefile import Header, Request, Trace
 from llamactor.protocol.lora import NO_LORA
 from llamactor.protocol.plan import GroupView, SlotView
-from llamactor.protocol.request import GenerationRequest
 from llamactor.runtime import Runtime
 from llamactor.runtime.engine.slot import Phase, Slot
 
@@ -160,7 +159,7 @@ def test_the_group_actor_builds_its_view_with_group_view():
     slots = [Slot(10 + i, i) for i in range(4)]
     parent, child, follower = slots[1], slots[2], slots[3]
     for s, order in ((parent, 1), (child, 1), (follower, 2)):
-        s.task = SimpleNamespace(arrived=1.5, request=GenerationRequest(priority=2), n_predict=10)  # type: ignore[assignment]
+        s.task = SimpleNamespace(arrived=1.5, priority=2, tags={}, n_predict=10)  # type: ignore[assignment]
         s.order = order
         s.prompt = np.arange(12, dtype=np.int32)
     parent.phase, parent.n_past, parent.n_decoded, parent.t_prompt_done = Phase.GENERATE, 12, 3, 2.0

@@ -131,7 +131,7 @@ class Output:
         s.t_last = now
         if not replayed:  # a replayed token's text went out before; its Done (if it ends) is sent again
             clock = None
-            if task.request.timings_per_token:
+            if task.timings_per_token:
                 prompt_ms, predicted_ms = s.prompt_ms, (now - s.t_prompt_done) * 1e3
                 clock = (len(s.prompt), s.n_cached, s.n_decoded, prompt_ms, predicted_ms)
             first_cached = s.n_cached if s.n_decoded == 1 else -1

@@ -174,7 +174,7 @@ class DecodeStep:
             s.n_past += k
             if s.task is not None and s.task.return_progress:  # only when asked: no cost otherwise
                 elapsed_ms = (time.perf_counter() - s.t_start) * 1e3
-                timed = s.task.request.timings_per_token
+                timed = s.task.timings_per_token
                 res.events.append((s.task, Progress(0, len(s.prompt), s.n_cached, s.n_past, elapsed_ms, timed)))
         for local in plan.generate:
             s = slots[local]

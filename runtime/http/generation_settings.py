@@ -98,8 +98,8 @@ def generation_settings(
         grammar_lazy=p.grammar_lazy,
         grammar_triggers=[{"type": GRAMMAR_TRIGGER_WORD, "value": w} for w in p.grammar_triggers],
         preserved_tokens=[],
-        timings_per_token=task.request.timings_per_token,
-        post_sampling_probs=bool(task.request.post_sampling_probs),
+        timings_per_token=task.timings_per_token,
+        post_sampling_probs=task.post_sampling_probs,
     )
     return out
 

@@ -173,13 +173,13 @@ def wire(task: Task, delivered: list[list[int]], resumes: int, fast: bool = Fals
     spec = {name: getattr(task, name) for name in TaskSpec.__struct_fields__}
     prompt = task.prompt
     if resumes:
-        params, request = task.params, task.request
+        params = task.params
         if params.seed != DEFAULT_SEED and not params.greedy:
             # seeded sampling goes on with a seed of its own: the replay does not advance the RNG
             spec["params"] = msgspec.structs.replace(
                 params, seed=(params.seed * SEED_STEP + sum(map(len, delivered))) % 2**32
             )
-        spec["request"] = msgspec.structs.replace(request, return_progress=False)
+        spec["return_progress"] = False
         spec["replay"] = tuple(tuple(d) for d in delivered)  # fast or exact, the group primes its sampler with them
         if fast and task.n == 1:
             prompt = np.concatenate([prompt, np.asarray(delivered[0], dtype=np.int32)])
