@@ -100,7 +100,7 @@ def test_a_request_that_had_not_started_is_sent_again_as_it_was():
     entry.sent = True
     j.lost(None, now=1.0)
     [(_, w)] = list(j.unsent())
-    assert w.replay == () and w.request.return_progress
+    assert w.replay == () and w.return_progress
     assert not j.submitted(entry, w) and entry.resumes == 0
 
 
@@ -124,7 +124,7 @@ def test_progress_events_of_a_resumed_request_are_dropped():
     j.deliver(Events((tok(1, 11),)), now=1.0)
     j.lost(None, now=2.0)
     [(_, w)] = list(j.unsent())
-    assert not w.request.return_progress
+    assert not w.return_progress
     j.submitted(entry, w)
     out, _ = j.deliver(Events(((1, Progress(0, 3, 0, 3, 1.0)), tok(1, 12))), now=3.0)
     assert [type(ev) for _, ev in out] == [Token]
