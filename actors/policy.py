@@ -39,7 +39,6 @@ __all__ = [
     "fair_share",
     "fill_prefill",
     "generating",
-    "take_split",
 ]
 
 
