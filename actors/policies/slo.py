@@ -20,7 +20,7 @@ policy decides is whose prompts go first and how many prompt tokens a step takes
   when the prompt tokens after it would delay that first token by more than one more step
   delays the prompts still waiting (``take_split``): a short prompt that arrives with a long
   one gets its first token after its own tokens, not after the long one's.
-- How many, at the mean (the default): each stream that can still meet its mean gap (its first
+- How many, at the mean: each stream that can still meet its mean gap (its first
   token was in time, and its remaining gaps at the plain step time would leave its mean within
   target) pays for prompt tokens from its slack, ``SLACK_SHARE`` of it spread evenly over its
   remaining gaps. A step with more prompt tokens than a stream can pay loses that stream; one

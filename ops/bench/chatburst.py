@@ -54,8 +54,10 @@ async def one(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -
     for attempt in range(RETRIES + 1):
         sent = time.perf_counter()
         first = None
+        answered = False
         try:
             async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                answered = True
                 if r.status_code != 200:
                     raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
                 async for line in r.aiter_lines():
@@ -64,8 +66,9 @@ async def one(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -
                         if delta.get("content"):
                             first = time.perf_counter()
         except httpx.RemoteProtocolError:
-            # a kept-alive connection the server closed between runs: sent again on a new one
-            if attempt == RETRIES:
+            # a kept-alive connection the server closed between runs, before any answer: sent
+            # again on a new one (a stream cut after its answer began is an error)
+            if answered or attempt == RETRIES:
                 raise
             continue
         break
