@@ -19,7 +19,7 @@ from llamactor.actors.delivery import Send, failure, send_final
 from llamactor.actors.observe import GroupMetrics
 from llamactor.actors.policy import Policy
 from llamactor.actors.recorder import TraceRecorder
-from llamactor.protocol.errors import Closed, SlotBusy
+from llamactor.protocol.errors import Closed, RequestError, SlotBusy
 from llamactor.protocol.events import Failed, Progress
 from llamactor.protocol.messages import PhaseEvent, PhaseKind, Released, SlotCached, SlotCommand, Task
 from llamactor.protocol.slots import SlotActionResult
@@ -196,16 +196,25 @@ class GroupSlots:
             if s.busy:
                 raise SlotBusy(f"slot {s.id} is processing a request")
             t0 = time.perf_counter()
+            kv = None
             if cmd.action == "erase":
                 n = len(s.cache)
                 self.engine.erase(s)
             elif cmd.action == "save":
                 n = self.engine.save_slot(s, cmd.path)
+            elif cmd.action == "export":
+                kv = self.engine.export_slot(s)
+                n = len(kv.tokens)
+            elif cmd.action == "import":
+                if cmd.kv is None:
+                    raise RequestError("import needs the slot's state")
+                n = self.engine.import_slot(s, cmd.kv)
             else:
                 n = self.engine.restore_slot(s, cmd.path)
-            result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=(time.perf_counter() - t0) * 1e3)
+            ms = (time.perf_counter() - t0) * 1e3
+            result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=ms, kv=kv)
         except Exception as exc:
-            if cmd.action == "restore":  # a refused restore has emptied the slot
+            if cmd.action in ("restore", "import"):  # a refused restore or import has emptied the slot
                 self._report(SlotCached(self.group, s.local, tuple(s.cache)))
             cmd.reply.fail(exc)
             return

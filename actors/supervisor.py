@@ -288,7 +288,7 @@ class Supervisor(Actor[SupervisorMsg]):
             return
         # Only the owning group is involved: other groups keep decoding.
         try:
-            group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply))
+            group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply, req.kv))
         except (Overloaded, Closed) as exc:
             req.reply.fail(Overloaded(f"group {e.group} cannot take more slot commands now: {exc}"))
 

@@ -29,7 +29,7 @@ from llamactor.protocol.embedding import EmbedderInfo
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Cancel, Task, TaskSpec  # Cancel: the supervisor's, passed on
-from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 
 HEADER = struct.Struct(">I")
 
@@ -60,12 +60,13 @@ class GetSlots(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotAction(msgspec.Struct, frozen=True, tag=True):
-    """Erase, save or restore one slot (answered by ``SlotDone``)."""
+    """Erase, save, restore, export or import one slot (answered by ``SlotDone``)."""
 
     call_id: int
     slot: int
     action: str
     path: str = ""
+    kv: SlotKV | None = None  # import: the state to write into the slot
 
 
 class GetMetrics(msgspec.Struct, frozen=True, tag=True):

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.media import MediaChunk
 from llamactor.protocol.sampling import SamplingParams
-from llamactor.protocol.slots import SlotActionResult
+from llamactor.protocol.slots import SlotActionResult, SlotKV
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -127,12 +127,14 @@ class SlotCached(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotRequest(msgspec.Struct, frozen=True, tag=True):
-    """Erase/save/restore one slot (POST /slots/{id}); answered on ``reply`` once the owning group did it."""
+    """Erase/save/restore/export/import one slot (POST /slots/{id}); answered on ``reply`` once
+    the owning group did it."""
 
-    action: str  # "erase" | "save" | "restore"
+    action: str  # "erase" | "save" | "restore" | "export" | "import"
     slot: int
-    path: str  # "" for erase
+    path: str  # save and restore only
     reply: ReplyChannel[SlotActionResult]
+    kv: SlotKV | None = None  # import: the state to write into the slot
 
 
 SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest
@@ -155,12 +157,14 @@ class Revoke(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotCommand(msgspec.Struct, frozen=True, tag=True):
-    """Erase/save/restore one idle local slot; runs between decode steps of this group only."""
+    """Erase/save/restore/export/import one idle local slot; runs between decode steps of this
+    group only."""
 
     action: str
     slot: int
-    path: str  # "" for erase
+    path: str  # save and restore only
     reply: ReplyChannel[SlotActionResult]
+    kv: SlotKV | None = None  # import: the state to write into the slot
 
 
 class Grant(msgspec.Struct, frozen=True, tag=True):

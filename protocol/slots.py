@@ -41,10 +41,22 @@ class SlotState(msgspec.Struct, frozen=True, kw_only=True):
     draft_n_steps: int | None = None
 
 
+class SlotKV(msgspec.Struct, frozen=True, kw_only=True):
+    """One slot's KV state as a value: what ``export`` reads out of a slot and ``import`` writes
+    into one (``llama_state_seq_get_data`` / ``set_data`` of its sequence), with the tokens it
+    holds and the LoRA set that computed it. Engine-local: adapter ids are this engine's own
+    (``runtime.service.slottransfer`` names them by file when the state leaves the server)."""
+
+    tokens: tuple[int, ...]
+    lora: LoraSet = NO_LORA
+    state: bytes = b""
+
+
 class SlotActionResult(msgspec.Struct, frozen=True, kw_only=True):
-    """An erase, save or restore done by the slot's group."""
+    """An erase, save, restore, export or import done by the slot's group."""
 
     slot: int
-    action: str  # "erase" | "save" | "restore"
-    n_tokens: int  # tokens erased, saved or restored
-    ms: float = 0.0  # time the save or restore took
+    action: str  # "erase" | "save" | "restore" | "export" | "import"
+    n_tokens: int  # tokens erased, saved, restored, exported or imported
+    ms: float = 0.0  # time the action took
+    kv: SlotKV | None = None  # export: the slot's state

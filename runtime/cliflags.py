@@ -182,6 +182,13 @@ GROUPS: tuple[Group, ...] = (
                 help="special tokens (<|im_end|>, the EOS, ...) appear as their text in generated output",
             ),
             opt("--slot-save-path", field="slot_save_path", value="PATH", env="LLAMA_ARG_SLOT_SAVE_PATH"),
+            switch(
+                "--slot-transfer",
+                field="slot_transfer",
+                env="LLAMACTOR_SLOT_TRANSFER",
+                help="allow POST /slots/{id}?action=export and ?action=import: a slot's KV state as bytes, "
+                "imported by a server of the same model, KV types and adapters (off: the body can be large)",
+            ),
             opt(
                 "--api-key",
                 field="api_keys",

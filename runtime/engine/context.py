@@ -28,6 +28,7 @@ import numpy as np
 from llamactor.protocol.errors import EngineError
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.plan import StepPlan
+from llamactor.protocol.slots import SlotKV
 from llamactor.runtime.engine.blackbox import DECODE, SAMPLE, START, WARMUP, Blackbox, engine_blackbox
 from llamactor.runtime.engine.controlvector import ControlVector
 from llamactor.runtime.engine.draftmodel import make_drafter
@@ -250,6 +251,12 @@ class Context:
 
     def restore_slot(self, slot: Slot, path: str) -> int:
         return self.kv.restore_file(slot, path)
+
+    def export_slot(self, slot: Slot) -> SlotKV:
+        return self.kv.export_state(slot)
+
+    def import_slot(self, slot: Slot, kv: SlotKV) -> int:
+        return self.kv.import_state(slot, kv)
 
     # ---- a request on a slot, and the step -----------------------------------------------
 

@@ -28,6 +28,7 @@ import numpy as np
 from llamactor.protocol.errors import EngineError, RequestError
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.media import NO_TOKEN
+from llamactor.protocol.slots import SlotKV
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.promptcache import PromptCache, common_prefix, media_floor
 from llamactor.runtime.engine.slot import Slot
@@ -257,6 +258,52 @@ class SequenceKV:
         slot.cache[:] = tokens
         slot.lora = NO_LORA  # a slot file does not say which adapters made it: taken as the base model's
         return len(tokens)
+
+    # ---- export, import: a slot's state as a value (moved between servers) ----------------
+
+    def export_state(self, slot: Slot) -> SlotKV:
+        """The slot's KV state (``llama_state_seq_get_data`` of its sequence), with the tokens
+        it holds and the LoRA set that computed them. As for a slot file, a slot that holds an
+        image or audio is refused: its stand-in tokens mean nothing to another server."""
+        if any(t < 0 for t in slot.cache):
+            raise RequestError(f"slot {slot.id} holds image or audio KV: slots with media cannot be exported")
+        if not slot.cache:
+            return SlotKV(tokens=(), lora=NO_LORA, state=b"")
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, slot.local)
+        buf = (ctypes.c_ubyte * size)()
+        if size == 0 or llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, slot.local) != size:
+            raise EngineError(f"could not read the KV state of slot {slot.id}")
+        return SlotKV(tokens=tuple(slot.cache), lora=slot.lora, state=bytes(buf))
+
+    def import_state(self, slot: Slot, kv: SlotKV) -> int:
+        """Replace the slot's KV with ``kv`` (an ``export_state`` of a compatible context: the
+        caller checked the model, the KV types and the adapters); return the tokens it holds
+        now. llama.cpp checks the state's own layout (layers, cell sizes, V layout) and refuses
+        one that does not fit; the positions it holds must then be exactly ``kv.tokens``'.
+        A refused import leaves the slot empty."""
+        n_vocab = self.model.n_vocab
+        if len(kv.tokens) > self.n_ctx_seq:
+            raise RequestError(
+                f"the state holds {len(kv.tokens)} tokens, more than a slot's context ({self.n_ctx_seq})"
+            )
+        if any(not 0 <= t < n_vocab for t in kv.tokens):
+            raise RequestError(f"the state's tokens must be ids of this model's vocabulary (0..{n_vocab - 1})")
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+        slot.cache.clear()
+        slot.lora = NO_LORA
+        if not kv.tokens:
+            return 0
+        data = (ctypes.c_ubyte * len(kv.state)).from_buffer_copy(kv.state)
+        ok = llama_cpp.llama_state_seq_set_data(self.ctx, data, len(kv.state), slot.local) == len(kv.state)
+        if not ok or llama_cpp.llama_memory_seq_pos_max(self.memory, slot.local) != len(kv.tokens) - 1:
+            llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
+            raise RequestError(
+                "Unable to import slot: the state does not fit this server's KV cache (its layout, "
+                "its size or its tokens differ)"
+            )
+        slot.cache[:] = kv.tokens
+        slot.lora = kv.lora
+        return len(kv.tokens)
 
 
 # llama-server's packed token layout in a slot file (server_tokens::serialize): a marker word

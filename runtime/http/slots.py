@@ -8,7 +8,7 @@ from typing import Any
 from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.http.generation_settings import sampling_settings
 
-_COUNT_NAMES = {"erase": "n_erased", "save": "n_saved", "restore": "n_restored"}
+_COUNT_NAMES = {"erase": "n_erased", "save": "n_saved", "restore": "n_restored", "import": "n_imported"}
 
 
 def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ def slot_params(s: SlotState) -> dict[str, Any]:
 
 
 def slot_action_json(result: SlotActionResult, path: str = "") -> dict[str, Any]:
-    """llama-server's answer to an erase, save or restore."""
+    """llama-server's answer to an erase, save or restore (and, shaped as a restore, to an import)."""
     out: dict[str, Any] = {"id_slot": result.slot, _COUNT_NAMES[result.action]: result.n_tokens}
     if result.action != "erase":
         out["timings"] = {f"{result.action}_ms": result.ms}

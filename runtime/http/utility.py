@@ -28,13 +28,14 @@ from llamactor.runtime.http.errors import error_response
 from llamactor.runtime.http.generation_settings import default_generation_settings
 from llamactor.runtime.http.live import LiveFeed
 from llamactor.runtime.http.slots import slot_action_json, slots_json
+from llamactor.runtime.service.slottransfer import MAX_IMPORT_BYTES
 from llamactor.runtime.service.templatecaps import template_caps
 
 if TYPE_CHECKING:
     from llamactor.runtime.service.core import RuntimeCore as Runtime
 
 SLOT_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SLOT_ACTIONS = ("save", "restore", "erase")
+SLOT_ACTIONS = ("save", "restore", "erase", "export", "import")
 DEFAULT_MEDIA_MARKER = "<__media__>"  # libmtmd's (mtmd_default_marker): /props names it without --mmproj too
 
 
@@ -222,6 +223,8 @@ class UtilityEndpoints:
         action = request.query_params.get("action", "")
         if action not in SLOT_ACTIONS:
             raise RequestError(f"action must be one of {', '.join(SLOT_ACTIONS)}, got {action!r}")
+        if action in ("export", "import"):
+            return await self._slot_transfer(request, slot, action)
         path = ""
         if action != "erase":
             root = self.rt.config.slot_save_path
@@ -236,6 +239,17 @@ class UtilityEndpoints:
                 raise NotFound(f"no saved slot file named {filename!r}")
             path = str(full)
         return json_response(slot_action_json(await self.rt.slot_action(slot, action, path), path))
+
+    async def _slot_transfer(self, request: Request, slot: int, action: str) -> Response:
+        """Export: the slot's KV state as bytes (``service.slottransfer``); import: such bytes
+        as the body, into the slot. Off unless the server was started with --slot-transfer."""
+        if not self.rt.config.slot_transfer:
+            raise RequestError("slot export and import are disabled: start the server with --slot-transfer")
+        if action == "export":
+            data = await self.rt.export_slot(slot)
+            return Response(data, media_type="application/octet-stream")
+        body = await read_body(request, MAX_IMPORT_BYTES)
+        return json_response(slot_action_json(await self.rt.import_slot(slot, body)))
 
     async def live(self, request: Request) -> Response:
         """The live view's SSE stream: one shared snapshot per tick, see ``http.live``."""

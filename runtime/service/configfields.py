@@ -205,6 +205,7 @@ class ConfigFields:
     max_restarts: int = 3  # group restarts allowed within restart_window_s
     restart_window_s: float = 60.0
     slot_save_path: str | None = None
+    slot_transfer: bool = False  # --slot-transfer: POST /slots/{id}?action=export|import (KV state as bytes)
     n_predict_max: int = -1  # server-side cap on n_predict; -1 = the slot context
     profile: bool = False  # --profile: per-group time profiler
     profile_interval_s: float = 5.0

@@ -23,13 +23,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import anyio
+
 from llamactor.protocol.errors import RequestError
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.request import GenerationRequest, InfillParts
 from llamactor.protocol.slots import SlotActionResult, SlotState
-from llamactor.runtime.service import live
+from llamactor.runtime.service import live, slottransfer
 from llamactor.runtime.service.admission import media_names
 from llamactor.runtime.service.chatturn import ChatResult, ChatTurn, parse_completion
+from llamactor.runtime.service.configfields import default_model_path
 from llamactor.runtime.service.embeddings import Embeddings, Input, Ranked
 from llamactor.runtime.service.handles import EventStream, RequestHandle, collect
 from llamactor.runtime.service.lifecycle import RuntimeLifecycle, RuntimeState
@@ -85,6 +88,8 @@ def _infill(parts: InfillParts) -> dict[str, Any]:
 
 class RuntimeCore(RuntimeLifecycle):
     """Everything of the embedding API but the HTTP app (``llamactor.runtime.Runtime`` adds it)."""
+
+    _identity: slottransfer.Identity | None = None  # what exported slots depend on (read once)
 
     # ---- text ------------------------------------------------------------------------------
 
@@ -216,6 +221,30 @@ class RuntimeCore(RuntimeLifecycle):
     async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
         """Erase, save (to ``path``) or restore (from ``path``) one idle slot."""
         return await self._ready_engine().slot_action(slot, action, path)
+
+    async def export_slot(self, slot: int) -> bytes:
+        """One idle slot's KV state, its tokens and what computed it, as bytes that
+        ``import_slot`` of a server of the same model, KV types and adapters reads
+        (``service.slottransfer``)."""
+        result = await self._ready_engine().slot_action(slot, "export")
+        assert result.kv is not None
+        return await anyio.to_thread.run_sync(slottransfer.pack, result.kv, await self._slot_identity())
+
+    async def import_slot(self, slot: int, data: bytes) -> SlotActionResult:
+        """Replace one idle slot's KV with an ``export_slot``'s (``RequestError`` when it came
+        from another model, other KV types or adapters this server lacks)."""
+        kv = await anyio.to_thread.run_sync(slottransfer.unpack, data, await self._slot_identity())
+        return await self._ready_engine().slot_action(slot, "import", kv=kv)
+
+    async def _slot_identity(self) -> slottransfer.Identity:
+        if self._identity is None:
+            cfg = self.config
+            model = cfg.model if cfg.model else default_model_path()
+            adapters = [path for path, _ in cfg.lora]
+            self._identity = await anyio.to_thread.run_sync(
+                slottransfer.identity, model, cfg.cache_type_k, cfg.cache_type_v, adapters
+            )
+        return self._identity
 
     async def metrics_text(self) -> bytes:
         """The Prometheus exposition text of the engine (and of its process, when isolated)."""

@@ -23,7 +23,7 @@ from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.embedding import Embedded, EmbedderInfo
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Task
-from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 
 
 class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,8 +85,9 @@ class EngineClient(Protocol):
 
     async def slots(self) -> list[SlotState]: ...
 
-    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
-        """Erase, save or restore one idle slot (``SlotBusy`` if it serves a request)."""
+    async def slot_action(self, slot: int, action: str, path: str = "", kv: SlotKV | None = None) -> SlotActionResult:
+        """Erase, save (to ``path``), restore (from ``path``), export (the result's ``kv``) or
+        import (``kv``) one idle slot (``SlotBusy`` if it serves a request)."""
         ...
 
     async def metrics_text(self) -> bytes:

@@ -165,8 +165,8 @@ async def answer_call(engine: InProcessEngine, call: link.Call) -> link.Answer:
     match call:
         case link.GetSlots(call_id=cid):
             return link.Slots(cid, tuple(await engine.slots()))
-        case link.SlotAction(call_id=cid, slot=slot, action=action, path=path):
-            return link.SlotDone(cid, await engine.slot_action(slot, action, path))
+        case link.SlotAction(call_id=cid, slot=slot, action=action, path=path, kv=kv):
+            return link.SlotDone(cid, await engine.slot_action(slot, action, path, kv))
         case link.GetMetrics(call_id=cid):
             return link.MetricsText(cid, await engine.metrics_text())
         case link.GetLive(call_id=cid):

@@ -35,7 +35,7 @@ from llamactor.protocol.errors import EngineError, LlamactorError, error_from
 from llamactor.protocol.events import Failed
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Cancel, SlotRequest, Submit, Task
-from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 from llamactor.runtime.engine import backends
 from llamactor.runtime.engine.context import ContextOptions
 from llamactor.runtime.engine.embedding import EmbeddingOptions
@@ -266,8 +266,8 @@ class InProcessEngine:
     def slot_states(self) -> list[SlotState]:
         return self.supervisor.slot_states()
 
-    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
-        return await self.supervisor.ask(lambda r: SlotRequest(action, slot, path, r), SLOT_ACTION_TIMEOUT_S)
+    async def slot_action(self, slot: int, action: str, path: str = "", kv: SlotKV | None = None) -> SlotActionResult:
+        return await self.supervisor.ask(lambda r: SlotRequest(action, slot, path, r, kv), SLOT_ACTION_TIMEOUT_S)
 
     async def metrics_text(self) -> bytes:
         return self.metrics.render()

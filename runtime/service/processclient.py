@@ -27,7 +27,7 @@ from llamactor.protocol.build import BuildInfo
 from llamactor.protocol.errors import EngineError, LlamactorError, Overloaded, Unavailable, error_from
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.messages import Task
-from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.engine import EngineStatus
 from llamactor.runtime.service.engineconn import EngineConnection
@@ -112,8 +112,8 @@ class ProcessClient(JournaledEngine):
     async def slots(self) -> list[SlotState]:
         return list((await self.call(link.GetSlots, link.Slots)).slots)
 
-    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
-        answer = await self.call(lambda cid: link.SlotAction(cid, slot, action, path), link.SlotDone)
+    async def slot_action(self, slot: int, action: str, path: str = "", kv: SlotKV | None = None) -> SlotActionResult:
+        answer = await self.call(lambda cid: link.SlotAction(cid, slot, action, path, kv), link.SlotDone)
         return answer.result
 
     async def metrics_text(self) -> bytes:

@@ -22,7 +22,7 @@ import structlog
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError, error_from
 from llamactor.protocol.live import LiveSnapshot, merge_replicas
-from llamactor.protocol.slots import SlotActionResult, SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.engine import EngineStatus, ReplicaStatus
 from llamactor.runtime.service.raycluster import replica_lost
@@ -96,13 +96,13 @@ class ReplicaCalls(JournaledEngine):
             out += [msgspec.structs.replace(s, id=base + s.id) for s in answer.slots]
         return out
 
-    async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
+    async def slot_action(self, slot: int, action: str, path: str = "", kv: SlotKV | None = None) -> SlotActionResult:
         local = slot
         for rid in self._replica_ids():
             n = len((await self.call(link.GetSlots, link.Slots, rid)).slots)
             if local < n:
                 answer = await self.call(
-                    partial(_slot_action, slot=local, action=action, path=path), link.SlotDone, rid
+                    partial(_slot_action, slot=local, action=action, path=path, kv=kv), link.SlotDone, rid
                 )
                 return msgspec.structs.replace(answer.result, slot=slot)  # numbered as ``slots`` numbers it
             local -= n
@@ -189,5 +189,5 @@ def relabel(texts: list[tuple[str, bytes]]) -> bytes:
     return ("\n".join(out) + "\n").encode() if out else b""
 
 
-def _slot_action(cid: int, *, slot: int, action: str, path: str) -> link.SlotAction:
-    return link.SlotAction(cid, slot, action, path)
+def _slot_action(cid: int, *, slot: int, action: str, path: str, kv: SlotKV | None) -> link.SlotAction:
+    return link.SlotAction(cid, slot, action, path, kv)
