@@ -48,6 +48,15 @@ else:
     EventSink = Any
 
 
+class Speculation(msgspec.Struct, frozen=True):
+    """A request's speculative decoding, resolved at admission: its ``speculative.*`` fields over
+    the server's draft settings (``None`` in a task: it does not speculate)."""
+
+    n_max: int  # the longest draft, in tokens (a task's is at least 1)
+    n_min: int  # a shorter draft is not verified (the engine clamps it to 1..n_max)
+    p_min: float  # a draft model stops drafting once its top token's probability is below this
+
+
 class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     """An admitted request as the engine serves it, without its prompt tokens and its stream:
     the part that is journaled and crosses the link to an engine process (``WireTask``).
@@ -57,7 +66,7 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     id: int
-    params: SamplingParams  # the request's sampling over the server's defaults (speculation included)
+    params: SamplingParams  # the request's sampling over the server's defaults
     n_predict: int  # tokens it may generate (0: none; bounded by the slot unless the context shifts)
     n: int = 1  # choices; they share one prompt prefill and live in one group
     id_slot: int = -1  # the slot it is pinned to (-1: any)
@@ -73,6 +82,9 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     post_sampling_probs: bool = False  # token probabilities after the sampler chain (shown in its settings)
     priority: int = 0  # lower first, under the priority policy
     tags: Mapping[str, str] = {}  # free-form labels a scheduling policy may read
+    # its draft settings where the server speculates; None: it does not (the server does not,
+    # or the request's speculative.n_max is 0)
+    speculation: Speculation | None = None
     # --mmproj: the prompt's images, by position (their positions in the prompt hold stand-in
     # tokens, ``protocol.media``); each is decoded when the slot's prefill reaches it
     media: tuple[MediaChunk, ...] = ()

@@ -112,7 +112,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     post_sampling_probs: bool = False
     t_max_predict_ms: int = 0
     # speculative decoding: the request's speculative.n_max / n_min / p_min (llama-server's names); None: the
-    # server's (--spec-draft-n-max ...). n_max 0 turns speculation off for this request.
+    # server's (--spec-draft-n-max ...). n_max 0 turns speculation off for this request. Admission
+    # resolves them over the server's once (``messages.Task.speculation``, what the engine reads).
     speculative_n_max: int | None = None
     speculative_n_min: int | None = None
     speculative_p_min: float | None = None

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from llamactor.protocol import errors
-from llamactor.protocol.enginelink import Events
+from llamactor.protocol.enginelink import Events, Submit
 from llamactor.protocol.events import Done, Failed, Progress, Token
-from llamactor.protocol.messages import Task
+from llamactor.protocol.messages import Speculation, Task
 from llamactor.protocol.sampling import DEFAULT_SEED, SamplingParams
 from llamactor.runtime.service.config import RuntimeConfig, config_from_wire, config_to_wire
 from llamactor.runtime.service.journal import SEED_STEP, Journal, wire
@@ -160,6 +160,14 @@ def test_a_death_it_cannot_attribute_counts_for_every_request_it_held():
     a.sent = True
     j.lost(None, now=1.0)
     assert a.deaths == 1 and b.deaths == 0  # b was not in that engine
+
+
+def test_the_resolved_speculation_crosses_the_link_and_a_resume():
+    """The draft settings admission resolved reach the engine as they are, resumed or not."""
+    spec = Speculation(4, 2, 0.5)
+    for resumes in (0, 1):
+        frame = msgspec.msgpack.encode(Submit(wire(task(speculation=spec), [[9]], resumes)))
+        assert msgspec.msgpack.decode(frame, type=Submit).task.task(None).speculation == spec
 
 
 @pytest.mark.parametrize("cls", list(errors.ERRORS.values()))

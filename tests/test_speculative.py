@@ -26,8 +26,11 @@ import pytest
 from conftest import open_server
 
 from llamactor.actors.policies import BUILTIN
+from llamactor.protocol.messages import Speculation
+from llamactor.protocol.sampling import SamplingParams
 from llamactor.runtime import ConfigError, RequestError, Runtime
-from llamactor.runtime.service.config import default_model_path
+from llamactor.runtime.service.config import RuntimeConfig, default_model_path
+from llamactor.runtime.service.speculation import resolve_speculation, server_speculation
 
 PROMPTS = [
     "repeat this text: the cat sat on the mat. the cat sat on the mat. the cat sat on",
@@ -181,6 +184,25 @@ async def test_metrics_slots_and_request_fields_over_http(make_config):
         assert off.n_draft == 0 and 0 < on.n_draft_accepted <= on.n_draft
         with pytest.raises(RequestError, match="speculative.p_min"):
             await rt.complete("hi", max_tokens=2, speculative_p_min=-0.5)
+
+
+def test_admission_resolves_the_request_fields_over_the_servers_limits():
+    """A task carries its draft settings resolved: n_max at most the server's (0: none), n_min and
+    p_min the request's where given, else the server's for its kind of speculation."""
+    ngram = server_speculation(RuntimeConfig(spec_type="ngram-simple", spec_ngram_size_m=16, spec_draft_n_min=2))
+    assert ngram == Speculation(16, 2, 0.0)
+    mod = RuntimeConfig(spec_type="ngram-mod", spec_ngram_mod_n_max=64, spec_ngram_mod_n_min=48, spec_draft_p_min=0.5)
+    assert server_speculation(mod) == Speculation(64, 48, 0.0)
+    assert server_speculation(RuntimeConfig(spec_type="draft-simple", spec_draft_p_min=0.5)) == Speculation(3, 0, 0.5)
+    assert server_speculation(RuntimeConfig()) is None
+    for fields, resolved in (
+        ({}, Speculation(16, 2, 0.0)),
+        ({"speculative_n_max": 40, "speculative_n_min": 0, "speculative_p_min": 0.25}, Speculation(16, 0, 0.25)),
+        ({"speculative_n_max": 3}, Speculation(3, 2, 0.0)),
+        ({"speculative_n_max": 0}, None),
+    ):
+        assert resolve_speculation(SamplingParams(**fields), ngram) == resolved
+        assert resolve_speculation(SamplingParams(**fields), None) is None
 
 
 def test_bad_speculation_settings_refused(make_config, tiny_model):

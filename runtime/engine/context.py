@@ -288,22 +288,14 @@ class Context:
                 slot.n_decoded = len(delivered)
             else:  # exact: replayed one decode step at a time after the prompt (``Output.emit``)
                 slot.replay = list(reversed(delivered))
-        spec = self.opts.spec
-        if spec is not None and task.media:  # drafts are text: a prompt with images does not speculate
-            slot.spec = None
-        elif spec is not None:  # the request's speculative.* fields over the server's
-            p = task.params
-            n_max = spec.n_max if p.speculative_n_max is None else min(p.speculative_n_max, spec.n_max)
-            slot.spec = (
-                SpecState(
-                    task.prompt,
-                    n_max,
-                    spec.n_min if p.speculative_n_min is None else p.speculative_n_min,
-                    spec.p_min if p.speculative_p_min is None else p.speculative_p_min,
-                )
-                if n_max > 0
-                else None
-            )
+        # the request's draft settings as admission resolved them, where this group has a drafter;
+        # drafts are text: a prompt with images does not speculate
+        sp = task.speculation
+        slot.spec = (
+            SpecState(task.prompt, sp.n_max, sp.n_min, sp.p_min)
+            if sp is not None and self.drafter is not None and not task.media
+            else None
+        )
 
     def release(self, slot: Slot) -> None:
         if slot.sampler is not None:

@@ -51,12 +51,10 @@ _RAMP = np.arange(1024, dtype=np.int64)  # column offsets of the n-gram gather (
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """A group's speculation settings (``None`` in ``ContextOptions``: off, and free)."""
+    """A group's draft source (``None`` in ``ContextOptions``: off, and free). A request's draft
+    limits are not here: admission resolves them over the server's (``Task.speculation``)."""
 
-    kind: str  # SPEC_NGRAM or SPEC_DRAFT
-    n_max: int  # longest draft (ngram: --spec-ngram-simple-size-m; draft model: --spec-draft-n-max)
-    n_min: int = 0  # a shorter draft is not verified
-    p_min: float = 0.0  # draft model: stop drafting once its top token's probability is below this
+    kind: str  # SPEC_NGRAM, SPEC_MOD, SPEC_CACHE or SPEC_DRAFT
     size_n: int = 12  # ngram-simple: tokens looked up; ngram-mod: the window (n_match)
     draft_model: Any = None  # draft-simple: the loaded draft ``Model`` (shared by every group)
     static_cache: Any = None  # ngram-cache: the static n-gram cache (-lcs), read only

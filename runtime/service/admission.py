@@ -3,10 +3,10 @@
 The one place where a request meets the server: every field's type is checked
 (``request.validated``), the server's defaults are resolved once (sampling flags, ``-r``,
 ``--keep``, ``--no-cache-prompt``, ``--ignore-eos``, ``-n``, the global LoRA scales, the chat
-template's settings), a chat is rendered with its call grammar, a fill-in-the-middle request
-gets its FIM prompt, the prompt is tokenized and checked against the slot context, and every
-sampler of the request's chain is built once (so settings llama.cpp refuses fail this request
-alone). Nothing here touches an actor.
+template's settings, the draft limits of speculative decoding), a chat is rendered with its
+call grammar, a fill-in-the-middle request gets its FIM prompt, the prompt is tokenized and
+checked against the slot context, and every sampler of the request's chain is built once (so
+settings llama.cpp refuses fail this request alone). Nothing here touches an actor.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from llamactor.runtime.service.lora import LoraAdapters
 from llamactor.runtime.service.mediafetch import ImageURL, MediaFetcher
 from llamactor.runtime.service.mediaproc import MediaTokenizer
 from llamactor.runtime.service.schemalimits import check_limits
+from llamactor.runtime.service.speculation import resolve_speculation, server_speculation
 
 MAX_N_PREDICT = 1 << 24  # a larger max_tokens means as many as the context holds (llama-server takes any)
 INLINE_CHAT_BYTES = 16 * 1024  # a chat's messages (as JSON) rendered on the event loop up to this size
@@ -83,6 +84,7 @@ class Admission:
         self.template = template
         self.adapters = adapters if adapters is not None else LoraAdapters()
         self.vision = vision  # --mmproj: prompts with images are tokenized with it
+        self.speculation = server_speculation(config)  # the server's draft limits (None: no speculation)
         media_path = Path(config.media_path) if config.media_path is not None else None
         policy = EgressPolicy(host_names(config.allowed_media_domains), config.allow_private_media_urls)
         self.fetcher = MediaFetcher(media_path, config.media_fetch_max_bytes, config.media_fetch_timeout_s, policy)
@@ -138,6 +140,7 @@ class Admission:
             post_sampling_probs=bool(req.post_sampling_probs),
             priority=req.priority,
             tags=req.tags,
+            speculation=resolve_speculation(params, self.speculation),
             prompt=np.asarray(tokens, dtype=np.int32),
             media=media,
             sink=send,

@@ -43,17 +43,13 @@ def policy_options(cfg: RuntimeConfig) -> dict[str, Any]:
 
 
 async def speculation_options(cfg: RuntimeConfig, model: Model, stack: AsyncExitStack) -> SpecOptions | None:
-    """The groups' speculation settings; a draft model is loaded once here (each group makes its
-    own draft context over it) and refused unless its vocabulary is the target's (ConfigError:
-    exit 2 from the command line)."""
+    """The groups' draft source; a draft model is loaded once here (each group makes its own
+    draft context over it) and refused unless its vocabulary is the target's (ConfigError: exit
+    2 from the command line). The draft limits go with each task (``service.speculation``)."""
     if cfg.spec_type == SPEC_NGRAM:
-        return SpecOptions(
-            SPEC_NGRAM, n_max=cfg.spec_ngram_size_m, n_min=cfg.spec_draft_n_min, size_n=cfg.spec_ngram_size_n
-        )
+        return SpecOptions(SPEC_NGRAM, size_n=cfg.spec_ngram_size_n)
     if cfg.spec_type == SPEC_MOD:
-        return SpecOptions(
-            SPEC_MOD, n_max=cfg.spec_ngram_mod_n_max, n_min=cfg.spec_ngram_mod_n_min, size_n=cfg.spec_ngram_mod_n_match
-        )
+        return SpecOptions(SPEC_MOD, size_n=cfg.spec_ngram_mod_n_match)
     if cfg.spec_type == SPEC_CACHE:
         from llamactor.runtime.engine import ngramcache
 
@@ -62,22 +58,14 @@ async def speculation_options(cfg: RuntimeConfig, model: Model, stack: AsyncExit
         )
         dynamic = await anyio.to_thread.run_sync(ngramcache.DynamicCache, cfg.lookup_cache_dynamic)
         log.info("lookup_caches", static_ngrams=len(static), dynamic_ngrams=len(dynamic.cache))
-        return SpecOptions(
-            SPEC_CACHE, n_max=ngramcache.N_DRAFT, n_min=cfg.spec_draft_n_min, static_cache=static, dynamic_cache=dynamic
-        )
+        return SpecOptions(SPEC_CACHE, static_cache=static, dynamic_cache=dynamic)
     if cfg.spec_type != SPEC_DRAFT:
         return None
     assert cfg.spec_draft_model is not None
     draft = await anyio.to_thread.run_sync(Model, cfg.spec_draft_model, draft_load_options(cfg))
     stack.callback(draft.close)
     await anyio.to_thread.run_sync(check_compatible, model, draft, cfg.spec_draft_model)
-    return SpecOptions(
-        SPEC_DRAFT,
-        n_max=cfg.spec_draft_n_max,
-        n_min=cfg.spec_draft_n_min,
-        p_min=cfg.spec_draft_p_min,
-        draft_model=draft,
-    )
+    return SpecOptions(SPEC_DRAFT, draft_model=draft)
 
 
 def load_options(cfg: RuntimeConfig) -> LoadOptions:
