@@ -51,9 +51,9 @@ async def test_exported_slot_continues_on_another_server_and_incompatible_import
     one, two = adapters
     transfer = dict(parallel=2, slot_transfer=True, lora_init_without_apply=True)
     configs = {
-        # the source: adapter "one" is id 0
-        "source": make_config(lora=((str(one), 1.0),), **transfer),
-        # the target, its engine in a child process (the state crosses the engine link); "one" is id 1 here
+        # the source and the target run their engines in child processes (the state crosses both
+        # engine links); adapter "one" is id 0 on the source, id 1 on the target
+        "source": make_config(lora=((str(one), 1.0),), isolate=True, **transfer),
         "target": make_config(lora=((str(two), 1.0), (str(one), 1.0)), isolate=True, **transfer),
         "other model": make_config(model=other_model, lora=((str(one), 1.0),), **transfer),
         "other kv type": make_config(lora=((str(one), 1.0),), cache_type_k="f32", **transfer),
