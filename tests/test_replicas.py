@@ -418,3 +418,61 @@ async def test_replica_set_serves_every_api_and_reports_its_replicas(local_ray, 
         done = await rt.complete("the embedding API", max_tokens=4, temperature=0)  # as one runtime
         assert done.choices[0].finish_reason == "length" and done.n_predicted == 4
         await wait_until(lambda: rt.in_flight() == 0)
+
+
+def _prompt_tokens(metrics: str) -> float:
+    """Prompt tokens processed, summed over the replicas (``llamacpp:prompt_tokens_total``)."""
+    return sum(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("llamacpp:prompt_tokens_total"))
+
+
+async def test_a_drained_replica_moves_its_streams_with_their_kv(local_ray, make_config):
+    """POST /replicas/{id}/drain mid-stream: every stream on that replica goes on on the other
+    one from its KV (exported, imported into a free slot): all end with every token, none
+    prefilled again, and the drained replica gets no new request."""
+    cfg = _replicas(make_config, engine_hooks=f"{HOOKS}:Slower")
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            before = _prompt_tokens((await client.get("/metrics")).text)
+            out: list[tuple[str, list[str]]] = [("", [])] * len(PROMPTS)
+            stamps: list[list[float]] = [[] for _ in PROMPTS]
+            reached = anyio.Event()
+            source: list[str] = []
+            report: dict = {}
+
+            def piece(i: int, n: int, replica: str) -> None:
+                stamps[i].append(anyio.current_time())
+                if i == 0 and n == KILL_AT:
+                    source.append(replica)
+                    reached.set()
+
+            async def run(i: int) -> None:
+                out[i] = await _sse(client, PROMPTS[i], partial(piece, i))
+
+            async def drain() -> None:
+                await reached.wait()
+                r = await client.post(f"/replicas/{source[0]}/drain")
+                assert r.status_code == 200, r.text
+                report.update(r.json())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain)
+                for i in range(len(PROMPTS)):
+                    tg.start_soon(run, i)
+            assert {replica for replica, _ in out} == {source[0]}  # the shared prefix kept them together
+            for i, (_, pieces) in enumerate(out):
+                payloads = [json.loads(p[6:]) for p in pieces]
+                assert payloads[-1]["stop"] and payloads[-1]["tokens_predicted"] == N_PREDICT, f"stream {i}"
+                assert len([p for p in payloads if p["content"]]) <= N_PREDICT  # no duplicate
+            assert report["streams"] == len(PROMPTS) and report["moved_with_kv"] == len(PROMPTS), report
+            assert report["replayed"] == 0 and report["history_tokens_moved"] >= len(PROMPTS) * KILL_AT
+            processed = _prompt_tokens((await client.get("/metrics")).text) - before
+            prompts = sum([len(await rt.tokenize(p)) for p in PROMPTS])
+            # the prompts once (on the drained replica) and one token a stream at the move, not
+            # each stream's prompt and history again (the replay path's prefill)
+            assert processed <= prompts + len(PROMPTS), (processed, prompts)
+            gaps = [max(b - a for a, b in zip(s, s[1:])) for s in stamps]
+            print(f"drain: {report}, prompt tokens {processed:g} (prompts {prompts}), max gap {max(gaps):.3f} s")
+            # the drained replica gets no new request
+            r = await client.post("/completion", json={"prompt": "after the drain", "n_predict": 4})
+            assert r.status_code == 200 and r.headers["x-llamactor-replica"] != source[0]
+            assert (await client.post("/replicas/nope/drain")).status_code == 404

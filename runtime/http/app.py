@@ -108,6 +108,7 @@ MODEL_ROUTES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("/detokenize", "detokenize", ("POST",)),
     ("/slots", "slots", ("GET",)),
     ("/slots/{id}", "slot_action", ("POST",)),
+    ("/replicas/{id}/drain", "drain_replica", ("POST",)),
     ("/metrics", "metrics", ("GET",)),
     ("/v1/embeddings", "embeddings_oai", ("POST",)),
     ("/embeddings", "embeddings_native", ("POST",)),

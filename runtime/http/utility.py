@@ -240,6 +240,12 @@ class UtilityEndpoints:
             path = str(full)
         return json_response(slot_action_json(await self.rt.slot_action(slot, action, path), path))
 
+    async def drain_replica(self, request: Request) -> Response:
+        """POST /replicas/{id}/drain: no new requests to that replica; its streams move to
+        the others with their KV (the replica ids are ``GET /props``' ``engine.replicas``)."""
+        self.rt.require_ready()
+        return json_response(await self.rt.drain_replica(request.path_params["id"]))
+
     async def _slot_transfer(self, request: Request, slot: int, action: str) -> Response:
         """Export: the slot's KV state as bytes (``service.slottransfer``); import: such bytes
         as the body, into the slot. Off unless the server was started with --slot-transfer."""

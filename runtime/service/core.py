@@ -25,7 +25,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from llamactor.protocol.errors import RequestError
+from llamactor.protocol.errors import NotFound, RequestError
 from llamactor.protocol.live import LiveSnapshot
 from llamactor.protocol.request import GenerationRequest, InfillParts
 from llamactor.protocol.slots import SlotActionResult, SlotState
@@ -221,6 +221,15 @@ class RuntimeCore(RuntimeLifecycle):
     async def slot_action(self, slot: int, action: str, path: str = "") -> SlotActionResult:
         """Erase, save (to ``path``) or restore (from ``path``) one idle slot."""
         return await self._ready_engine().slot_action(slot, action, path)
+
+    async def drain_replica(self, replica: str) -> dict[str, Any]:
+        """A replica set's replica gets no new requests, and each stream it serves moves to
+        another replica with its KV (``ReplicaRequests.drain``); what moved, as a dict."""
+        drain = getattr(self._ready_engine(), "drain", None)
+        if drain is None:
+            raise NotFound("this server runs no replicas (--replicas)")
+        result: dict[str, Any] = await drain(replica)
+        return result
 
     async def export_slot(self, slot: int) -> bytes:
         """One idle slot's KV state, its tokens and what computed it, as bytes that

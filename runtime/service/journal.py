@@ -143,15 +143,19 @@ class Journal:
                 continue
             yield entry, self.next_send(entry)
 
-    def next_send(self, entry: Entry, what: str = "the engine process") -> WireTask | Failed:
+    def next_send(
+        self, entry: Entry, what: str = "the engine process", *, fast: bool | None = None
+    ) -> WireTask | Failed:
         """What to send for ``entry`` now: its wire task (a resume if it had started), or the
-        failure that ends it (past ``resume_max`` deaths of ``what`` served it)."""
+        failure that ends it (past ``resume_max`` deaths of ``what`` served it). ``fast``
+        overrides the journal's resume mode (a stream moved with its KV: its history is in the
+        slot it goes to, nothing is replayed)."""
         if entry.deaths > self.resume_max:
             return Failed(
                 f"{what} died {entry.deaths} times while serving this request; it is not resumed again", "EngineError"
             )
         resumes = entry.resumes + 1 if entry.started else entry.resumes
-        return wire(entry.task, entry.delivered, resumes, self.fast)
+        return wire(entry.task, entry.delivered, resumes, self.fast if fast is None else fast)
 
     def submitted(self, entry: Entry, task: WireTask) -> bool:
         """``task`` reached the engine; True when it was a resume."""

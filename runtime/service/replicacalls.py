@@ -102,7 +102,7 @@ class ReplicaCalls(JournaledEngine):
             n = len((await self.call(link.GetSlots, link.Slots, rid)).slots)
             if local < n:
                 answer = await self.call(
-                    partial(_slot_action, slot=local, action=action, path=path, kv=kv), link.SlotDone, rid
+                    partial(slot_action_call, slot=local, action=action, path=path, kv=kv), link.SlotDone, rid
                 )
                 return msgspec.structs.replace(answer.result, slot=slot)  # numbered as ``slots`` numbers it
             local -= n
@@ -189,5 +189,5 @@ def relabel(texts: list[tuple[str, bytes]]) -> bytes:
     return ("\n".join(out) + "\n").encode() if out else b""
 
 
-def _slot_action(cid: int, *, slot: int, action: str, path: str, kv: SlotKV | None) -> link.SlotAction:
+def slot_action_call(cid: int, *, slot: int, action: str, path: str, kv: SlotKV | None) -> link.SlotAction:
     return link.SlotAction(cid, slot, action, path, kv)

@@ -37,13 +37,21 @@ def _route_of(pending: PendingRequest | None) -> Route | None:
 
 
 class _Targeted:
-    """A call that names a replica goes to it (slots, metrics, live view of one replica)."""
+    """A call that names a replica goes to it (slots, metrics, live view of one replica); a
+    request that names none never goes to a drained replica while another is left."""
+
+    draining: set[str]  # replica ids drained (``ReplicaRequests.drain``): no new requests
 
     def _register(self) -> None:
         # Ray sends the class by value: this function's globals are a copy, the module is not
         from llamactor.runtime.service import replicarouters
 
+        self.draining = set()
         replicarouters.ROUTERS[self.app_name] = self  # type: ignore[attr-defined,assignment]
+
+    def live(self, candidates: list[RunningReplica]) -> list[RunningReplica]:
+        """The candidates not drained (all of them when every one is)."""
+        return [r for r in candidates if r.replica_id.unique_id not in self.draining] or candidates
 
     def replicas(self) -> list[RunningReplica]:
         return list(self.curr_replicas.values())  # type: ignore[attr-defined]
@@ -84,7 +92,7 @@ class CacheRouter(_Targeted, RequestRouter):
         targeted = self.target(candidate_replicas, route)
         if targeted is not None:
             return targeted
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        by_id = {r.replica_id.unique_id: r for r in self.live(candidate_replicas)}
         loads = {rid: self._load(r) for rid, r in by_id.items()}
         now = time.time()
         ranks = choose(route or Route(0), loads, now, self.rng)
@@ -153,7 +161,7 @@ class Pow2Router(_Targeted, PowerOfTwoChoicesRequestRouter):
         targeted = self.target(candidate_replicas, _route_of(pending_request))
         if targeted is not None:
             return targeted
-        return await super().choose_replicas(candidate_replicas, pending_request)
+        return await super().choose_replicas(self.live(candidate_replicas), pending_request)
 
 
 class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
@@ -170,6 +178,7 @@ class PrefixTreeRouter(_Targeted, PrefixCacheAffinityRouter):
         targeted = self.target(candidate_replicas, route)
         if targeted is not None:
             return targeted
+        candidate_replicas = self.live(candidate_replicas)
         if route is None or not route.prompt:  # Ray's router divides by the prompt's length
             return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)  # type: ignore[arg-type]
         return await super().choose_replicas(candidate_replicas, pending_request)  # type: ignore[return-value]
