@@ -193,7 +193,7 @@ class GroupSlots:
         assert self.engine is not None
         s = self.slots[cmd.slot]
         try:
-            if s.busy:
+            if s.busy and cmd.action != "export":  # reading a busy slot's KV between steps is safe
                 raise SlotBusy(f"slot {s.id} is processing a request")
             t0 = time.perf_counter()
             kv = None
@@ -215,10 +215,10 @@ class GroupSlots:
             result = SlotActionResult(slot=s.id, action=cmd.action, n_tokens=n, ms=ms, kv=kv)
         except Exception as exc:
             if cmd.action in ("restore", "import"):  # a refused restore or import has emptied the slot
-                self._report(SlotCached(self.group, s.local, tuple(s.cache)))
+                self._report(SlotCached(self.group, s.local, tuple(s.cache), s.lora))
             cmd.reply.fail(exc)
             return
-        self._report(SlotCached(self.group, s.local, tuple(s.cache)))
+        self._report(SlotCached(self.group, s.local, tuple(s.cache), s.lora))
         cmd.reply.send(result)
 
     # ---- the end of a request --------------------------------------------------------

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+import msgspec
 import numpy as np
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
@@ -31,6 +32,7 @@ from llamactor.protocol.errors import Closed, NotFound, Overloaded, Unavailable
 from llamactor.protocol.events import Failed
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.messages import (
+    PREFIX_HOLDER,
     Assign,
     Cancel,
     Released,
@@ -43,6 +45,7 @@ from llamactor.protocol.messages import (
     Task,
 )
 from llamactor.protocol.slots import SlotState
+from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.kernel.actor import Actor
 
 log = structlog.get_logger("llamactor.supervisor")
@@ -81,6 +84,7 @@ class Supervisor(Actor[SupervisorMsg]):
         self.table = [SlotEntry(g * slots_per_group + i, g, i) for g in range(n_groups) for i in range(slots_per_group)]
         self.queue: deque[Task] = deque()
         self.running: dict[int, int] = {}  # task id -> group
+        self.serving: dict[int, np.ndarray] = {}  # slot id -> the prompt of the request it serves (busy)
         self.down: set[int] = set()  # groups past their restart limit
         self.restarts = [0] * n_groups
         self._schedule_soon = False
@@ -192,9 +196,9 @@ class Supervisor(Actor[SupervisorMsg]):
             case Released(group=g, slots=locals_, cached=cached, task_id=task_id, lora=lora):
                 self.running.pop(task_id, None)
                 self._released(g, locals_, cached, lora)
-            case SlotCached(group=g, slot=local, cached=cached):
+            case SlotCached(group=g, slot=local, cached=cached, lora=lora):
                 e = self._entry(g, local)
-                e.cached, e.lora = (np.asarray(cached, dtype=np.int32) if cached else EMPTY), NO_LORA
+                e.cached, e.lora = (np.asarray(cached, dtype=np.int32) if cached else EMPTY), lora
             case SlotRequest():
                 self._slot_request(msg)
 
@@ -253,6 +257,7 @@ class Supervisor(Actor[SupervisorMsg]):
         for i, (local, toks) in enumerate(zip(locals_, cached)):
             e = self._entry(g, local)
             e.busy = False
+            self.serving.pop(e.id, None)
             e.released = self._releases
             e.cached = np.asarray(toks, dtype=np.int32) if toks else EMPTY
             e.lora = lora[i] if i < len(lora) else NO_LORA
@@ -263,6 +268,7 @@ class Supervisor(Actor[SupervisorMsg]):
             if e.group == g:
                 e.busy = False
                 e.cached = EMPTY
+                self.serving.pop(e.id, None)
         self.running = {t: grp for t, grp in self.running.items() if grp != g}
 
     def _fail_unservable(self) -> None:
@@ -278,6 +284,8 @@ class Supervisor(Actor[SupervisorMsg]):
         return len(self.down) == len(self.groups)
 
     def _slot_request(self, req: SlotRequest) -> None:
+        if req.slot == PREFIX_HOLDER and req.action == "export" and req.kv is not None:
+            req = msgspec.structs.replace(req, slot=self._prefix_holder(np.asarray(req.kv.tokens, dtype=np.int32)))
         if not 0 <= req.slot < len(self.table):
             req.reply.fail(NotFound(f"slot {req.slot} does not exist (0..{len(self.table) - 1})"))
             return
@@ -291,6 +299,19 @@ class Supervisor(Actor[SupervisorMsg]):
             group.try_tell(SlotCommand(req.action, e.local, req.path, req.reply, req.kv))
         except (Overloaded, Closed) as exc:
             req.reply.fail(Overloaded(f"group {e.group} cannot take more slot commands now: {exc}"))
+
+    def _prefix_holder(self, tokens: np.ndarray) -> int:
+        """The slot whose KV shares the longest prefix with ``tokens`` (busy or idle: a busy
+        slot holds its request's prompt, as far as its prefill has gone); -1 when none shares any."""
+        best, best_n = -1, 0
+        for e in self.table:
+            if e.group in self.down or self.groups[e.group] is None:
+                continue
+            held = self.serving.get(e.id, EMPTY) if e.busy else e.cached
+            n = common_prefix(held, tokens)
+            if n > best_n:
+                best, best_n = e.id, n
+        return best
 
     # ---- scheduling --------------------------------------------------------------------
 
@@ -313,6 +334,7 @@ class Supervisor(Actor[SupervisorMsg]):
             return False  # the group is failing or full: the task stays queued
         for e in chosen:
             e.busy = True
+            self.serving[e.id] = task.prompt
         self.running[task.id] = chosen[0].group
         return True
 

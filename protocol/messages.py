@@ -131,11 +131,16 @@ class Released(msgspec.Struct, frozen=True, tag=True):
 
 
 class SlotCached(msgspec.Struct, frozen=True, tag=True):
-    """Group → supervisor: an idle slot's KV now holds ``cached`` (after erase/restore)."""
+    """Group → supervisor: an idle slot's KV now holds ``cached``, computed under ``lora``
+    (after erase, restore or import)."""
 
     group: int
     slot: int
     cached: tuple[int, ...]
+    lora: LoraSet = NO_LORA
+
+
+PREFIX_HOLDER = -1  # the ``slot`` of an export that takes the slot holding most of ``kv.tokens``
 
 
 class SlotRequest(msgspec.Struct, frozen=True, tag=True):
@@ -146,7 +151,9 @@ class SlotRequest(msgspec.Struct, frozen=True, tag=True):
     slot: int
     path: str  # save and restore only
     reply: ReplyChannel[SlotActionResult]
-    kv: SlotKV | None = None  # import: the state to write into the slot
+    # import: the state to write into the slot; an export of slot ``PREFIX_HOLDER``: the tokens
+    # whose longest prefix a slot holds (that slot is exported, busy or not)
+    kv: SlotKV | None = None
 
 
 SupervisorMsg = Submit | Cancel | Released | SlotCached | SlotRequest

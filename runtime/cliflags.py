@@ -1586,6 +1586,15 @@ GROUPS: tuple[Group, ...] = (
                 "of routed prompts, or to the less loaded of two random replicas",
             ),
             opt(
+                "--replica-pull",
+                field="replica_pull",
+                value="auto|always|off",
+                env="LLAMACTOR_REPLICA_PULL",
+                parse=values.choice("auto", "always", "off"),
+                help="--replicas: a request routed away from the replica that caches more of its prompt copies "
+                "that replica's KV instead of prefilling it: when measured cheaper (auto), always, or never",
+            ),
+            opt(
                 "--replica-cpus",
                 field="replica_cpus",
                 value="N",

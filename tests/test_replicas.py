@@ -476,3 +476,32 @@ async def test_a_drained_replica_moves_its_streams_with_their_kv(local_ray, make
             r = await client.post("/completion", json={"prompt": "after the drain", "n_predict": 4})
             assert r.status_code == 200 and r.headers["x-llamactor-replica"] != source[0]
             assert (await client.post("/replicas/nope/drain")).status_code == 404
+
+
+async def test_a_prefix_cached_on_a_busy_replica_is_pulled_not_prefilled(local_ray, make_config):
+    """One slot a replica: a long stream holds replica A; a request sharing its long prefix goes
+    to B, which imports A's KV (exported from the busy slot) instead of prefilling the prefix,
+    and answers as a server that prefilled it all (same greedy tokens)."""
+    system = " ".join(f"system{i}" for i in range(100))
+    first, second = f"{system} first question", f"{system} the second one"
+    cfg = _replicas(make_config, parallel=1, n_ctx=1024, replica_pull="always", engine_hooks=f"{HOOKS}:Slower")
+    greedy = {"temperature": 0, "ignore_eos": True, "cache_prompt": True}
+    async with Runtime.open(make_config(parallel=1, n_ctx=1024)) as alone:
+        expected = (await alone.complete(second, max_tokens=8, **greedy)).choices[0].tokens
+        n_system = len(await alone.tokenize(system))
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            body = {"prompt": first, "n_predict": 300, "stream": True, **greedy}
+            async with client.stream("POST", "/completion", json=body) as stream:
+                await past_first_event(stream)
+                holder = stream.headers["x-llamactor-replica"]
+                loads = rt.engine._router().loads  # the router has heard that A's one slot is busy
+                await wait_until(lambda: holder in loads and loads[holder].full(), timeout_s=30)
+                r = await client.post("/completion", json={"prompt": second, "n_predict": 8, **greedy})
+                assert r.status_code == 200, r.text
+                assert r.headers["x-llamactor-replica"] != holder
+                timings = r.json()["timings"]
+                assert timings["cache_n"] >= n_system - 16, timings  # the prefix came from A
+                assert timings["prompt_n"] < n_system // 4, timings
+                assert tuple(r.json()["tokens"]) == tuple(expected)
+            assert rt.engine.pulls == 1

@@ -319,6 +319,7 @@ class ReplicaServer:
                 break
         cfg = engine.config
         used = sum(len(e.cached) for e in engine.supervisor.table)
+        rates = [g.costs.ms_per_prompt_token for g in engine.supervisor.groups if g is not None]
         return {
             "at": time.time(),
             "pid": os.getpid(),
@@ -328,6 +329,7 @@ class ReplicaServer:
             "kv_used": min(1.0, used / max(1, cfg.total_kv_cells)),
             "blocks": blocks,
             "loras": list(range(len(cfg.lora))),
+            "prefill_ms_per_token": max(rates, default=0.0),  # learned from its steps (0: none yet)
         }
 
     def check_health(self) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import anyio
@@ -23,21 +22,19 @@ import structlog
 from anyio.abc import TaskGroup
 
 from llamactor.protocol import enginelink as link
-from llamactor.protocol.errors import LlamactorError, NotFound, Unavailable
+from llamactor.protocol.errors import LlamactorError, Unavailable
 from llamactor.protocol.events import Event, Failed
 from llamactor.protocol.messages import Task
-from llamactor.protocol.slots import SlotKV
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.journal import Entry
 from llamactor.runtime.service.raycluster import first_line, replica_lost
-from llamactor.runtime.service.replicacalls import ReplicaCalls, slot_action_call
+from llamactor.runtime.service.replicacalls import ReplicaCalls
 from llamactor.runtime.service.routing import Placed, Route, Served, block_hashes
 
 log = structlog.get_logger("llamactor.replicas")
 
 SILENCE_S = 10.0  # a replica sends a frame every second; this long without one: it is gone
-MOVE_WAIT_S = 5.0  # a drained replica ends a moving stream within this (else it is replayed)
 
 _frames = msgspec.msgpack.Decoder(Placed | link.Events)
 _served = msgspec.msgpack.Decoder(Served)
@@ -58,8 +55,8 @@ class _Sub:
 
 
 @dataclass
-class _Move:
-    """A stream leaving a drained replica: where its KV went (``ReplicaRequests.drain``)."""
+class Move:
+    """A stream leaving a drained replica: where its KV went (``ReplicaMoves.drain``)."""
 
     done: anyio.Event = field(default_factory=anyio.Event)
     replica: str = ""  # the replica whose slot holds its history now ("": replayed where the router says)
@@ -79,8 +76,7 @@ class ReplicaRequests(ReplicaCalls):
         self._sids = itertools.count(1)
         self._epochs: dict[str, int] = {}  # replica -> the epoch of its events stream listened to
         self._placements: dict[int, list[str]] = {}
-        self._moves: dict[int, _Move] = {}  # task id -> its move off a drained replica
-        self._importing = anyio.Lock()  # one import at a time: two moves never pick one free slot
+        self._moves: dict[int, Move] = {}  # task id -> its move off a drained replica (``ReplicaMoves``)
 
     def submit(self, task: Task) -> None:
         if self._tg is None:
@@ -110,16 +106,23 @@ class ReplicaRequests(ReplicaCalls):
             if isinstance(what, Failed):
                 self.end(task.id, what)
                 return
-            if move is not None and pinned:  # its history is in that slot: it goes on from there
-                what = msgspec.structs.replace(what, id_slot=move.slot, cache_prompt=True)
+            prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
+            blocks = tuple(block_hashes(prompt))
+            to, slot = (move.replica, move.slot) if move is not None and pinned else ("", -1)
+            if move is None and not entry.started and not entry.resumes:  # a new request: pull its prefix?
+                pulled = await self._pull(task, Route(0, blocks, lora=task.lora), prompt)
+                if task.id not in self.journal:
+                    return  # the client left meanwhile
+                if pulled is not None:
+                    to, slot = pulled
+            if slot >= 0:  # its prefix (a pull) or its history (a move) is in that slot: it goes on from there
+                what = msgspec.structs.replace(what, id_slot=slot, cache_prompt=True)
             sid = next(self._sids)
             sub = self._subs[sid] = _Sub(sid, entry)
             self._sid_of[task.id] = sid
             resumed = self.journal.submitted(entry, what)  # before its first event can arrive
             self.counters.resumed += resumed
-            prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
-            to = move.replica if move is not None else ""
-            route = Route(sid, tuple(block_hashes(prompt)), _text(prompt, self.config.replica_router), to, task.lora)
+            route = Route(sid, blocks, _text(prompt, self.config.replica_router), to, task.lora)
             wire = _encoder.encode(msgspec.structs.replace(what, id=sid))
             lost = ""
             with sub.scope:
@@ -156,89 +159,9 @@ class ReplicaRequests(ReplicaCalls):
                 log.warning("replica_lost", task=task.id, error=lost, delivered=sum(map(len, entry.delivered)))
                 self.journal.lost_one(entry, time.perf_counter())
 
-    # ---- drain: streams move with their KV ---------------------------------------------
-
-    async def drain(self, replica: str) -> dict[str, Any]:
-        """Send ``replica`` no more requests, and move each stream it serves to another replica
-        with its KV: the stream ends there (its slot keeps prompt and answer so far), the slot's
-        state is exported and imported into a free slot elsewhere, and the stream goes on in
-        that slot from its next token (nothing prefilled again). A stream that cannot move so
-        (several choices, images, no free slot, an export that fails) is resumed as after a
-        death, by replay; a request not yet started there starts there."""
-        router = self._router()
-        if router is None or replica not in self._replica_ids():
-            raise NotFound(f"no replica {replica!r}: GET /props lists them (engine.replicas)")
-        router.draining.add(replica)
-        subs = [s for s in self._subs.values() if s.replica == replica and not s.ended.is_set()]
-        moves = [self._moves.setdefault(s.entry.task.id, _Move()) for s in subs]
-        async with anyio.create_task_group() as tg:
-            for sub, move in zip(subs, moves):
-                tg.start_soon(self._move, sub, move, replica)
-        for s in subs:  # one that ended before its move: nothing more to send
-            if s.entry.task.id not in self.journal:
-                self._moves.pop(s.entry.task.id, None)
-        with_kv = [m for m in moves if m.replica]
-        log.info("replica_drained", replica=replica, streams=len(moves), with_kv=len(with_kv))
-        return {
-            "replica": replica,
-            "streams": len(moves),
-            "moved_with_kv": len(with_kv),
-            "replayed": len(moves) - len(with_kv),
-            "history_tokens_moved": sum(m.n_tokens for m in with_kv),
-        }
-
-    async def _move(self, sub: _Sub, move: _Move, source: str) -> None:
-        task = sub.entry.task
-        try:
-            sub.lost = "its replica is drained"
-            sub.scope.cancel()  # the replica ends it; its slot keeps the KV
-            if task.n != 1 or task.media:
-                return
-            kv = await self._served_state(source, sub.sid)
-            if kv is not None and kv.tokens:
-                async with self._importing:
-                    placed = await self._import_elsewhere(kv, source)
-                if placed is not None:
-                    move.replica, move.slot = placed
-                    move.n_tokens = len(kv.tokens)
-        except Exception as exc:  # the move is an optimisation: the replay path stays
-            log.warning("stream_move_failed", task=task.id, error=first_line(exc))
-        finally:
-            move.done.set()
-
-    async def _served_state(self, replica: str, sid: int) -> SlotKV | None:
-        """The KV state of the slot that served submission ``sid``, once it has ended there."""
-        with anyio.move_on_after(MOVE_WAIT_S):
-            while True:
-                slots = (await self.call(link.GetSlots, link.Slots, replica)).slots
-                held = [s for s in slots if s.task == sid]
-                if not held:
-                    return None
-                if not held[0].busy:
-                    make = partial(slot_action_call, slot=held[0].id, action="export", path="", kv=None)
-                    return (await self.call(make, link.SlotDone, replica)).result.kv
-                await anyio.sleep(0.01)
+    async def _pull(self, task: Task, route: Route, prompt: np.ndarray) -> tuple[str, int] | None:
+        """Where a new request's prefix was copied to, to pin it there (``ReplicaMoves``)."""
         return None
-
-    async def _import_elsewhere(self, kv: SlotKV, source: str) -> tuple[str, int] | None:
-        """Import ``kv`` into a free slot of a replica other than ``source`` (the one with
-        the most free slots; its emptiest slot): (replica, slot), or None when none is free."""
-        router = self._router()
-        draining = router.draining if router is not None else set()
-        free: list[tuple[int, str, list[int]]] = []
-        for rid in self._replica_ids():
-            if rid == source or rid in draining:
-                continue
-            slots = (await self.call(link.GetSlots, link.Slots, rid)).slots
-            idle = sorted((s for s in slots if not s.busy and s.phase == "idle"), key=lambda s: s.n_cached)
-            if idle:
-                free.append((len(idle), rid, [s.id for s in idle]))
-        if not free:
-            return None
-        _, rid, ids = max(free)
-        make = partial(slot_action_call, slot=ids[0], action="import", path="", kv=kv)
-        await self.call(make, link.SlotDone, rid)
-        return rid, ids[0]
 
     async def _listen(self, rid: str) -> None:
         """Follow one replica's events stream; when it ends or falls silent, the requests it

@@ -20,7 +20,7 @@ from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequ
 from ray.serve._private.request_router.replica_wrapper import RunningReplica
 from ray.serve.request_router import RequestRouter
 
-from llamactor.runtime.service.routing import ReplicaLoad, Route, choose
+from llamactor.runtime.service.routing import Pull, ReplicaLoad, Route, choose, pull_plan
 
 log = structlog.get_logger("llamactor.replica")
 
@@ -109,9 +109,18 @@ class CacheRouter(_Targeted, RequestRouter):
                 self.guessed[request_id] = (first, now)
         return [[by_id[rid] for rid in rank] for rank in ranks]
 
+    def plan_pull(self, route: Route, min_blocks: int) -> Pull | None:
+        """Where ``route``'s request would go now, and the prefix it could pull there from
+        another replica (``routing.pull_plan``); None when there is none worth it."""
+        by_id = {r.replica_id.unique_id: r for r in self.live(self.replicas())}
+        loads = {rid: self._load(r) for rid, r in by_id.items()}
+        now = time.time()
+        ranks = choose(route, loads, now, self.rng)
+        return pull_plan(route, loads, ranks[0][0], now, min_blocks) if ranks else None
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
         route = _route_of(pending_request)
-        if route is None or route.replica:
+        if route is None or (route.replica and not route.task_id):  # a call (slots, metrics), not a request
             return
         request_id = pending_request.metadata.internal_request_id
         guess, at = self.guessed.pop(request_id, ("", 0.0))

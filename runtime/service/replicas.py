@@ -44,7 +44,7 @@ from llamactor.runtime.service.raycluster import (
     stop_app,
 )
 from llamactor.runtime.service.remote import RemoteEmbedder
-from llamactor.runtime.service.replicarequests import ReplicaRequests
+from llamactor.runtime.service.replicamoves import ReplicaMoves
 from llamactor.runtime.service.routing import Route
 
 log = structlog.get_logger("llamactor.replicas")
@@ -53,7 +53,7 @@ READY_TIMEOUT_S = 600.0
 _apps = itertools.count()
 
 
-class ReplicaSet(ReplicaRequests):
+class ReplicaSet(ReplicaMoves):
     """N llamactor engines on Ray Serve behind one ``EngineClient``; made by ``open``."""
 
     @classmethod

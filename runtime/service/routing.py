@@ -92,6 +92,7 @@ class ReplicaLoad:
     at: float = 0.0  # when the last report was taken (the replica's clock)
     blocks: frozenset[int] = frozenset()  # reported cached block hashes
     loras: tuple[int, ...] = ()
+    prefill_ms_per_token: float = 0.0  # what one more prompt token costs a step there (reported; 0: unknown)
     recent: list[tuple[float, frozenset[int]]] = field(default_factory=list)  # (when, blocks) sent
     in_flight: int = 0  # requests this router sent there that have not ended
 
@@ -105,6 +106,7 @@ class ReplicaLoad:
         self.at = float(stats.get("at", now))
         self.blocks = frozenset(stats.get("blocks", ()))
         self.loras = tuple(stats.get("loras", ()))
+        self.prefill_ms_per_token = float(stats.get("prefill_ms_per_token", 0.0))
         self._forget(now)
 
     def ended(self) -> None:
@@ -155,6 +157,31 @@ class ReplicaLoad:
     def full(self) -> bool:
         """No slot free for one more request (never before its first report: its slots are unknown)."""
         return self.at > 0 and self.requests >= self.slots
+
+
+@dataclass(frozen=True)
+class Pull:
+    """A prefix to pull: ``holder`` holds ``blocks`` more leading blocks of the prompt than
+    ``target``, where the request goes; prefilling one token there costs ``prefill_ms_per_token``."""
+
+    holder: str
+    target: str
+    blocks: int
+    prefill_ms_per_token: float
+
+
+def pull_plan(route: Route, loads: dict[str, ReplicaLoad], target: str, now: float, min_blocks: int) -> Pull | None:
+    """Where the request bound for ``target`` could pull at least ``min_blocks`` more blocks
+    of its prompt from (the replica holding the most), or None."""
+    if target not in loads or not route.blocks:
+        return None
+    held = {rid: load.cached(route.blocks, now) for rid, load in loads.items()}
+    holder = max(sorted(held), key=lambda rid: held[rid])
+    gain = held[holder] - held[target]
+    if holder == target or gain < min_blocks:
+        return None
+    rate = loads[target].prefill_ms_per_token or loads[holder].prefill_ms_per_token
+    return Pull(holder, target, gain, rate)
 
 
 def choose(
