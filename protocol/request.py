@@ -13,7 +13,9 @@ fields carry llama-server's names and meanings (``SamplingParams`` documents the
 
 ``validated`` checks the types of a request built in Python (a Struct's constructor does not),
 so ``temperature="hot"`` is a ``RequestError`` naming ``temperature``; values are checked at
-admission, against the loaded model.
+admission, against the loaded model. A chat's messages and tools may be given as OpenAI-shaped
+dicts: ``validated`` decodes them into the ``protocol.chat`` Structs, as an HTTP body is
+decoded, so the chat path reads one typed shape whichever way the request came in.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from llamactor.protocol.chat import ChatMessage, NamedToolChoice, Tool
 from llamactor.protocol.errors import RequestError
 from llamactor.protocol.lora import LoraScale
 from llamactor.protocol.sampling import SamplingParams
@@ -50,7 +53,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
     # ---- what to continue -------------------------------------------------------------
     prompt: str | Sequence[int | str] = ""  # text, or token ids (texts among them are tokenized in place)
-    messages: Sequence[Mapping[str, Any]] | None = None  # a chat, OpenAI-shaped, rendered by the chat template
+    messages: Sequence[ChatMessage] | None = None  # a chat, OpenAI-shaped, rendered by the chat template
     infill: InfillParts | None = None  # fill in the middle (the model's FIM tokens)
     add_special: bool = True  # a text prompt gets the model's BOS token (and the like)
     # --mmproj: the image files (png, jpeg, ...) of a text ``prompt``, in order, one per media
@@ -59,8 +62,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
     multimodal_data: Sequence[bytes] = ()
 
     # ---- chat (with ``messages``) -----------------------------------------------------
-    tools: Sequence[Mapping[str, Any]] | None = None  # OpenAI-shaped function tools
-    tool_choice: str | Mapping[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
+    tools: Sequence[Tool] | None = None  # OpenAI-shaped function tools
+    tool_choice: str | NamedToolChoice | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None  # None: the server's --reasoning-format
     reasoning_effort: str | None = None
@@ -160,13 +163,15 @@ def validated(request: GenerationRequest) -> GenerationRequest:
         raise RequestError(field_error(str(exc))) from None
 
 
-def field_error(message: str) -> str:
+def field_error(message: str, field: str = "") -> str:
     """msgspec's "Expected `float | null`, got `str` - at `$.temperature`" as "temperature:
-    expected `float | null`, got `str`"."""
+    expected `float | null`, got `str`". ``field``: the field whose value was decoded alone
+    (msgspec's ``$``), so "... - at `$[0].function.name`" of ``tools`` is "tools[0].function.name"."""
     text, sep, where = message.rpartition(" - at `")
     if not sep:
-        return message
-    path = where.rstrip("`").removeprefix("$.").removeprefix("$")
+        return f"{field}: {message[:1].lower()}{message[1:]}" if field else message
+    path = where.rstrip("`").removeprefix("$")
+    path = field + path if field else path.removeprefix(".")
     return f"{path or 'request'}: {text[:1].lower()}{text[1:]}"
 
 

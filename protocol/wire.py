@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from llamactor.protocol.chat import ChatMessage, NamedToolChoice, Tool
 from llamactor.protocol.lora import LoraScale
 from llamactor.protocol.request import InfillChunk
 
@@ -124,22 +125,14 @@ class CompletionRequest(_OpenAISampling, kw_only=True):
     echo: bool = False
 
 
-class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str
-    content: str | list[Any] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier tool calls
-    tool_call_id: str | None = None  # a tool message: the call it answers
-    reasoning_content: str | None = None  # an assistant's earlier reasoning
-
-
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     n_probs: int = 0  # llama-server's: logprobs with this many alternatives, as logprobs + top_logprobs
-    # tool calls and reasoning (checked in runtime.service.chatprepare)
+    # tool calls and reasoning: typed in protocol.chat, what a type cannot say is checked in
+    # runtime.service.chatprepare
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -305,41 +298,6 @@ class TeiRerankResult(msgspec.Struct, omit_defaults=True):
     index: int
     score: float
     text: str | None = None
-
-
-# ---- tool calls ------------------------------------------------------------------------
-
-
-class ToolFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON Schema; checked in runtime.service.toolcalls
-    strict: bool | None = None
-
-
-class Tool(msgspec.Struct, kw_only=True, omit_defaults=True):
-    function: ToolFunction
-    type: str = "function"
-
-
-class ToolChoiceFunction(msgspec.Struct, kw_only=True):
-    name: str
-
-
-class NamedToolChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
-    function: ToolChoiceFunction
-    type: str = "function"
-
-
-class ToolCallFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
-    name: str
-    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; some clients an object
-
-
-class ToolCallItem(msgspec.Struct, kw_only=True, omit_defaults=True):
-    function: ToolCallFunction
-    id: str | None = None
-    type: str = "function"
 
 
 # ---- /infill ---------------------------------------------------------------------------------

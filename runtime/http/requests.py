@@ -87,9 +87,9 @@ def from_chat(body: ChatCompletionRequest) -> GenerationRequest:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return _request(
         body,
-        messages=[msgspec.to_builtins(m) for m in body.messages],
-        tools=None if body.tools is None else msgspec.to_builtins(body.tools),
-        tool_choice=msgspec.to_builtins(body.tool_choice),
+        messages=body.messages,  # decoded typed with the body: the chat path reads them as they are
+        tools=body.tools,
+        tool_choice=body.tool_choice,
         parallel_tool_calls=body.parallel_tool_calls,
         reasoning_format=body.reasoning_format,
         reasoning_effort=body.reasoning_effort,

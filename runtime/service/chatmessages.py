@@ -1,4 +1,4 @@
-"""OpenAI-shaped chat messages checked and made into the rows a chat template renders:
+"""Typed chat messages (``protocol.chat``) made into the rows a chat template renders:
 ``template_messages``.
 
 Content parts become text (image and audio parts a media marker, their files decoded by
@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llamactor.protocol.chat import ChatMessage, ToolCallItem
 from llamactor.protocol.errors import RequestError
 from llamactor.runtime.service.chatmedia import audio_bytes, image_bytes
 from llamactor.runtime.service.mediafetch import ImageURL
@@ -22,7 +23,7 @@ MEDIA_PARTS = {"image_url": "image", "input_audio": "audio"}  # content part typ
 
 
 def template_messages(
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[ChatMessage],
     syntax: CallSyntax,
     *,
     media_marker: str | None = None,
@@ -30,44 +31,38 @@ def template_messages(
     media_kinds: Sequence[str] = ("image", "audio"),
     media_where: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """OpenAI-shaped messages as the template sees them.
+    """Typed chat messages (their shape was checked where they were decoded) as the template
+    sees them.
 
-    Checked here: content is text (or, with ``media_marker``, text, ``image_url`` and
-    ``input_audio`` parts of the ``media_kinds`` the projector takes: each becomes the marker
-    and its file is appended to ``media``, the part's field to ``media_where``), an assistant's
-    ``tool_calls`` are well-formed with JSON-object
-    arguments, and every ``role: "tool"`` message answers an earlier call by ``tool_call_id``.
-    Templates of a tool family get ``tool_calls`` (arguments as objects, as llama.cpp passes
-    them) and ``tool`` messages; other templates get the calls written into the assistant's
-    text and the results as user messages, so any template can render a tool conversation.
+    Checked here, what a type cannot say: content parts are text (or, with ``media_marker``,
+    text, ``image_url`` and ``input_audio`` parts of the ``media_kinds`` the projector takes:
+    each becomes the marker and its file is appended to ``media``, the part's field to
+    ``media_where``), only an assistant carries ``tool_calls``, each a function call with
+    JSON-object arguments, and every ``role: "tool"`` message answers an earlier call by
+    ``tool_call_id``. Templates of a tool family get ``tool_calls`` (arguments as objects, as
+    llama.cpp passes them) and ``tool`` messages; other templates get the calls written into
+    the assistant's text and the results as user messages, so any template can render a tool
+    conversation.
     """
-    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
-        raise RequestError("messages must be an array")
     if not messages:
         raise RequestError("messages must not be empty")
     rows: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise RequestError(f"{where} must be an object")
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise RequestError(f"{where}.role must be a string")
-        role = "system" if role in ROLES_AS_SYSTEM else role
+        role = "system" if m.role in ROLES_AS_SYSTEM else m.role
         row: dict[str, Any] = {
             "role": role,
-            "content": _text(m.get("content"), f"{where}.content", media_marker, media, media_kinds, media_where),
+            "content": _text(m.content, f"{where}.content", media_marker, media, media_kinds, media_where),
         }
-        if isinstance(m.get("name"), str):
-            row["name"] = m["name"]
-        if isinstance(m.get("reasoning_content"), str):
-            row["reasoning_content"] = m["reasoning_content"]
-        calls = m.get("tool_calls")
-        if calls:
+        if m.name is not None:
+            row["name"] = m.name
+        if m.reasoning_content is not None:
+            row["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
             if role != "assistant":
                 raise RequestError(f"{where}.tool_calls: only assistant messages carry tool calls")
-            parsed = _calls(calls, f"{where}.tool_calls")
+            parsed = _calls(m.tool_calls, f"{where}.tool_calls")
             for call_id, name, _ in parsed:
                 if call_id:
                     call_names[call_id] = name
@@ -80,8 +75,8 @@ def template_messages(
                 written = "\n".join(render_call(syntax, name, args) for _, name, args in parsed)
                 row["content"] = (row["content"] + "\n" if row["content"] else "") + written
         if role == "tool":
-            answered = m.get("tool_call_id")
-            if not isinstance(answered, str) or not answered:
+            answered = m.tool_call_id
+            if not answered:
                 raise RequestError(f"{where}.tool_call_id is required for a tool message")
             if answered not in call_names:
                 raise RequestError(f"{where}.tool_call_id: no earlier assistant tool call has id {answered!r}")
@@ -101,7 +96,7 @@ def template_messages(
 
 
 def _text(
-    content: Any,
+    content: str | list[Any] | None,
     where: str,
     media_marker: str | None = None,
     media: list[bytes | ImageURL] | None = None,
@@ -115,63 +110,54 @@ def _text(
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts: list[tuple[bool, str]] = []  # (is a media marker, text)
-        for k, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "text" and isinstance(part.get("text"), str):
-                parts.append((False, part["text"]))
-            elif kind in MEDIA_PARTS:
-                medium = MEDIA_PARTS[kind]
-                if media_marker is None or media is None:
-                    raise RequestError(
-                        f"{where}[{k}]: {medium} input is not supported by this server: it was started "
-                        "without --mmproj (a multimodal projector)"
-                    )
-                if medium not in media_kinds:
-                    has = "vision" if medium == "image" else "audio"
-                    takes = " and ".join("images" if m == "image" else m for m in media_kinds)
-                    raise RequestError(
-                        f"{where}[{k}]: {medium} input is not supported: the multimodal projector (--mmproj) has "
-                        f"no {has} encoder, it takes {takes} only"
-                    )
-                if kind == "image_url":
-                    media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
-                else:
-                    media.append(audio_bytes(part.get("input_audio"), f"{where}[{k}].input_audio"))
-                if media_where is not None:
-                    media_where.append(f"{where}[{k}].{kind}")
-                parts.append((True, media_marker))
-            else:
-                allowed = (
-                    "text, image_url and input_audio parts are" if media_marker is not None else "only text parts are"
+    parts: list[tuple[bool, str]] = []  # (is a media marker, text)
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append((False, part["text"]))
+        elif kind in MEDIA_PARTS:
+            medium = MEDIA_PARTS[kind]
+            if media_marker is None or media is None:
+                raise RequestError(
+                    f"{where}[{k}]: {medium} input is not supported by this server: it was started "
+                    "without --mmproj (a multimodal projector)"
                 )
-                raise RequestError(f"{where}[{k}]: {kind!r} parts are not supported ({allowed})")
-        if not any(is_media for is_media, _ in parts):
-            return "".join(text for _, text in parts)
-        out, after_media = "", False
-        for is_media, text in parts:
-            if not is_media and out and not after_media:
-                out += "\n"
-            out += text
-            after_media = is_media
-        return out
-    raise RequestError(f"{where} must be a string, an array of content parts or null")
+            if medium not in media_kinds:
+                has = "vision" if medium == "image" else "audio"
+                takes = " and ".join("images" if m == "image" else m for m in media_kinds)
+                raise RequestError(
+                    f"{where}[{k}]: {medium} input is not supported: the multimodal projector (--mmproj) has "
+                    f"no {has} encoder, it takes {takes} only"
+                )
+            if kind == "image_url":
+                media.append(image_bytes(part.get("image_url"), f"{where}[{k}].image_url"))
+            else:
+                media.append(audio_bytes(part.get("input_audio"), f"{where}[{k}].input_audio"))
+            if media_where is not None:
+                media_where.append(f"{where}[{k}].{kind}")
+            parts.append((True, media_marker))
+        else:
+            allowed = "text, image_url and input_audio parts are" if media_marker is not None else "only text parts are"
+            raise RequestError(f"{where}[{k}]: {kind!r} parts are not supported ({allowed})")
+    if not any(is_media for is_media, _ in parts):
+        return "".join(text for _, text in parts)
+    out, after_media = "", False
+    for is_media, text in parts:
+        if not is_media and out and not after_media:
+            out += "\n"
+        out += text
+        after_media = is_media
+    return out
 
 
-def _calls(raw: Any, where: str) -> list[tuple[str, str, str]]:
+def _calls(calls: Sequence[ToolCallItem], where: str) -> list[tuple[str, str, str]]:
     """(id, name, arguments as JSON text) of each call of an assistant message."""
-    if not isinstance(raw, list):
-        raise RequestError(f"{where} must be an array")
     out = []
-    for j, call in enumerate(raw):
+    for j, call in enumerate(calls):
         at = f"{where}[{j}]"
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"{at}.function.name is required")
-        if call.get("type", "function") not in ("function", None):
+        if call.type != "function":
             raise RequestError(f"{at}.type: only 'function' calls are supported")
-        args = fn.get("arguments", {})
+        args = call.function.arguments
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
@@ -179,10 +165,7 @@ def _calls(raw: Any, where: str) -> list[tuple[str, str, str]]:
                 raise RequestError(f"{at}.function.arguments is not valid JSON") from None
         if not isinstance(args, dict):
             raise RequestError(f"{at}.function.arguments must be a JSON object")
-        call_id = call.get("id") or ""
-        if not isinstance(call_id, str):
-            raise RequestError(f"{at}.id must be a string")
-        out.append((call_id, fn["name"], json.dumps(args, ensure_ascii=False)))
+        out.append((call.id or "", call.function.name, json.dumps(args, ensure_ascii=False)))
     return out
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from llamactor.protocol.chat import ChatMessage, NamedToolChoice, Tool
 from llamactor.protocol.errors import RequestError
 from llamactor.runtime.service.chat import ChatTemplate
 from llamactor.runtime.service.chatmessages import template_messages
@@ -40,10 +41,10 @@ _AFTER_THINK = ("", "\n", "\n\n", " ")
 
 def prepare_chat(
     template: ChatTemplate,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[ChatMessage],
     *,
-    tools: Sequence[Any] | None = None,
-    tool_choice: Any = None,
+    tools: Sequence[Tool] | None = None,
+    tool_choice: str | NamedToolChoice | None = None,
     parallel_tool_calls: bool | None = None,
     reasoning_format: str = "auto",
     reasoning_effort: str | None = None,
@@ -54,7 +55,8 @@ def prepare_chat(
     media_marker: str | None = None,
     media_kinds: Sequence[str] = ("image", "audio"),
 ) -> ChatTurn:
-    """Check everything, render the prompt, choose the grammar. Raises RequestError naming the field.
+    """Check what the types of the messages and tools cannot say (they were decoded typed,
+    ``protocol.chat``), render the prompt, choose the grammar. Raises RequestError naming the field.
 
     ``media_marker``: with a multimodal projector (--mmproj), each ``image_url`` and
     ``input_audio`` part becomes this marker in the prompt and its file one of the turn's
@@ -119,7 +121,7 @@ def _knows_thinking(source: str) -> bool:
 
 
 def _continued(
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[ChatMessage],
     continue_final_message: bool | None,
     prefill_assistant: bool,
     add_generation_prompt: bool,
@@ -129,25 +131,26 @@ def _continued(
     the request says ``continue_final_message: false`` or the server ``--no-prefill-assistant``
     (one ending with the assistant's tool calls is answered: llama-server refuses it); asking for
     both a generation prompt and a continuation is an error."""
-    last = messages[-1] if messages and isinstance(messages[-1], Mapping) else {}
-    prefill = last.get("role") == "assistant" and not last.get("tool_calls")  # a call is answered, not continued
+    last = messages[-1] if messages else None
+    role = last.role if last is not None else None
+    calls = last.tool_calls if last is not None else None
+    prefill = role == "assistant" and not calls  # a call is answered, not continued
     if continue_final_message is None and prefill_assistant and prefill:
-        before = messages[-2] if len(messages) >= 2 and isinstance(messages[-2], Mapping) else {}
-        if before.get("role") == "assistant":
+        if len(messages) >= 2 and messages[-2].role == "assistant":
             raise RequestError("messages: cannot have 2 or more assistant messages at the end of the list")
         continue_final_message, add_generation_prompt = True, False
     if not continue_final_message:
         return None
     if add_generation_prompt:
         raise RequestError("cannot set both add_generation_prompt and continue_final_message to true")
-    if last.get("role") != "assistant":
+    if last is None or role != "assistant":
         raise RequestError("continue_final_message: the last message must be the assistant's")
-    if last.get("tool_calls"):
+    if calls:
         raise RequestError("continue_final_message: cannot continue an assistant message that contains tool calls")
-    content = last.get("content")
+    content = last.content
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+    if all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
         return "\n\n".join(str(p.get("text", "")) for p in content)  # as llama.cpp renders text parts
     raise RequestError("continue_final_message: the assistant message to continue must be text")
 

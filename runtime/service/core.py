@@ -25,9 +25,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
+from llamactor.protocol.chat import ChatMessage
 from llamactor.protocol.errors import NotFound, RequestError
 from llamactor.protocol.live import LiveSnapshot
-from llamactor.protocol.request import GenerationRequest, InfillParts
+from llamactor.protocol.request import GenerationRequest, InfillParts, validated
 from llamactor.protocol.slots import SlotActionResult, SlotState
 from llamactor.runtime.service import live, slottransfer
 from llamactor.runtime.service.admission import media_names
@@ -78,7 +79,8 @@ def _prompt(prompt: str | Sequence[int]) -> dict[str, Any]:
     return {"prompt": prompt}
 
 
-def _messages(messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> dict[str, Any]:
+    """A chat's messages: typed, or OpenAI-shaped dicts (``validated`` decodes them)."""
     return {"messages": messages}
 
 
@@ -116,18 +118,23 @@ class RuntimeCore(RuntimeLifecycle):
         return self.model.detokenize(tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **fields: Any
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        **fields: Any,
     ) -> str:
         """The prompt a chat renders to (with its tools and options, as a chat request would)."""
-        return self.chat_turn(GenerationRequest(messages=messages, **fields), add_generation_prompt).prompt
+        return self.chat_turn(GenerationRequest(**_messages(messages), **fields), add_generation_prompt).prompt
 
     def chat_turn(self, request: GenerationRequest, add_generation_prompt: bool = True) -> ChatTurn:
-        """A chat request rendered, with its call grammar: what admission does with its messages."""
+        """A chat request rendered, with its call grammar: what admission does with its messages
+        (its fields' types checked first, as admission checks them: ``validated``)."""
         self.require_ready()
         assert self.admission is not None
         if request.messages is None:
             raise RequestError("messages: a chat needs messages")
-        return self.admission.chat_turn(request, add_generation_prompt=add_generation_prompt)
+        return self.admission.chat_turn(validated(request), add_generation_prompt=add_generation_prompt)
 
     @_request_fields(GenerationRequest, _messages)
     def prepare_chat(self, request: GenerationRequest) -> ChatTurn:

@@ -1,8 +1,9 @@
 """Tool calls: the tools a chat request offers, and how a model writes a call.
 
-A request's ``tools`` (OpenAI's shape) are checked here once: each is a function with a name
-and a JSON Schema for its arguments, refused with a RequestError naming the field when the
-schema is not one. ``tool_choice`` resolves to a ``ToolChoice``.
+A request's ``tools`` come typed (``protocol.chat.Tool``, OpenAI's shape); what a type cannot
+say is checked here once: each is a function with a usable name and a JSON Schema for its
+arguments, refused with a RequestError naming the field when the schema is not one.
+``tool_choice`` resolves to a ``ToolChoice``.
 
 How a call is written depends on the chat template's family, detected from the template's
 source the way llama.cpp's common/chat.cpp picks a handler:
@@ -30,9 +31,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from llama_cpp.llama_grammar import SchemaConverter
 
+from llamactor.protocol.chat import NamedToolChoice, Tool
 from llamactor.protocol.errors import RequestError
+from llamactor.protocol.request import field_error
 from llamactor.runtime.service.schemalimits import COUNT_KEYS, check_limits
 
 MAX_TOOLS = 128
@@ -72,44 +76,50 @@ class ToolChoice:
 # ---- tools and tool_choice ---------------------------------------------------------------
 
 
-def parse_tools(raw: Sequence[Any] | None, field: str = "tools") -> tuple[ToolSpec, ...]:
-    """Check OpenAI-shaped tools (``{"type": "function", "function": {...}}``). Raises RequestError."""
+def parse_tools(raw: Sequence[Tool | Mapping[str, Any]] | None, field: str = "tools") -> tuple[ToolSpec, ...]:
+    """Check the offered tools for what their type cannot say (each a function, its name
+    usable and offered once, its parameters a JSON Schema of an object). Raises RequestError.
+
+    A request's tools come typed (``protocol.chat.Tool``: decoded with the HTTP body, or by
+    ``request.validated``); OpenAI-shaped dicts of a direct caller are decoded here first."""
     if raw is None:
         return ()
-    if not isinstance(raw, (list, tuple)):
-        raise RequestError(f"{field} must be an array of tools")
-    if len(raw) > MAX_TOOLS:
-        raise RequestError(f"{field} has {len(raw)} tools, at most {MAX_TOOLS}")
+    tools = _typed_tools(raw, field)
+    if len(tools) > MAX_TOOLS:
+        raise RequestError(f"{field} has {len(tools)} tools, at most {MAX_TOOLS}")
     out: list[ToolSpec] = []
-    for i, tool in enumerate(raw):
+    for i, tool in enumerate(tools):
         where = f"{field}[{i}]"
-        if not isinstance(tool, Mapping):
-            raise RequestError(f"{where} must be an object")
-        if tool.get("type", "function") != "function":
-            raise RequestError(f"{where}.type: only 'function' tools are supported, got {tool.get('type')!r}")
-        fn = tool.get("function")
-        if not isinstance(fn, Mapping):
-            raise RequestError(f"{where}.function must be an object with a name")
-        name = fn.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.match(name):
+        if tool.type != "function":
+            raise RequestError(f"{where}.type: only 'function' tools are supported, got {tool.type!r}")
+        name = tool.function.name
+        if not TOOL_NAME.match(name):
             raise RequestError(f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-', got {name!r}")
         if any(t.name == name for t in out):
             raise RequestError(f"{where}.function.name: {name!r} is offered twice")
-        description = fn.get("description") or ""
-        if not isinstance(description, str):
-            raise RequestError(f"{where}.function.description must be a string")
-        params = fn.get("parameters")
+        params = tool.function.parameters
         if params is None:
             params = {"type": "object", "properties": {}}
         check_schema(params, f"{where}.function.parameters")
         check_limits(params, f"{where}.function.parameters")  # what its grammar would cost
-        if not isinstance(params, Mapping) or params.get("type", "object") != "object":
+        if params.get("type", "object") != "object":
             raise RequestError(f"{where}.function.parameters must describe an object (type 'object')")
-        out.append(ToolSpec(name, description, params))
+        out.append(ToolSpec(name, tool.function.description or "", params))
     return tuple(out)
 
 
-def parse_tool_choice(raw: Any, tools: Sequence[ToolSpec], field: str = "tool_choice") -> ToolChoice:
+def _typed_tools(raw: Sequence[Tool | Mapping[str, Any]], field: str) -> list[Tool]:
+    """``raw`` as ``Tool`` Structs: a ``Tool`` passes as it is (msgspec does not look into it
+    again), a dict is decoded."""
+    try:
+        return msgspec.convert(raw, list[Tool])
+    except msgspec.ValidationError as exc:
+        raise RequestError(field_error(str(exc), field)) from None
+
+
+def parse_tool_choice(
+    raw: str | NamedToolChoice | None, tools: Sequence[ToolSpec], field: str = "tool_choice"
+) -> ToolChoice:
     """``none`` | ``auto`` | ``required`` | ``{"type": "function", "function": {"name": ...}}``."""
     if raw is None:
         return ToolChoice("auto" if tools else "none")
@@ -120,17 +130,14 @@ def parse_tool_choice(raw: Any, tools: Sequence[ToolSpec], field: str = "tool_ch
                 f'{{"type": "function", "function": {{"name": ...}}}}, got {raw!r}'
             )
         choice = ToolChoice(raw)
-    elif isinstance(raw, Mapping):
-        fn = raw.get("function")
-        name = fn.get("name") if isinstance(fn, Mapping) else raw.get("name")  # Responses API: flat name
-        if raw.get("type", "function") != "function" or not isinstance(name, str):
+    else:
+        name = raw.function.name
+        if raw.type != "function":
             raise RequestError(f'{field} must name a function: {{"type": "function", "function": {{"name": ...}}}}')
         if not any(t.name == name for t in tools):
             offered = ", ".join(t.name for t in tools) or "none"
             raise RequestError(f"{field}.function.name: unknown function {name!r} (tools offered: {offered})")
         choice = ToolChoice("required", name)
-    else:
-        raise RequestError(f"{field} must be a string or an object")
     if choice.forced and not tools:
         raise RequestError(f"{field}: {raw!r} needs a non-empty tools list")
     return choice
