@@ -203,7 +203,7 @@ class GroupSlots:
             elif cmd.action == "save":
                 n = self.engine.save_slot(s, cmd.path)
             elif cmd.action == "export":
-                kv = self.engine.export_slot(s)
+                kv = self.engine.export_slot(s, cmd.kv.tokens if cmd.kv is not None else ())
                 n = len(kv.tokens)
             elif cmd.action == "import":
                 if cmd.kv is None:

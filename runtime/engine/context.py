@@ -252,8 +252,8 @@ class Context:
     def restore_slot(self, slot: Slot, path: str) -> int:
         return self.kv.restore_file(slot, path)
 
-    def export_slot(self, slot: Slot) -> SlotKV:
-        return self.kv.export_state(slot)
+    def export_slot(self, slot: Slot, prefix_of: Sequence[int] = ()) -> SlotKV:
+        return self.kv.export_state(slot, prefix_of)
 
     def import_slot(self, slot: Slot, kv: SlotKV) -> int:
         return self.kv.import_state(slot, kv)

@@ -261,12 +261,19 @@ class SequenceKV:
 
     # ---- export, import: a slot's state as a value (moved between servers) ----------------
 
-    def export_state(self, slot: Slot) -> SlotKV:
+    def export_state(self, slot: Slot, prefix_of: Sequence[int] = ()) -> SlotKV:
         """The slot's KV state (``llama_state_seq_get_data`` of its sequence), with the tokens
         it holds and the LoRA set that computed them. As for a slot file, a slot that holds an
-        image or audio is refused: its stand-in tokens mean nothing to another server."""
+        image or audio is refused: its stand-in tokens mean nothing to another server.
+        ``prefix_of``: the state is wanted for the prefix it shares with these tokens; with a
+        sliding window that has moved past that prefix's end (``window_kept``) it could not be
+        reused there, and nothing is exported."""
         if any(t < 0 for t in slot.cache):
             raise RequestError(f"slot {slot.id} holds image or audio KV: slots with media cannot be exported")
+        if prefix_of:
+            want = np.asarray(prefix_of[: len(prefix_of) - 1], dtype=np.int32)
+            if not self.window_kept(slot, common_prefix(np.asarray(slot.cache, dtype=np.int32), want)):
+                return SlotKV(tokens=(), lora=NO_LORA, state=b"")
         if not slot.cache:
             return SlotKV(tokens=(), lora=NO_LORA, state=b"")
         size = llama_cpp.llama_state_seq_get_size(self.ctx, slot.local)
