@@ -193,7 +193,9 @@ class GroupSlots:
         assert self.engine is not None
         s = self.slots[cmd.slot]
         try:
-            if s.busy and cmd.action != "export":  # reading a busy slot's KV between steps is safe
+            # a prefix export (a replica set's pull) reads a busy slot's KV between steps; nothing else
+            # touches a busy slot, and no client reads another request's KV
+            if s.busy and not (cmd.action == "export" and cmd.kv is not None):
                 raise SlotBusy(f"slot {s.id} is processing a request")
             t0 = time.perf_counter()
             kv = None
@@ -218,7 +220,8 @@ class GroupSlots:
                 self._report(SlotCached(self.group, s.local, tuple(s.cache), s.lora))
             cmd.reply.fail(exc)
             return
-        self._report(SlotCached(self.group, s.local, tuple(s.cache), s.lora))
+        if cmd.action != "export":  # an export leaves the slot as it was
+            self._report(SlotCached(self.group, s.local, tuple(s.cache), s.lora))
         cmd.reply.send(result)
 
     # ---- the end of a request --------------------------------------------------------

@@ -44,7 +44,7 @@ from llamactor.protocol.messages import (
     SupervisorMsg,
     Task,
 )
-from llamactor.protocol.slots import SlotState
+from llamactor.protocol.slots import SlotActionResult, SlotKV, SlotState
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.kernel.actor import Actor
 
@@ -84,7 +84,8 @@ class Supervisor(Actor[SupervisorMsg]):
         self.table = [SlotEntry(g * slots_per_group + i, g, i) for g in range(n_groups) for i in range(slots_per_group)]
         self.queue: deque[Task] = deque()
         self.running: dict[int, int] = {}  # task id -> group
-        self.serving: dict[int, np.ndarray] = {}  # slot id -> the prompt of the request it serves (busy)
+        # slot id -> the prompt and adapters of the request it serves (busy)
+        self.serving: dict[int, tuple[np.ndarray, LoraSet]] = {}
         self.down: set[int] = set()  # groups past their restart limit
         self.restarts = [0] * n_groups
         self._schedule_soon = False
@@ -285,7 +286,11 @@ class Supervisor(Actor[SupervisorMsg]):
 
     def _slot_request(self, req: SlotRequest) -> None:
         if req.slot == PREFIX_HOLDER and req.action == "export" and req.kv is not None:
-            req = msgspec.structs.replace(req, slot=self._prefix_holder(np.asarray(req.kv.tokens, dtype=np.int32)))
+            holder = self._prefix_holder(np.asarray(req.kv.tokens, dtype=np.int32), req.kv.lora)
+            if holder < 0:  # no slot shares any of it (under those adapters): nothing to export
+                req.reply.send(SlotActionResult(slot=-1, action="export", n_tokens=0, kv=SlotKV(tokens=())))
+                return
+            req = msgspec.structs.replace(req, slot=holder)
         if not 0 <= req.slot < len(self.table):
             req.reply.fail(NotFound(f"slot {req.slot} does not exist (0..{len(self.table) - 1})"))
             return
@@ -300,15 +305,16 @@ class Supervisor(Actor[SupervisorMsg]):
         except (Overloaded, Closed) as exc:
             req.reply.fail(Overloaded(f"group {e.group} cannot take more slot commands now: {exc}"))
 
-    def _prefix_holder(self, tokens: np.ndarray) -> int:
-        """The slot whose KV shares the longest prefix with ``tokens`` (busy or idle: a busy
-        slot holds its request's prompt, as far as its prefill has gone); -1 when none shares any."""
+    def _prefix_holder(self, tokens: np.ndarray, lora: LoraSet) -> int:
+        """The slot whose KV, computed under ``lora``, shares the longest prefix with ``tokens``
+        (busy or idle: a busy slot holds its request's prompt, as far as its prefill has gone);
+        -1 when none shares any."""
         best, best_n = -1, 0
         for e in self.table:
             if e.group in self.down or self.groups[e.group] is None:
                 continue
-            held = self.serving.get(e.id, EMPTY) if e.busy else e.cached
-            n = common_prefix(held, tokens)
+            held, held_lora = self.serving.get(e.id, (EMPTY, NO_LORA)) if e.busy else (e.cached, e.lora)
+            n = common_prefix(held, tokens) if held_lora == lora else 0
             if n > best_n:
                 best, best_n = e.id, n
         return best
@@ -334,7 +340,7 @@ class Supervisor(Actor[SupervisorMsg]):
             return False  # the group is failing or full: the task stays queued
         for e in chosen:
             e.busy = True
-            self.serving[e.id] = task.prompt
+            self.serving[e.id] = (task.prompt, task.lora)
         self.running[task.id] = chosen[0].group
         return True
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TEST_THREADS, open_server
+from conftest import TEST_THREADS, open_server, past_first_event
 from tinylora import write_tiny_lora
 from tinymodel import write_tiny_model
 
@@ -95,6 +95,12 @@ async def test_exported_slot_continues_on_another_server_and_incompatible_import
             assert r.status_code == 400, (name, r.text)
             assert needle in r.json()["error"]["message"], (name, r.text)
         assert (await c["closed"].post("/slots/0?action=export")).status_code == 400
+        # a slot serving a request is not exported: its KV is that request's
+        body = {"prompt": PROMPT, "n_predict": 4000, "id_slot": 0, "stream": True, **GREEDY}
+        async with c["source"].stream("POST", "/completion", json=body) as stream:
+            await past_first_event(stream)
+            r = await c["source"].post("/slots/0?action=export")
+            assert r.status_code == 409 and "processing" in r.json()["error"]["message"], r.text
 
         r = await c["target"].post("/slots/0?action=import", content=b"not a slot")
         assert r.status_code == 400 and "not an exported slot" in r.json()["error"]["message"]

@@ -257,8 +257,19 @@ class RuntimeCore(RuntimeLifecycle):
             cfg = self.config
             model = cfg.model if cfg.model else default_model_path()
             adapters = [path for path, _ in cfg.lora]
+            rope = (
+                cfg.rope_scaling,
+                cfg.rope_freq_base,
+                cfg.rope_freq_scale,
+                cfg.yarn_orig_ctx,
+                cfg.yarn_ext_factor,
+                cfg.yarn_attn_factor,
+                cfg.yarn_beta_slow,
+                cfg.yarn_beta_fast,
+                cfg.control_vector_layers,
+            )
             self._identity = await anyio.to_thread.run_sync(
-                slottransfer.identity, model, cfg.cache_type_k, cfg.cache_type_v, adapters
+                slottransfer.identity, model, cfg.cache_type_k, cfg.cache_type_v, adapters, rope, cfg.control_vectors
             )
         return self._identity
 

@@ -39,6 +39,7 @@ log = structlog.get_logger("llamactor.replicas")
 MOVE_WAIT_S = 5.0  # a drained replica ends a moving stream within this (else it is replayed)
 PULL_MIN_BLOCKS = 4  # a prefix pulled from another replica: at least this many blocks (64 tokens)
 PULL_COST_WEIGHT = 0.3  # weight of the newest pull in the learned cost of a pull per token
+PULL_MIN_DEADLINE_S = 1.0  # a pull gives up after this, or after the prefill it saves if longer
 
 
 class ReplicaMoves(ReplicaRequests):
@@ -61,14 +62,20 @@ class ReplicaMoves(ReplicaRequests):
         if router is None or replica not in self._replica_ids():
             raise NotFound(f"no replica {replica!r}: GET /props lists them (engine.replicas)")
         router.draining.add(replica)
-        subs = [s for s in self._subs.values() if s.replica == replica and not s.ended.is_set()]
+        subs = [
+            s
+            for s in self._subs.values()
+            if s.replica == replica and not s.ended.is_set() and s.entry.task.id not in self._moves  # not moving yet
+        ]
         moves = [self._moves.setdefault(s.entry.task.id, Move()) for s in subs]
-        async with anyio.create_task_group() as tg:
-            for sub, move in zip(subs, moves):
-                tg.start_soon(self._move, sub, move, replica)
-        for s in subs:  # one that ended before its move: nothing more to send
-            if s.entry.task.id not in self.journal:
-                self._moves.pop(s.entry.task.id, None)
+        try:
+            async with anyio.create_task_group() as tg:
+                for sub, move in zip(subs, moves):
+                    tg.start_soon(self._move, sub, move, replica)
+        finally:
+            for s in subs:  # one that ended before its move: nothing more to send
+                if s.entry.task.id not in self.journal:
+                    self._moves.pop(s.entry.task.id, None)
         with_kv = [m for m in moves if m.replica]
         log.info("replica_drained", replica=replica, streams=len(moves), with_kv=len(with_kv))
         return {
@@ -84,7 +91,7 @@ class ReplicaMoves(ReplicaRequests):
         try:
             sub.lost = "its replica is drained"
             sub.scope.cancel()  # the replica ends it; its slot keeps the KV
-            if task.n != 1 or task.media:
+            if task.n != 1 or task.media or task.id not in self.journal:
                 return
             kv = await self._served_state(source, sub.sid)
             if kv is not None and kv.tokens:
@@ -126,13 +133,26 @@ class ReplicaMoves(ReplicaRequests):
         if not free:
             return None
         _, rid, ids = max(free)
-        await self.call(partial(slot_action_call, slot=ids[0], action="import", path="", kv=kv), link.SlotDone, rid)
-        return rid, ids[0]
+        return await self._import_into(kv, rid, ids[0])
+
+    async def _import_into(self, kv: SlotKV, replica: str, slot: int) -> tuple[str, int]:
+        """Import ``kv`` into that slot, reserved (no other import goes there) until the
+        request pinned to it ends (``ReplicaRequests._place``)."""
+        self._reserved.add((replica, slot))
+        try:
+            await self.call(
+                partial(slot_action_call, slot=slot, action="import", path="", kv=kv), link.SlotDone, replica
+            )
+        except BaseException:
+            self._reserved.discard((replica, slot))
+            raise
+        return replica, slot
 
     async def _idle_slots(self, replica: str) -> list[int]:
-        """The replica's free slots, the emptiest first (its own numbering)."""
+        """The replica's free slots not reserved for an import, the emptiest first (its own numbering)."""
         slots = (await self.call(link.GetSlots, link.Slots, replica)).slots
-        return [s.id for s in sorted((s for s in slots if not s.busy and s.phase == "idle"), key=lambda s: s.n_cached)]
+        idle = (s for s in slots if not s.busy and s.phase == "idle" and (replica, s.id) not in self._reserved)
+        return [s.id for s in sorted(idle, key=lambda s: s.n_cached)]
 
     # ---- a prefix pulled from the replica that holds it -----------------------------------
 
@@ -157,24 +177,32 @@ class ReplicaMoves(ReplicaRequests):
         if pull is None:
             return None
         tokens = pull.blocks * BLOCK
-        if mode == "auto" and not tokens * self._pull_ms_per_token < tokens * pull.prefill_ms_per_token:
+        prefill_ms = tokens * pull.prefill_ms_per_token
+        if mode == "auto" and not self._pull_ms_per_token < pull.prefill_ms_per_token:
             return None
         t0 = time.perf_counter()
+        placed: tuple[str, int] | None = None
+        kv: SlotKV | None = None
         try:
-            want = SlotKV(tokens=tuple(prompt.tolist()))
-            make = partial(slot_action_call, slot=PREFIX_HOLDER, action="export", path="", kv=want)
-            kv = (await self.call(make, link.SlotDone, pull.holder)).result.kv
-            if kv is None or kv.lora != task.lora or common_prefix(np.asarray(kv.tokens, np.int32), prompt) < tokens:
-                return None
-            async with self._importing:
-                idle = await self._idle_slots(pull.target)
-                if not idle:
+            # no longer than the prefill it saves: a slow or dead holder costs the request that much at most
+            with anyio.move_on_after(max(PULL_MIN_DEADLINE_S, prefill_ms / 1e3)):
+                want = SlotKV(tokens=tuple(prompt.tolist()), lora=task.lora)
+                make = partial(slot_action_call, slot=PREFIX_HOLDER, action="export", path="", kv=want)
+                kv = (await self.call(make, link.SlotDone, pull.holder)).result.kv
+                if (
+                    kv is None
+                    or kv.lora != task.lora
+                    or common_prefix(np.asarray(kv.tokens, np.int32), prompt) < tokens
+                ):
                     return None
-                await self.call(
-                    partial(slot_action_call, slot=idle[0], action="import", path="", kv=kv), link.SlotDone, pull.target
-                )
+                async with self._importing:
+                    idle = await self._idle_slots(pull.target)
+                    if idle:
+                        placed = await self._import_into(kv, pull.target, idle[0])
         except Exception as exc:  # a pull is an optimisation: the request prefills instead
             log.warning("kv_pull_failed", task=task.id, holder=pull.holder, error=first_line(exc))
+            return None
+        if placed is None or kv is None:
             return None
         ms = (time.perf_counter() - t0) * 1e3
         per_token = ms / max(1, len(kv.tokens))
@@ -183,4 +211,4 @@ class ReplicaMoves(ReplicaRequests):
         log.info(
             "kv_pulled", task=task.id, holder=pull.holder, target=pull.target, tokens=len(kv.tokens), ms=round(ms, 1)
         )
-        return pull.target, idle[0]
+        return placed

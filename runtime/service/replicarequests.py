@@ -77,6 +77,8 @@ class ReplicaRequests(ReplicaCalls):
         self._epochs: dict[str, int] = {}  # replica -> the epoch of its events stream listened to
         self._placements: dict[int, list[str]] = {}
         self._moves: dict[int, Move] = {}  # task id -> its move off a drained replica (``ReplicaMoves``)
+        # (replica, slot) holding an import for a request not yet ended there: no other import goes there
+        self._reserved: set[tuple[str, int]] = set()
 
     def submit(self, task: Task) -> None:
         if self._tg is None:
@@ -101,20 +103,23 @@ class ReplicaRequests(ReplicaCalls):
         task = entry.task
         while task.id in self.journal:
             move = self._moves.pop(task.id, None)
-            pinned = move is not None and bool(move.replica)
-            what = self.journal.next_send(entry, "the replicas serving it", fast=True if pinned else None)
-            if isinstance(what, Failed):
-                self.end(task.id, what)
-                return
             prompt = np.concatenate([task.prompt, *(np.asarray(d, dtype=np.int32) for d in entry.delivered[:1])])
             blocks = tuple(block_hashes(prompt))
-            to, slot = (move.replica, move.slot) if move is not None and pinned else ("", -1)
+            to, slot = (move.replica, move.slot) if move is not None and move.replica else ("", -1)
             if move is None and not entry.started and not entry.resumes:  # a new request: pull its prefix?
                 pulled = await self._pull(task, Route(0, blocks, lora=task.lora), prompt)
                 if task.id not in self.journal:
                     return  # the client left meanwhile
                 if pulled is not None:
                     to, slot = pulled
+            if to and to not in self._replica_ids():  # the slot's replica went away meanwhile
+                self._reserved.discard((to, slot))
+                to, slot = "", -1
+            fast = True if move is not None and to else None  # a moved history is in its slot: nothing replayed
+            what = self.journal.next_send(entry, "the replicas serving it", fast=fast)
+            if isinstance(what, Failed):
+                self.end(task.id, what)
+                return
             if slot >= 0:  # its prefix (a pull) or its history (a move) is in that slot: it goes on from there
                 what = msgspec.structs.replace(what, id_slot=slot, cache_prompt=True)
             sid = next(self._sids)
@@ -144,6 +149,7 @@ class ReplicaRequests(ReplicaCalls):
                         return
                     lost = first_line(exc)
             self._finished(sid)  # (its Ray call ended too: the router's own count agrees)
+            self._reserved.discard((to, slot))  # the slot it was pinned to is anyone's again
             if sub.scope.cancel_called:
                 lost = sub.lost  # the replica's events stream was lost (else: the client left)
             if not lost:

@@ -59,7 +59,10 @@ class _Targeted:
     def target(self, candidates: list[RunningReplica], route: Route | None) -> list[list[RunningReplica]] | None:
         if route is None or not route.replica:
             return None
-        return [[r for r in candidates if r.replica_id.unique_id == route.replica]]
+        named = [r for r in candidates if r.replica_id.unique_id == route.replica]
+        if not named and route.task_id:  # a request pinned to a replica that went away: routed as any
+            return None
+        return [named]
 
 
 class CacheRouter(_Targeted, RequestRouter):

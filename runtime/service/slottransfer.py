@@ -34,6 +34,7 @@ DIGEST_SPAN = 1 << 20
 # the largest state an import reads (the body stops there with a 413): a SmolLM2 slot of 8,192
 # tokens is about 180 MiB, a gemma3-270m slot of 4,096 about 72 MiB
 MAX_IMPORT_BYTES = 1 << 30
+MAX_HEADER_BYTES = 16 << 20  # the header's tokens: 16 MiB holds over 3 million token ids
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -53,17 +54,29 @@ def file_digest(path: str | os.PathLike[str]) -> str:
 class Identity(msgspec.Struct, frozen=True):
     """What a server's slots' states depend on, beside the state's own layout."""
 
-    model: str  # file_digest of the model
+    model: str  # file_digest of the model, and of what else changes its KV (``identity``)
     model_name: str  # its file name, for error messages
     type_k: str
     type_v: str
     adapters: tuple[str, ...]  # file_digest of each loaded LoRA adapter, by adapter id
 
 
-def identity(model: str | os.PathLike[str], type_k: str, type_v: str, adapters: Sequence[str]) -> Identity:
-    """The identity of a server of ``model`` with these KV types and adapter files (reads the
-    files: call it off the event loop)."""
-    return Identity(file_digest(model), Path(model).name, type_k, type_v, tuple(file_digest(a) for a in adapters))
+def identity(
+    model: str | os.PathLike[str],
+    type_k: str,
+    type_v: str,
+    adapters: Sequence[str],
+    context: Sequence[object] = (),
+    control_vectors: Sequence[tuple[str, float]] = (),
+) -> Identity:
+    """The identity of a server of ``model`` with these KV types and adapter files; ``context``:
+    the other settings its KV depends on (RoPE and YaRN), ``control_vectors`` (file, scale) added
+    to its layers. Reads the files: call it off the event loop."""
+    h = hashlib.sha256(file_digest(model).encode())
+    h.update(repr(tuple(context)).encode())
+    for path, scale in control_vectors:
+        h.update(f"{file_digest(path)}:{scale}".encode())
+    return Identity(h.hexdigest()[:32], Path(model).name, type_k, type_v, tuple(file_digest(a) for a in adapters))
 
 
 class Header(msgspec.Struct, frozen=True):
@@ -92,6 +105,8 @@ def unpack(data: bytes, ident: Identity) -> SlotKV:
     if not data.startswith(MAGIC) or len(data) < start:
         raise RequestError("the body is not an exported slot (POST /slots/{id}?action=export writes one)")
     (n,) = _LENGTH.unpack_from(data, len(MAGIC))
+    if n > MAX_HEADER_BYTES:
+        raise RequestError(f"the exported slot's header is {n} bytes, over the limit of {MAX_HEADER_BYTES}")
     try:
         header = msgspec.msgpack.decode(data[start : start + n], type=Header)
     except msgspec.DecodeError as exc:
@@ -100,8 +115,8 @@ def unpack(data: bytes, ident: Identity) -> SlotKV:
         raise RequestError(f"the exported slot has format version {header.version}; this server reads {VERSION}")
     if header.model != ident.model:
         raise RequestError(
-            f"the slot was exported by a server of another model ({header.model_name}); this server runs "
-            f"{ident.model_name}"
+            f"the slot was exported by a server of another model ({header.model_name}) or other RoPE, YaRN or "
+            f"control-vector settings; this server runs {ident.model_name}"
         )
     if (header.type_k, header.type_v) != (ident.type_k, ident.type_v):
         raise RequestError(
