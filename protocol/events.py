@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from llamactor.protocol.errors import ERRORS
+from llamactor.protocol.slots import SlotKV
 
 
 class TopProb(msgspec.Struct, frozen=True, array_like=True):
@@ -51,6 +52,7 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     truncated: bool = False  # the context was shifted: old tokens were dropped
     n_draft: int = 0  # draft tokens verified for this choice (speculative decoding; timings.draft_n)
     n_draft_accepted: int = 0  # of those, accepted (timings.draft_n_accepted)
+    kv: SlotKV | None = None  # a task handed over after its first token (``hand_over``): its slot's state
 
 
 class Progress(msgspec.Struct, frozen=True, tag=True):

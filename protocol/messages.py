@@ -95,6 +95,9 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     # ``--resume fast``: the delivered tokens were appended to the prompt (prefilled at once,
     # numerically not bit-identical); the group only primes the sampler and text stream with them
     replay_in_prompt: bool = False
+    # prefill and decode apart: the prefill replica's part of a request; its Done carries the
+    # slot's KV state, read before the slot can serve anyone else
+    hand_over: bool = False
 
 
 class Task(TaskSpec, frozen=True, kw_only=True):

@@ -1586,6 +1586,15 @@ GROUPS: tuple[Group, ...] = (
                 "of routed prompts, or to the less loaded of two random replicas",
             ),
             opt(
+                "--prefill-replicas",
+                field="prefill_replicas",
+                value="N",
+                env="LLAMACTOR_PREFILL_REPLICAS",
+                parse=int,
+                help="--replicas: N replicas prefill prompts and hand each request, with its KV, to one of the "
+                "others after its first token; those decode (0: every replica does both)",
+            ),
+            opt(
                 "--replica-pull",
                 field="replica_pull",
                 value="auto|always|off",

@@ -505,3 +505,39 @@ async def test_a_prefix_cached_on_a_busy_replica_is_pulled_not_prefilled(local_r
                 assert timings["prompt_n"] < n_system // 4, timings
                 assert tuple(r.json()["tokens"]) == tuple(expected)
             assert rt.engine.pulls == 1
+
+
+async def test_prefill_and_decode_apart_hand_each_request_over_with_its_kv(local_ray, make_config):
+    """--prefill-replicas 1 of 2: a request's prompt is prefilled on the prefill replica, which
+    gives its first token; its KV then goes to the decode replica, which gives the rest (one
+    token decoded there again, nothing prefilled): the tokens of a lone server, for each of
+    several requests at once."""
+    prompts = [f"{SHARED} request {i}: " + "xyz " * i for i in range(4)]
+    greedy = {"temperature": 0, "ignore_eos": True}
+    async with Runtime.open(make_config(parallel=4, n_ctx=4 * 512)) as alone:
+        expected = [(await alone.complete(p, max_tokens=24, **greedy)).choices[0].tokens for p in prompts]
+    cfg = _replicas(make_config, parallel=4, n_ctx=4 * 512, prefill_replicas=1)
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            one = await client.post("/completion", json={"prompt": prompts[0], "n_predict": 24, **greedy})
+            assert one.status_code == 200, one.text
+            assert tuple(one.json()["tokens"]) == tuple(expected[0])
+            assert one.json()["tokens_predicted"] == 24
+            outs: list[dict] = [{}] * len(prompts)
+
+            async def run(i: int) -> None:
+                r = await client.post("/completion", json={"prompt": prompts[i], "n_predict": 24, **greedy})
+                assert r.status_code == 200, r.text
+                outs[i] = r.json()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(run, i)
+            assert all(o["tokens_predicted"] == 24 and len(o["tokens"]) == 24 for o in outs)
+            assert rt.engine.handovers == 1 + len(prompts)
+            short = await client.post("/completion", json={"prompt": prompts[1], "n_predict": 1, **greedy})
+            assert short.json()["tokens"] == list(expected[1][:1])  # one token: the prefill replica's alone
+            assert rt.engine.handovers == 1 + len(prompts)
+    with pytest.raises(ConfigError, match="--prefill-replicas"):
+        async with Runtime.open(_replicas(make_config, replicas="1", prefill_replicas=1)):
+            pass

@@ -28,10 +28,11 @@ from collections.abc import Callable
 from typing import Any
 
 import llama_cpp
+import msgspec
 import numpy as np
 
 from llamactor.protocol.errors import EngineError, RequestError
-from llamactor.protocol.events import Progress
+from llamactor.protocol.events import Done, Progress
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.plan import StepPlan
 from llamactor.runtime.engine.batch import OwnedBatch
@@ -197,9 +198,24 @@ class DecodeStep:
                     self.out.emit(s, i, res, None, prof)
             except Exception as exc:
                 res.failed.append((s, exc))
+        for s in res.finished:  # a request handed over: its KV leaves with its Done
+            if s.task is not None and s.task.hand_over:
+                self._attach_state(s, res)
         if prof is not None:
             prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
+
+    def _attach_state(self, s: Slot, res: StepResult) -> None:
+        """Put the slot's KV state (prompt and tokens so far) into its Done event: the request
+        goes on on another engine (prefill and decode apart), from this state."""
+        for k, (task, event) in enumerate(res.events):
+            if task is s.task and isinstance(event, Done) and event.index == s.index:
+                try:
+                    state = self.kv.export_state(s)
+                except Exception:
+                    return  # the other engine prefills it again
+                res.events[k] = (task, msgspec.structs.replace(event, kv=state))
+                return
 
     def _verify(self, s: Slot, i: int, draft: np.ndarray, res: StepResult, prof: GroupProfile | None) -> None:
         """Sample rows ``i``, ``i+1``, … of a slot that sent a draft: each accepted draft

@@ -82,7 +82,9 @@ def validated(cfg: C) -> C:
     for flag, target in targets.items():
         if target < 0:
             raise ConfigError(f"{flag} must be >= 0 (0: the policy's default), got {target}")
-    replica_range(cfg.replicas)
+    replicas = replica_range(cfg.replicas)
+    if cfg.prefill_replicas and (replicas is None or cfg.prefill_replicas >= replicas[0]):
+        raise ConfigError("--prefill-replicas N needs --replicas with more than N replicas (the others decode)")
     _check_sleep(cfg)
     if cfg.replica_router not in REPLICA_ROUTERS:
         raise ConfigError(f"--replica-router must be one of {', '.join(REPLICA_ROUTERS)}, got {cfg.replica_router!r}")

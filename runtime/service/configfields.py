@@ -194,6 +194,7 @@ class ConfigFields:
     # replicas on Ray Serve (docs/replicas.md): "" one engine; "N" N replicas; "MIN:MAX" autoscaled
     replicas: str = ""
     ray_address: str = ""  # "" a local Ray instance started for this runtime; "auto" or HOST:PORT: join a cluster
+    prefill_replicas: int = 0  # --prefill-replicas N: N replicas prefill, the others decode (0: all do both)
     replica_pull: str = "auto"  # --replica-pull: auto (when cheaper than prefill) | always | off
     replica_router: str = "cache"  # cache (each replica's real cache) | prefix-tree (Ray's) | pow2
     replica_cpus: float = 1.0  # Ray CPUs each replica asks for (placement only: the engine's --threads decide)

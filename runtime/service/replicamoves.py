@@ -50,6 +50,7 @@ class ReplicaMoves(ReplicaRequests):
         self._importing = anyio.Lock()  # one import at a time: two never pick one free slot
         self._pull_ms_per_token = 0.0  # a pull's measured cost per token (0 until the first pull)
         self.pulls = 0  # prefixes pulled from another replica
+        self.handovers = 0  # requests handed from a prefill replica to a decode replica
 
     async def drain(self, replica: str) -> dict[str, Any]:
         """Send ``replica`` no more requests, and move each stream it serves to another replica
@@ -105,6 +106,49 @@ class ReplicaMoves(ReplicaRequests):
         finally:
             move.done.set()
 
+    # ---- prefill and decode apart --------------------------------------------------------
+
+    def _roles(self) -> tuple[list[str], list[str]]:
+        """(prefill replicas, decode replicas): the first ``--prefill-replicas`` of the replica
+        ids in order, and the others; every replica decodes when the split is off."""
+        ids = self._replica_ids()
+        n = self.config.prefill_replicas
+        return (ids[:n], ids[n:]) if n and len(ids) > n else ([], ids)
+
+    def _prefill_replica(self, task: Task) -> str:
+        """The prefill replica with the fewest requests in flight, for a request a decode
+        replica can take over after its first token (one choice, no images, more than one token)."""
+        prefill, _ = self._roles()
+        router = self._router()
+        if not prefill or task.n != 1 or task.media or task.n_predict == 1 or router is None:
+            return ""
+        loads = getattr(router, "loads", {})
+        return min(prefill, key=lambda rid: (loads[rid].in_flight if rid in loads else 0, rid))
+
+    def _hand_over(self, sub: _Sub, replica: str) -> None:
+        """A prefill replica's part of a request ended at its first token: its slot's KV goes to a
+        decode replica's free slot, and the request goes on there (``_place``, as a moved stream)."""
+        move = self._moves.setdefault(sub.entry.task.id, Move())
+        sub.lost = "handed to a decode replica"
+        assert self._tg is not None
+        self._tg.start_soon(self._carry, sub, move, replica)
+
+    async def _carry(self, sub: _Sub, move: Move, source: str) -> None:
+        try:
+            kv = sub.kv  # read by the prefill replica as the request ended there
+            if kv is not None and kv.tokens and sub.entry.task.id in self.journal:
+                _, decode = self._roles()
+                async with self._importing:
+                    placed = await self._import_elsewhere(kv, source, among=set(decode))
+                if placed is not None:
+                    move.replica, move.slot = placed
+                    move.n_tokens = len(kv.tokens)
+                    self.handovers += 1
+        except Exception as exc:  # the request is resumed by replay instead
+            log.warning("handover_failed", task=sub.entry.task.id, error=first_line(exc))
+        finally:
+            move.done.set()
+
     async def _served_state(self, replica: str, sid: int) -> SlotKV | None:
         """The KV state of the slot that served submission ``sid``, once it has ended there."""
         with anyio.move_on_after(MOVE_WAIT_S):
@@ -119,14 +163,15 @@ class ReplicaMoves(ReplicaRequests):
                 await anyio.sleep(0.01)
         return None
 
-    async def _import_elsewhere(self, kv: SlotKV, source: str) -> tuple[str, int] | None:
-        """Import ``kv`` into a free slot of a replica other than ``source`` (the one with
-        the most free slots; its emptiest slot): (replica, slot), or None when none is free."""
+    async def _import_elsewhere(self, kv: SlotKV, source: str, among: set[str] | None = None) -> tuple[str, int] | None:
+        """Import ``kv`` into a free slot of a replica other than ``source`` (of ``among`` when
+        given; the one with the most free slots, its emptiest slot): (replica, slot), or None
+        when none is free."""
         router = self._router()
         draining = router.draining if router is not None else set()
         free: list[tuple[int, str, list[int]]] = []
         for rid in self._replica_ids():
-            if rid != source and rid not in draining:
+            if rid != source and rid not in draining and (among is None or rid in among):
                 idle = await self._idle_slots(rid)
                 if idle:
                     free.append((len(idle), rid, idle))
@@ -166,6 +211,7 @@ class ReplicaMoves(ReplicaRequests):
         plan_pull = getattr(self._router(), "plan_pull", None)  # only the cache router knows the caches
         if (
             mode == "off"
+            or self.config.prefill_replicas  # prefill replicas compute the prompts
             or plan_pull is None
             or not task.cache_prompt
             or task.media

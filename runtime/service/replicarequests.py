@@ -23,8 +23,9 @@ from anyio.abc import TaskGroup
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.errors import LlamactorError, Unavailable
-from llamactor.protocol.events import Event, Failed
+from llamactor.protocol.events import Done, Event, Failed
 from llamactor.protocol.messages import Task
+from llamactor.protocol.slots import SlotKV
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.engine import served_by
 from llamactor.runtime.service.journal import Entry
@@ -52,6 +53,9 @@ class _Sub:
     lost: str = ""  # why its replica was given up on
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     ended: anyio.Event = field(default_factory=anyio.Event)  # its last events were delivered
+    handover: bool = False  # a prefill replica's part: its first token, then a decode replica's
+    handed: bool = False  # ... which ended at its first token: the request goes on elsewhere
+    kv: SlotKV | None = None  # ... and the prefill replica's slot state it ended with
 
 
 @dataclass
@@ -112,6 +116,10 @@ class ReplicaRequests(ReplicaCalls):
                     return  # the client left meanwhile
                 if pulled is not None:
                     to, slot = pulled
+            handover = False
+            if move is None and not to and not entry.started and not entry.resumes:
+                to = self._prefill_replica(task)  # prefill and decode apart: its prompt goes to a prefill replica
+                handover = bool(to)
             if to and to not in self._replica_ids():  # the slot's replica went away meanwhile
                 self._reserved.discard((to, slot))
                 to, slot = "", -1
@@ -122,8 +130,10 @@ class ReplicaRequests(ReplicaCalls):
                 return
             if slot >= 0:  # its prefix (a pull) or its history (a move) is in that slot: it goes on from there
                 what = msgspec.structs.replace(what, id_slot=slot, cache_prompt=True)
+            if handover and to:  # the prefill replica generates its first token only, then hands over
+                what = msgspec.structs.replace(what, n_predict=1, hand_over=True)
             sid = next(self._sids)
-            sub = self._subs[sid] = _Sub(sid, entry)
+            sub = self._subs[sid] = _Sub(sid, entry, handover=handover and bool(to))
             self._sid_of[task.id] = sid
             resumed = self.journal.submitted(entry, what)  # before its first event can arrive
             self.counters.resumed += resumed
@@ -168,6 +178,13 @@ class ReplicaRequests(ReplicaCalls):
     async def _pull(self, task: Task, route: Route, prompt: np.ndarray) -> tuple[str, int] | None:
         """Where a new request's prefix was copied to, to pin it there (``ReplicaMoves``)."""
         return None
+
+    def _prefill_replica(self, task: Task) -> str:
+        """With prefill and decode apart, the prefill replica a new request goes to ("": none)."""
+        return ""
+
+    def _hand_over(self, sub: _Sub, replica: str) -> None:
+        """A prefill replica's part of a request ended at its first token: move it on (``ReplicaMoves``)."""
 
     async def _listen(self, rid: str) -> None:
         """Follow one replica's events stream; when it ends or falls silent, the requests it
@@ -227,12 +244,19 @@ class ReplicaRequests(ReplicaCalls):
                 continue  # cancelled, or resumed elsewhere since
             if not sub.replica:  # its first event
                 self._placed(sub, rid, self._epochs.get(rid, 0))
+            if sub.handover and isinstance(event, Done) and event.finish_reason == "length":
+                sub.handed, sub.kv = True, event.kv  # its first token only: it goes on on a decode replica
+                continue
             events.append((sub.entry.task.id, event))
         ended: list[int] = []
         for sid in msg.ended:
             sub = self._subs.pop(sid, None)
             if sub is not None:
                 self._finished(sid)
+                if sub.handed:
+                    self._hand_over(sub, rid)
+                    sub.ended.set()
+                    continue
                 sub.ended.set()
                 ended.append(sub.entry.task.id)
                 self._sid_of.pop(sub.entry.task.id, None)
