@@ -127,3 +127,30 @@ async def test_smollm2_round_trip_through_the_embedding_api():
         assert imp.n_cached == src.n_cached > 0
         with pytest.raises(RequestError, match="not an exported slot"):
             await rt.import_slot(1, b"garbage")
+
+
+def test_the_flags_that_move_kv_reach_the_config(tiny_model):
+    """--slot-transfer, --replica-pull and --prefill-replicas as the command line and the
+    environment give them; a bad value is refused."""
+    from serveargs import parse_serve
+
+    cfg = parse_serve(
+        [
+            "-m",
+            str(tiny_model),
+            "--slot-transfer",
+            "--replicas",
+            "2",
+            "--prefill-replicas",
+            "1",
+            "--replica-pull",
+            "off",
+        ]
+    ).config
+    assert (cfg.slot_transfer, cfg.prefill_replicas, cfg.replica_pull) == (True, 1, "off")
+    env = {"LLAMACTOR_SLOT_TRANSFER": "1", "LLAMACTOR_REPLICA_PULL": "always"}
+    cfg = parse_serve(["-m", str(tiny_model)], env).config
+    assert (cfg.slot_transfer, cfg.prefill_replicas, cfg.replica_pull) == (True, 0, "always")
+    assert parse_serve(["-m", str(tiny_model)]).config.replica_pull == "auto"
+    with pytest.raises(SystemExit):  # argparse: "argument --replica-pull: must be one of auto, always, off"
+        parse_serve(["-m", str(tiny_model), "--replica-pull", "sometimes"])

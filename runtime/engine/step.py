@@ -210,6 +210,8 @@ class DecodeStep:
         goes on on another engine (prefill and decode apart), from this state."""
         for k, (task, event) in enumerate(res.events):
             if task is s.task and isinstance(event, Done) and event.index == s.index:
+                if event.finish_reason != "length":  # it ended for good (EOS, a stop string): nothing goes on
+                    return
                 try:
                     state = self.kv.export_state(s)
                 except Exception:

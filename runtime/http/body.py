@@ -20,16 +20,21 @@ from llamactor.runtime.service.config import MAX_BODY_BYTES
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    return bytes(await read_body_buffer(request, limit))
+
+
+async def read_body_buffer(request: Request, limit: int) -> bytearray:
+    """The body as it arrives, appended chunk by chunk (a large body is never copied whole on
+    the event loop: an imported slot's state reaches its thread as this buffer)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
-    chunks, size = [], 0
+    body = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        if len(body) + len(chunk) > limit:
             raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body += chunk
+    return body
 
 
 async def decode_body(request: Request, type_: type) -> Any:

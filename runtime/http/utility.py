@@ -23,7 +23,7 @@ from llamactor.protocol.wire import (
     TokenizeRequest,
 )
 from llamactor.runtime.http import embeddings
-from llamactor.runtime.http.body import decode_body, json_response, read_body
+from llamactor.runtime.http.body import decode_body, json_response, read_body, read_body_buffer
 from llamactor.runtime.http.errors import error_response
 from llamactor.runtime.http.generation_settings import default_generation_settings
 from llamactor.runtime.http.live import LiveFeed
@@ -254,7 +254,7 @@ class UtilityEndpoints:
         if action == "export":
             data = await self.rt.export_slot(slot)
             return Response(data, media_type="application/octet-stream")
-        body = await read_body(request, MAX_IMPORT_BYTES)
+        body = await read_body_buffer(request, MAX_IMPORT_BYTES)
         return json_response(slot_action_json(await self.rt.import_slot(slot, body)))
 
     async def live(self, request: Request) -> Response:

@@ -246,7 +246,7 @@ class RuntimeCore(RuntimeLifecycle):
         assert result.kv is not None
         return await anyio.to_thread.run_sync(slottransfer.pack, result.kv, await self._slot_identity())
 
-    async def import_slot(self, slot: int, data: bytes) -> SlotActionResult:
+    async def import_slot(self, slot: int, data: bytes | bytearray) -> SlotActionResult:
         """Replace one idle slot's KV with an ``export_slot``'s (``RequestError`` when it came
         from another model, other KV types or adapters this server lacks)."""
         kv = await anyio.to_thread.run_sync(slottransfer.unpack, data, await self._slot_identity())

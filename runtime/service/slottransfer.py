@@ -98,7 +98,7 @@ def pack(kv: SlotKV, ident: Identity) -> bytes:
     return b"".join((MAGIC, _LENGTH.pack(len(header)), header, kv.state))
 
 
-def unpack(data: bytes, ident: Identity) -> SlotKV:
+def unpack(data: bytes | bytearray, ident: Identity) -> SlotKV:
     """The state in ``data`` (``pack``'s bytes) for a server of identity ``ident``, or a
     ``RequestError`` saying what differs."""
     start = len(MAGIC) + _LENGTH.size
@@ -131,7 +131,7 @@ def unpack(data: bytes, ident: Identity) -> SlotKV:
                 "it can only be imported where the same adapter files are loaded"
             )
         lora.append((ident.adapters.index(digest), scale))
-    return SlotKV(tokens=header.tokens, lora=_canonical(lora), state=data[start + n :])
+    return SlotKV(tokens=header.tokens, lora=_canonical(lora), state=bytes(memoryview(data)[start + n :]))
 
 
 def _canonical(lora: list[tuple[int, float]]) -> LoraSet:
