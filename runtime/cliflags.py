@@ -96,6 +96,12 @@ GROUPS: tuple[Group, ...] = (
                 field="kv_unified",
                 env="LLAMA_ARG_KV_UNIFIED",
             ),
+            switch(
+                "--swa-full",
+                field="swa_full",
+                env="LLAMA_ARG_SWA_FULL",
+                help="sliding-window layers keep every position (more memory): a prefix stays reusable",
+            ),
             opt(
                 "--kv-unified-per-slot",
                 field="kv_unified_per_slot",
@@ -1099,7 +1105,6 @@ GROUPS: tuple[Group, ...] = (
             opt("-fitt", "--fit-target", value="MiB0,MiB1,...", env="LLAMA_ARG_FIT_TARGET"),
             opt("-fitc", "--fit-ctx", env="LLAMA_ARG_FIT_CTX"),
             switch("--check-tensors"),
-            switch("--swa-full", env="LLAMA_ARG_SWA_FULL"),
             opt("-dt", "--defrag-thold", env="LLAMA_ARG_DEFRAG_THOLD", help="deprecated in llama.cpp"),
         ),
     ),

@@ -333,7 +333,7 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
         f"--temp 0.8 --seed 42 --model {tiny_model} --batch-size 64 --ubatch-size 32 --threads 1 --cont-batching "
         f"--metrics --no-slots --alias tinyllama --ctx-size 512 --parallel 2 -fa off --n-predict 6 "
         f"--slot-save-path {tmp_path / 'slots'} --api-key k1,k2 --api-key-file {keys} --no-ui --no-models-autoload "
-        f"--jinja --reasoning-format none --chat-template-file {template} --offline --no-mmproj --swa-full "
+        f"--jinja --reasoning-format none --chat-template-file {template} --offline --no-mmproj --check-tensors "
         f"--n-gpu-layers 99"
     )
     with _serve(argv, env={"LLAMA_ARG_REPEAT_PENALTY": "1.1"}) as (url, lines):
@@ -354,7 +354,7 @@ def test_serves_with_the_flags_llama_cpps_own_server_tests_pass(tiny_model: Path
         assert httpx.get(url + "/", headers=headers).status_code == 404  # --no-ui
     ignored = {r["flag"]: r["reason"] for r in _events(lines, "flag_ignored")}
     assert len(_events(lines, "flag_ignored")) == len(ignored)  # one line each
-    expected = {"--cont-batching", "--no-models-autoload", "--offline", "--swa-full"}
+    expected = {"--cont-batching", "--no-models-autoload", "--offline", "--check-tensors"}
     if all(name.startswith("CPU") for name, _ in list_devices()):
         expected.add("--n-gpu-layers")  # no GPU: the layers stay on the CPU, said once
     assert set(ignored) == expected, ignored

@@ -59,6 +59,7 @@ class ContextOptions:
     n_threads: int
     n_threads_batch: int
     kv_unified: bool = False
+    swa_full: bool = False  # sliding-window layers sized like the others: no position leaves the cache
     flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
     type_k: int = llama_cpp.GGML_TYPE_F16  # KV cache types (-ctk/-ctv)
     type_v: int = llama_cpp.GGML_TYPE_F16
@@ -88,6 +89,7 @@ class Context:
             n_threads=opts.n_threads,
             n_threads_batch=opts.n_threads_batch,
             kv_unified=opts.kv_unified,
+            swa_full=opts.swa_full,
             flash_attn_type=opts.flash_attn,
             type_k=opts.type_k,
             type_v=opts.type_v,

@@ -146,13 +146,19 @@ class SequenceKV:
     def window_kept(self, slot: Slot, keep: int) -> bool:
         """With a sliding-window (SWA) cache, llama.cpp reuses the cells of positions that fell
         out of a sequence's window, oldest first; a kept prefix of ``keep`` tokens is usable
-        only if the window before ``keep`` is still there (llama-server's ``pos_min`` test).
-        Always true without SWA."""
+        only if the window before ``keep`` is still there. Always true without SWA.
+
+        The first token decoded after the prefix sits at position ``keep`` and attends to the
+        positions ``p`` with ``keep - p < n_swa``, so the cells from ``keep - n_swa + 1`` on
+        must be there. llama-server asks for one more (``pos_min <= keep - n_swa``), which
+        refuses the exact case of an exported or restored state: llama.cpp writes a sliding-
+        window sequence's state as the window its last position sees, so a state of ``n``
+        tokens holds ``n - n_swa`` on, just what decoding its last token again needs."""
         n_swa = self.model.n_swa
         if n_swa <= 0 or keep == 0:
             return True
         pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, slot.local)
-        return 0 <= pos_min <= max(0, keep - n_swa)
+        return 0 <= pos_min <= max(0, keep - n_swa + 1)
 
     def share_prefix(self, dst: Slot, src: Slot, n: int) -> int:
         """Make ``dst`` hold the KV of the first ``n`` tokens ``src`` holds; return how many it
@@ -265,14 +271,17 @@ class SequenceKV:
         """The slot's KV state (``llama_state_seq_get_data`` of its sequence), with the tokens
         it holds and the LoRA set that computed them. As for a slot file, a slot that holds an
         image or audio is refused: its stand-in tokens mean nothing to another server.
-        ``prefix_of``: the state is wanted for the prefix it shares with these tokens; with a
-        sliding window that has moved past that prefix's end (``window_kept``) it could not be
-        reused there, and nothing is exported."""
+        ``prefix_of``: the state is wanted for the prefix it shares with these tokens. With a
+        sliding window, llama.cpp writes the window the sequence's last position sees, whatever
+        the slot still holds before it: such a state serves a prompt that goes on from all its
+        tokens (the last one decoded again), not one that leaves them earlier; nothing is
+        exported then."""
         if any(t < 0 for t in slot.cache):
             raise RequestError(f"slot {slot.id} holds image or audio KV: slots with media cannot be exported")
-        if prefix_of:
+        n_swa, n = self.model.n_swa, len(slot.cache)
+        if prefix_of and n_swa > 0 and n > n_swa:
             want = np.asarray(prefix_of[: len(prefix_of) - 1], dtype=np.int32)
-            if not self.window_kept(slot, common_prefix(np.asarray(slot.cache, dtype=np.int32), want)):
+            if common_prefix(np.asarray(slot.cache, dtype=np.int32), want) < n - 1:
                 return SlotKV(tokens=(), lora=NO_LORA, state=b"")
         if not slot.cache:
             return SlotKV(tokens=(), lora=NO_LORA, state=b"")

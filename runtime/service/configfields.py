@@ -130,6 +130,9 @@ class ConfigFields:
     # build has a GPU and none when it has not (llama.cpp's negative value); no fitting to free memory
     n_gpu_layers: int = AUTO_LAYERS
     main_gpu: int = 0  # -mg: the GPU of the whole model with -sm none (and of small tensors with -sm row)
+    # --swa-full: sliding-window layers keep a cell for every position, so a kept or shared prefix
+    # stays usable after its window moved on (more KV memory: the window's layers as large as the rest)
+    swa_full: bool = False
     kv_offload: bool = True  # -nkvo/--no-kv-offload: False keeps the KV cache in host memory
     op_offload: bool = True  # --no-op-offload: host-resident weights' ops stay on the CPU
     repack: bool = True  # -nr/--no-repack: no extra CPU buffer types (AMX, CPU_REPACK) for weights
