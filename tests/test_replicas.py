@@ -541,3 +541,57 @@ async def test_prefill_and_decode_apart_hand_each_request_over_with_its_kv(local
     with pytest.raises(ConfigError, match="--prefill-replicas"):
         async with Runtime.open(_replicas(make_config, replicas="1", prefill_replicas=1)):
             pass
+
+
+async def test_a_replica_ray_serve_stops_moves_its_streams_with_their_kv(local_ray, make_config):
+    """POST /replicas/scale from 2 to 1 mid-stream: Ray Serve stops one replica gracefully; its
+    streams move to the other with their KV before it goes (nothing prefilled again), every
+    stream ends with every token, and the set goes on with one replica. A count out of range
+    and a set that autoscales are refused."""
+    families = [" ".join(f"family{f} word{k}" for k in range(30)) for f in range(2)]
+    prompts = [f"{families[i % 2]} stream {i}: " + "abc " * i for i in range(8)]
+    cfg = _replicas(make_config, engine_hooks=f"{HOOKS}:Slower")
+    async with Runtime.open(cfg) as rt, serve_runtime(rt) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            before = _prompt_tokens((await client.get("/metrics")).text)
+            out: list[tuple[str, list[str]]] = [("", [])] * len(prompts)
+            reached = anyio.Event()
+
+            def piece(i: int, n: int, replica: str) -> None:
+                if i == 0 and n == KILL_AT:
+                    reached.set()
+
+            async def run(i: int) -> None:
+                out[i] = await _sse(client, prompts[i], partial(piece, i))
+
+            async def scale() -> None:
+                await reached.wait()
+                r = await client.post("/replicas/scale", json={"replicas": 1})
+                assert r.status_code == 200 and r.json() == {"replicas": 1, "was": 2}, r.text
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(scale)
+                for i in range(len(prompts)):
+                    tg.start_soon(run, i)
+            for i, (_, pieces) in enumerate(out):
+                payloads = [json.loads(p[6:]) for p in pieces]
+                assert payloads[-1]["stop"] and payloads[-1]["tokens_predicted"] == N_PREDICT, f"stream {i}"
+                assert len([p for p in payloads if p["content"]]) <= N_PREDICT  # no duplicate
+            await wait_until(lambda: len(rt.engine.stopped_drains) == 1, timeout_s=30)
+            report = rt.engine.stopped_drains[0]
+            on_it = sum(replica == report["replica"] for replica, _ in out)
+            print(f"scaled down: {report}, streams first served there {on_it}")
+            assert report["streams"] == on_it >= 1 and report["moved_with_kv"] == on_it, report
+            await wait_until(lambda: len(rt.engine._replica_ids()) == 1, timeout_s=60)
+            # the replica left counts its own prompts and one token a moved stream, not the
+            # moved streams' prompts and histories again (the replay path's prefill)
+            processed = _prompt_tokens((await client.get("/metrics")).text)
+            kept = sum(
+                [len(await rt.tokenize(p)) for (replica, _), p in zip(out, prompts) if replica != report["replica"]]
+            )
+            assert before == 0 and processed <= kept + on_it, (processed, kept)
+            r = await client.post("/completion", json={"prompt": "after the scale", "n_predict": 4})
+            assert r.status_code == 200 and r.headers["x-llamactor-replica"] != report["replica"]
+            for bad in (0, 257, "two", True):
+                r = await client.post("/replicas/scale", json={"replicas": bad})
+                assert r.status_code == 400, r.text

@@ -108,6 +108,7 @@ MODEL_ROUTES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("/detokenize", "detokenize", ("POST",)),
     ("/slots", "slots", ("GET",)),
     ("/slots/{id}", "slot_action", ("POST",)),
+    ("/replicas/scale", "scale_replicas", ("POST",)),
     ("/replicas/{id}/drain", "drain_replica", ("POST",)),
     ("/metrics", "metrics", ("GET",)),
     ("/v1/embeddings", "embeddings_oai", ("POST",)),

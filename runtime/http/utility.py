@@ -246,6 +246,16 @@ class UtilityEndpoints:
         self.rt.require_ready()
         return json_response(await self.rt.drain_replica(request.path_params["id"]))
 
+    async def scale_replicas(self, request: Request) -> Response:
+        """POST /replicas/scale ``{"replicas": N}``: N replicas of a fixed-size set; a replica
+        Ray Serve stops first moves its streams to the others with their KV."""
+        self.rt.require_ready()
+        body = await decode_body(request, dict[str, Any])
+        n = body.get("replicas")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise RequestError(f"replicas must be an integer, got {n!r}")
+        return json_response(await self.rt.scale_replicas(n))
+
     async def _slot_transfer(self, request: Request, slot: int, action: str) -> Response:
         """Export: the slot's KV state as bytes (``service.slottransfer``); import: such bytes
         as the body, into the slot. Off unless the server was started with --slot-transfer."""

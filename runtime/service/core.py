@@ -238,6 +238,15 @@ class RuntimeCore(RuntimeLifecycle):
         result: dict[str, Any] = await drain(replica)
         return result
 
+    async def scale_replicas(self, n: int) -> dict[str, Any]:
+        """Ask for ``n`` replicas of a fixed-size replica set; a replica stopped moves its
+        streams to the others with their KV first (``ReplicaSet.scale``)."""
+        scale = getattr(self._ready_engine(), "scale", None)
+        if scale is None:
+            raise NotFound("this server runs no replicas (--replicas)")
+        result: dict[str, Any] = await scale(n)
+        return result
+
     async def export_slot(self, slot: int) -> bytes:
         """One idle slot's KV state, its tokens and what computed it, as bytes that
         ``import_slot`` of a server of the same model, KV types and adapters reads

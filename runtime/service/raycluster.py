@@ -21,6 +21,7 @@ from llamactor.runtime.service.config import RuntimeConfig
 log = structlog.get_logger("llamactor.replicas")
 
 EXTRA = "pip install 'llamactor[cluster]'"
+DEPLOYMENT = "llamactor"  # the replica set's deployment, one per application
 # A local Ray instance started here runs quieter than Ray's defaults (measured idle, one replica:
 # 11.6 CPU ticks a second in Ray's processes, 7.0 with these): its controller reconciles once a
 # second instead of ten times, metrics are exported every second, Ray's own metrics collection is
@@ -129,7 +130,7 @@ def make_deployment(serve: Any, rep: Any, routers: Any, config: RuntimeConfig, l
         }
     return serve.deployment(
         rep.ReplicaServer,
-        name="llamactor",
+        name=DEPLOYMENT,
         max_ongoing_requests=max(1, config.parallel) + config.queue_size + 16,
         ray_actor_options={"num_cpus": config.replica_cpus},
         request_router_config=RequestRouterConfig(
@@ -138,9 +139,21 @@ def make_deployment(serve: Any, rep: Any, routers: Any, config: RuntimeConfig, l
         max_constructor_retry_count=1,  # a replica that cannot start its engine fails the start, with its error
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
-        graceful_shutdown_timeout_s=5.0,
+        # a replica Ray Serve stops waits this long at most for its ongoing calls; the ingress moves
+        # its streams off with their KV first (``ReplicaSet._see_off``: well under a second a stream)
+        graceful_shutdown_timeout_s=20.0,
         **scaling,
     )
+
+
+def scale_to(ray: Any, app: str, n: int) -> None:
+    """Ask Ray Serve for ``n`` replicas of the set deployed as ``app`` (its external scaler API:
+    a fixed ``--replicas N`` deploys with it on). Ray stops a replica gracefully or starts one."""
+    from ray.serve._private.common import DeploymentID
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    ray.get(controller.update_deployment_replicas.remote(DeploymentID(name=DEPLOYMENT, app_name=app), n))
 
 
 def deploy_failure(serve: Any, app: str) -> str:

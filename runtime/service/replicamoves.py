@@ -51,6 +51,8 @@ class ReplicaMoves(ReplicaRequests):
         self._pull_ms_per_token = 0.0  # a pull's measured cost per token (0 until the first pull)
         self.pulls = 0  # prefixes pulled from another replica
         self.handovers = 0  # requests handed from a prefill replica to a decode replica
+        self._seen_off: set[str] = set()  # replicas Ray Serve stopped, drained here (``ReplicaSet._see_off``)
+        self.stopped_drains: list[dict[str, Any]] = []  # their drains' reports, oldest first
 
     async def drain(self, replica: str) -> dict[str, Any]:
         """Send ``replica`` no more requests, and move each stream it serves to another replica

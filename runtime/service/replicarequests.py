@@ -83,6 +83,7 @@ class ReplicaRequests(ReplicaCalls):
         self._moves: dict[int, Move] = {}  # task id -> its move off a drained replica (``ReplicaMoves``)
         # (replica, slot) holding an import for a request not yet ended there: no other import goes there
         self._reserved: set[tuple[str, int]] = set()
+        self._streams: dict[str, anyio.CancelScope] = {}  # replica -> the scope its events stream is read in
 
     def submit(self, task: Task) -> None:
         if self._tg is None:
@@ -194,16 +195,19 @@ class ReplicaRequests(ReplicaCalls):
         epoch = -1
         why = "the replica's events stream ended"
         try:
-            while True:
-                with anyio.fail_after(SILENCE_S):
-                    data = await iterator.__anext__()
-                frame = _frames.decode(data)
-                if isinstance(frame, Placed):
-                    epoch = frame.epoch
-                    self._epochs[rid] = epoch
-                    self._pids[rid] = frame.pid
-                    continue
-                self._deliver(rid, frame)
+            scope = self._streams[rid] = anyio.CancelScope()  # cancelled: the ingress closes it (a replica leaving)
+            with scope:
+                while True:
+                    with anyio.fail_after(SILENCE_S):
+                        data = await iterator.__anext__()
+                    frame = _frames.decode(data)
+                    if isinstance(frame, Placed):
+                        epoch = frame.epoch
+                        self._epochs[rid] = epoch
+                        self._pids[rid] = frame.pid
+                        continue
+                    self._deliver(rid, frame)
+            why = "the replica is stopping"  # (only a cancel of ``scope`` ends the loop so)
         except StopAsyncIteration:
             pass
         except TimeoutError:
@@ -213,6 +217,7 @@ class ReplicaRequests(ReplicaCalls):
                 raise
             why = first_line(exc)
         finally:
+            self._streams.pop(rid, None)
             gen.cancel()
         self._epochs[rid] = max(self._epochs.get(rid, 0), epoch + 1)
         lost = [s for s in self._subs.values() if s.replica == rid and s.epoch <= epoch]

@@ -38,16 +38,50 @@ def _route_of(pending: PendingRequest | None) -> Route | None:
 
 class _Targeted:
     """A call that names a replica goes to it (slots, metrics, live view of one replica); a
-    request that names none never goes to a drained replica while another is left."""
+    request that names none never goes to a drained replica while another is left.
+
+    A replica Ray Serve stops (scale-down, a redeploy, its node drained) leaves the set Ray
+    routes to at once, but stays up while requests are ongoing on it, up to the deployment's
+    graceful shutdown timeout. It stays here as ``leaving`` (drained: no new request) so that
+    calls naming it still reach it: the ingress moves its streams off with their KV, then
+    ``forget``s it.
+    """
 
     draining: set[str]  # replica ids drained (``ReplicaRequests.drain``): no new requests
+    leaving: dict[str, RunningReplica]  # replicas Ray Serve is stopping, until the ingress forgets them
 
     def _register(self) -> None:
         # Ray sends the class by value: this function's globals are a copy, the module is not
         from llamactor.runtime.service import replicarouters
 
         self.draining = set()
+        self.leaving = {}
         replicarouters.ROUTERS[self.app_name] = self  # type: ignore[attr-defined,assignment]
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Ray's new set of running replicas; one that left it while serving stays, as leaving."""
+        now = {r.replica_id.unique_id for r in replicas}
+        for r in self.replicas():
+            rid = r.replica_id.unique_id
+            if rid not in now and rid not in self.leaving:
+                self.leaving[rid] = r
+                self.draining.add(rid)
+                log.info("replica_leaving", replica=rid)
+        for rid in now & self.leaving.keys():  # back in the set
+            del self.leaving[rid]
+        kept = [r for rid, r in self.leaving.items() if rid not in now]
+        super().update_replicas([*replicas, *kept])  # type: ignore[misc]
+
+    def forget(self, replica: str) -> None:
+        """The ingress is done with a leaving replica (its streams moved, its events stream
+        closed): it is dropped from the set, on the router's own loop."""
+        r = self.leaving.pop(replica, None)
+        if r is not None:
+            self._event_loop.call_soon_threadsafe(self.on_replica_actor_died, r.replica_id)  # type: ignore[attr-defined]
+
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        self.leaving.pop(replica_id.unique_id, None)
+        super().on_replica_actor_died(replica_id)  # type: ignore[misc]
 
     def live(self, candidates: list[RunningReplica]) -> list[RunningReplica]:
         """The candidates not drained (all of them when every one is)."""

@@ -25,6 +25,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import anyio
 import msgspec
@@ -32,7 +33,7 @@ import structlog
 
 from llamactor.protocol import enginelink as link
 from llamactor.protocol.embedding import EmbedderInfo
-from llamactor.protocol.errors import ConfigError
+from llamactor.protocol.errors import ConfigError, RequestError
 from llamactor.runtime.service.config import RuntimeConfig, config_to_wire, replica_range
 from llamactor.runtime.service.raycluster import (
     deploy_failure,
@@ -41,6 +42,7 @@ from llamactor.runtime.service.raycluster import (
     make_deployment,
     replica_config,
     require_ray,
+    scale_to,
     stop_app,
 )
 from llamactor.runtime.service.remote import RemoteEmbedder
@@ -50,6 +52,7 @@ from llamactor.runtime.service.routing import Route
 log = structlog.get_logger("llamactor.replicas")
 
 READY_TIMEOUT_S = 600.0
+MAX_REPLICAS = 256  # the most ``scale`` asks for
 _apps = itertools.count()
 
 
@@ -78,7 +81,10 @@ class ReplicaSet(ReplicaMoves):
             try:
                 handle = await anyio.to_thread.run_sync(
                     lambda: serve.run(
-                        deployment.bind(config_to_wire(replica_config(config))), name=app, route_prefix=None
+                        deployment.bind(config_to_wire(replica_config(config))),
+                        name=app,
+                        route_prefix=None,
+                        external_scaler_enabled=lo == hi,  # a fixed count: ``scale`` changes it
                     )
                 )
             except Exception as exc:
@@ -145,7 +151,14 @@ class ReplicaSet(ReplicaMoves):
 
         async with anyio.create_task_group() as tg:
             while True:
+                router = self._router()
+                for rid in list(getattr(router, "leaving", ())):
+                    if rid not in self._seen_off:
+                        self._seen_off.add(rid)
+                        tg.start_soon(self._see_off, rid)
                 for rid in self._replica_ids():
+                    if rid in self._seen_off:
+                        continue
                     if rid not in listening:
                         listening.add(rid)
                         tg.start_soon(listen, rid)
@@ -153,3 +166,36 @@ class ReplicaSet(ReplicaMoves):
                         following.add(rid)
                         tg.start_soon(follow, rid)
                 await anyio.sleep(0.5)
+
+    async def scale(self, n: int) -> dict[str, Any]:
+        """Ask Ray Serve for ``n`` replicas (a set started with a fixed ``--replicas``; with a
+        range Ray Serve's autoscaler decides). A replica Ray stops first sees its streams moved
+        to the others with their KV (``_see_off``); one it starts joins the router when ready."""
+        lo, hi = replica_range(self.config.replicas) or (1, 1)
+        if lo != hi:
+            raise RequestError(f"--replicas {self.config.replicas} autoscales: Ray Serve sets the count")
+        if not 1 <= n <= MAX_REPLICAS:
+            raise RequestError(f"replicas must be 1..{MAX_REPLICAS}, got {n}")
+        was = len(self._replica_ids()) - len(getattr(self._router(), "leaving", ()))
+        ray = require_ray()
+        await anyio.to_thread.run_sync(scale_to, ray, self.app, n)
+        log.info("replicas_scaled", replicas=n, was=was)
+        return {"replicas": n, "was": was}
+
+    async def _see_off(self, rid: str) -> None:
+        """Ray Serve is stopping replica ``rid`` (scale-down, a redeploy, its node drained): its
+        streams move to the other replicas with their KV (``drain``), then its events stream is
+        closed, so that it stops now (it waits for its ongoing calls, that one included, up to
+        its graceful shutdown timeout), and the router forgets it."""
+        try:
+            report = await self.drain(rid)
+            self.stopped_drains.append(report)
+        except Exception as exc:  # the streams left on it are replayed when its events stream ends
+            log.warning("leaving_replica_not_drained", replica=rid, error=first_line(exc))
+        finally:
+            scope = self._streams.get(rid)
+            if scope is not None:
+                scope.cancel()
+            router = self._router()
+            if router is not None:
+                router.forget(rid)
