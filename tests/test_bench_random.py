@@ -26,7 +26,7 @@ from llamactor.ops.bench.launch import ServerCommand, ServerStartError, serving
 from llamactor.ops.bench.phase import Request
 from llamactor.ops.bench.random.randomfamily import ARRIVALS, DEFAULT_FAMILY, Family, fits_limit
 from llamactor.ops.bench.random.randomload import LENGTH_KINDS, draw
-from llamactor.ops.bench.random.randomrun import Conversations, itl_percentile_good
+from llamactor.ops.bench.random.randomrun import conversations_of, itl_percentile_good
 from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.random.verdict import (
     METRICS,
@@ -274,7 +274,7 @@ async def test_conversations_build_later_turns_from_answers() -> None:
     failed previous turn leaves the answer out and is counted."""
     wl = draw(first_seed(TINY, lambda w: w.open_loop and w.later_turns >= 2 and w.prefix_lengths), TINY)
     texts = [[100 + i] * it.npp for i, it in enumerate(wl.items)]
-    book = Conversations(wl, [[7] * n for n in wl.prefix_lengths], texts)
+    book = conversations_of(wl, [[7] * n for n in wl.prefix_lengths], texts)
     i = next(k for k, it in enumerate(wl.items) if it.follows is not None)
     j = wl.items[i].follows
     first = await book.request(j)
@@ -294,13 +294,13 @@ async def test_conversations_build_later_turns_from_answers() -> None:
     assert list(req.prompt) == list(first.prompt) + [5, 6] + texts[i]
     assert req.prompt.messages[-2] == Message("assistant", (5, 6)) and req.n_predict == wl.items[i].ntg
 
-    text_book = Conversations(wl, [[7] * n for n in wl.prefix_lengths], texts)
+    text_book = conversations_of(wl, [[7] * n for n in wl.prefix_lengths], texts)
     first = await text_book.request(j)
     text_book.done(j, TextRecord(0.0, 3, done_s=1.0, text=["Hi", " there"]))
     req = await text_book.request(i)
     assert req.prompt.messages[-2] == Message("assistant", text="Hi there") and req.prompt.has_text
 
-    broken = Conversations(wl, [[7] * n for n in wl.prefix_lengths], texts)
+    broken = conversations_of(wl, [[7] * n for n in wl.prefix_lengths], texts)
     first = await broken.request(j)
     broken.done(j, RequestRecord(0.0, 3, error="HTTP 500"))
     req = await broken.request(i)

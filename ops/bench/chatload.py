@@ -8,9 +8,12 @@ conversation's slot has usually served others before its next turn comes.
 Each turn's prompt is the conversation's history as exact token ids: the system text
 (``prefix_npp`` tokens, the same for every conversation of a run), then for every earlier turn
 its user text and the server's own reply (the ids streamed back), then a new user text of
-``npp`` tokens; the reply is ``ntg`` tokens. Requests ask for ``cache_prompt``, so a server
-may reuse whatever it still holds of the history; ``prompt_processed`` (the delta of the
-server's ``llamacpp:prompt_tokens_total``) against ``prompt_sent`` shows how much it did.
+``npp`` tokens; the reply is ``ntg`` tokens. The turns are one conversation book
+(``ops.bench.conversations``), which builds a turn from the previous one and its reply; a
+failed turn skips the rest of its conversation (counted in ``skipped``). Requests ask for
+``cache_prompt``, so a server may reuse whatever it still holds of the history;
+``prompt_processed`` (the delta of the server's ``llamacpp:prompt_tokens_total``) against
+``prompt_sent`` shows how much it did.
 
 llama-server leaves out of its stream the id of a token whose text ends inside a UTF-8
 sequence; such a reply is counted in ``short_replies``, and the next turn's history lacks the
@@ -19,12 +22,10 @@ missing ids (its prompt then diverges from what the server holds from that point
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
-import anyio
-
+from llamactor.ops.bench.conversations import AfterFailure, Conversations, Turn, TurnFeed, conversation_notes
 from llamactor.ops.bench.latency import latency_of, ratio_keys
 from llamactor.ops.bench.loadgen import error_sample
 from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
@@ -33,55 +34,54 @@ from llamactor.ops.bench.runner import Common
 from llamactor.ops.bench.slo import LatencyReport
 from llamactor.ops.bench.stats import CrossCheck, RequestRecord, ratio
 
-Turn = tuple[int, int]  # (conversation, turn), both from 0
 
+class ChatFeed(TurnFeed):
+    """The turns of one run as one conversation book, handed out round-robin to the workers
+    (one ``phase.Feed`` shared by them all).
 
-class ChatFeed:
-    """The turns of one run, handed out round-robin to the workers (``phase.Feed``).
-
-    Built once per run by ``Chat.plan``; read by ``Chat.summarize`` after the phase.
+    Turn ``t`` of conversation ``c`` is the book's request ``t * conversations + c`` and follows
+    turn ``t - 1`` of ``c``, so the book's order is the round-robin order. A failed turn skips
+    the rest of its conversation: a history lacking one of its answers is not the conversation
+    the server holds. Requests are tagged ``(conversation, turn)``, both from 0. Built once per
+    run by ``Chat.plan``; read by ``Chat.summarize`` after the phase.
     """
 
     def __init__(self, system: list[int], user_texts: list[list[list[int]]], ntg: int) -> None:
-        self.ntg = ntg
-        self.user_texts = user_texts  # [conversation][turn] -> ids
+        self.conversations = n = len(user_texts)
         n_turns = len(user_texts[0]) if user_texts else 0
-        self._order: deque[Turn] = deque((c, t) for t in range(n_turns) for c in range(len(user_texts)))
-        self._history = [list(system) for _ in user_texts]  # prompt so far: system + (user + reply)*
-        self._last: list[anyio.Event | None] = [None] * len(user_texts)  # set when the latest turn taken ends
-        self._ended: dict[Turn, anyio.Event] = {}
-        self._broken: set[int] = set()  # conversations with a failed turn: their later turns are skipped
-        self.records: dict[Turn, RequestRecord] = {}
-        self.skipped = 0
-        self.short_replies = 0  # replies with fewer streamed ids than the server generated
+        head = tuple(system)
+        turns = [
+            Turn(tuple(user_texts[c][t]), ntg, follows=(t - 1) * n + c if t else None, system=None if t else head)
+            for t in range(n_turns)
+            for c in range(n)
+        ]
+        # every reply's ids kept, the last turns' too: the records hold them and short_replies counts them
+        super().__init__(Conversations(turns, AfterFailure.SKIP, keep_all=True), range(len(turns)))
 
     async def take(self) -> Request | None:
-        while self._order:
-            c, t = self._order.popleft()
-            previous, ended = self._last[c], anyio.Event()
-            self._last[c] = self._ended[(c, t)] = ended  # a later turn of c waits for this one
-            if previous is not None:
-                await previous.wait()  # the conversation's previous turn is still in flight
-            if c in self._broken:
-                self.skipped += 1
-                ended.set()
-                continue
-            return Request(
-                self._history[c] + self.user_texts[c][t], self.ntg, cache_prompt=True, keep_ids=True, tag=(c, t)
-            )
-        return None
+        request = await super().take()
+        if request is None:
+            return None
+        t, c = divmod(cast(int, request.tag), self.conversations)
+        return replace(request, tag=(c, t))
 
     def done(self, request: Request, record: RequestRecord) -> None:
-        c, t = cast(Turn, request.tag)
-        self.records[(c, t)] = record
-        ids = record.token_ids or []
-        if record.ok:
-            self._history[c] = request.prompt + ids
-            if len(ids) < record.n_generated:
-                self.short_replies += 1
-        else:
-            self._broken.add(c)
-        self._ended[(c, t)].set()
+        c, t = request.tag
+        self.book.done(t * self.conversations + c, record)
+
+    @property
+    def records(self) -> dict[tuple[int, int], RequestRecord]:
+        """Every turn sent, by (conversation, turn)."""
+        n = self.conversations
+        return {(i % n, i // n): r for i, r in self.book.records.items()}
+
+    @property
+    def skipped(self) -> int:
+        return self.book.skipped
+
+    @property
+    def short_replies(self) -> int:
+        return self.book.short_replies
 
 
 @dataclass(frozen=True)
@@ -193,14 +193,7 @@ class ChatResult:
     headline = ratio_keys("later_ttft_p50_ms", "first_ttft_p50_ms", "prompt_processed", "tok_s")
 
     def notes(self) -> list[str]:
-        out = []
-        if self.skipped:
-            out.append(f"{self.skipped} turn(s) not sent: an earlier turn of their conversation failed")
-        if self.short_replies:
-            out.append(
-                f"{self.short_replies} repl(ies) streamed fewer token ids than the server generated "
-                "(a token ending inside a UTF-8 sequence); those conversations' histories lack them"
-            )
+        out = conversation_notes(skipped=self.skipped, short_replies=self.short_replies)
         if self.conversations <= self.users:
             out.append(
                 "no more conversations than --users: each turn waits for its own conversation's previous "

@@ -5,10 +5,12 @@ per run, so servers of one pair get the same prompts and no pair sees another's)
 requests out as jobs: one per closed-loop user, or one per open-loop arrival at its time. A
 request is a ``Dialogue`` (``ops.bench.apis``): a shared prefix is its system message, the new text
 its user message. A later turn can only be built once its previous turn has ended, so every
-job takes its requests from ``Conversations`` (a ``phase.Feed``), which builds a later turn
-from the previous turn's messages, its answer (token ids from the native dialect, text from
-the others) and the new message, as ``ops.bench.chatload`` does. A later turn whose previous turn is
-still running waits for it (an open-loop arrival then leaves late, as a real user's would).
+job takes its requests through its own ``TurnFeed`` over one conversation book
+(``ops.bench.conversations``, as ``ops.bench.chatload`` does), which builds a later turn from
+the previous turn's messages, its answer (token ids from the native dialect, text from the
+others) and the new message. A later turn whose previous turn is still running waits for it
+(an open-loop arrival then leaves late, as a real user's would); one whose previous turn
+failed is sent without that answer.
 
 Figures (pure, ``RandomResult``): TTFT mean/p50/p99, inter-token p50/p99, makespan, and
 goodput in two forms: the mean form (``ops.bench.slo``: TTFT <= SLO and mean time per output token
@@ -21,9 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
-import anyio
-
-from llamactor.ops.bench.apis import Dialogue, Message, TextRecord
+from llamactor.ops.bench.conversations import AfterFailure, Conversations, Turn, TurnFeed, conversation_notes
 from llamactor.ops.bench.latency import latency_of
 from llamactor.ops.bench.loadgen import error_sample
 from llamactor.ops.bench.phase import WARMUP_NTG, Job, PhaseResult, Request
@@ -39,77 +39,21 @@ DEFAULT_SLO_ITL_PCT = 90.0
 LAG_WARN_MS = 50.0
 
 
-class Conversations:
-    """Every request of one run by index; later turns built when their previous turn ends.
-
-    Built once per run by ``RandomRun.plan``; ``request`` is called once per index by the job
-    that sends it, ``done`` once when it has ended; read by ``summarize`` after the phase.
-    """
-
-    def __init__(self, workload: RandomWorkload, prefixes: list[list[int]], texts: list[list[int]]) -> None:
-        self.workload = workload
-        self.texts = texts  # [request] -> the ids of its new message
-        followed = {it.follows for it in workload.items if it.follows is not None}
-        self.keep = [i in followed for i in range(len(texts))]  # its answer is needed later
-        self.prompts: list[Dialogue | None] = []
-        for it, text in zip(workload.items, texts):
-            if it.follows is not None:
-                self.prompts.append(None)  # built from its previous turn's answer
-                continue
-            head = [Message("system", tuple(prefixes[it.prefix]))] if it.prefix is not None else []
-            self.prompts.append(Dialogue([*head, Message("user", tuple(text))]))
-        self.ended = [anyio.Event() for _ in texts]
-        self.records: dict[int, RequestRecord] = {}
-        self.broken = 0  # later turns sent without their previous answer (it failed)
-        self.short_replies = 0  # native: fewer ids streamed than the server generated
-
-    def answer_of(self, record: RequestRecord) -> Message | None:
-        """The answer of a finished request as the next turn's assistant message."""
-        if not record.ok:
-            return None
-        if isinstance(record, TextRecord):
-            return Message("assistant", text="".join(record.text))
-        ids = record.token_ids or []
-        if len(ids) < record.n_generated:
-            self.short_replies += 1
-        return Message("assistant", tuple(ids))
-
-    async def request(self, i: int) -> Request:
-        it = self.workload.items[i]
-        prompt = self.prompts[i]
-        if prompt is None:
-            assert it.follows is not None  # only later turns are built here
-            await self.ended[it.follows].wait()
-            previous = self.prompts[it.follows]
-            assert previous is not None
-            answer = self.answer_of(self.records[it.follows])
-            if answer is None:
-                self.broken += 1
-            own = Message("user", tuple(self.texts[i]))
-            prompt = self.prompts[i] = Dialogue([*previous.messages, *([answer] if answer else []), own])
-        return Request(prompt, it.ntg, cache_prompt=True, keep_ids=self.keep[i], tag=i)
-
-    def done(self, i: int, record: RequestRecord) -> None:
-        self.records[i] = record
-        self.ended[i].set()
-
-
-class _JobFeed:
-    """The requests of one job (a user's, or one arrival), in order (``phase.Feed``)."""
-
-    def __init__(self, book: Conversations, indices: list[int]) -> None:
-        self.book = book
-        self.indices = indices
-        self._next = 0
-
-    async def take(self) -> Request | None:
-        if self._next == len(self.indices):
-            return None
-        self._next += 1
-        return await self.book.request(self.indices[self._next - 1])
-
-    def done(self, request: Request, record: RequestRecord) -> None:
-        self.book.done(cast(int, request.tag), record)
+def conversations_of(workload: RandomWorkload, prefixes: list[list[int]], texts: list[list[int]]) -> Conversations:
+    """The conversation book of a drawn workload: request ``i`` sends ``texts[i]`` as its new
+    message, a first turn after its shared prefix (``prefixes``) as the system message. A later
+    turn whose previous turn failed is still sent, without the answer: the drawn load stays
+    the same."""
+    turns = [
+        Turn(
+            tuple(text),
+            it.ntg,
+            it.follows,
+            tuple(prefixes[it.prefix]) if it.prefix is not None and it.follows is None else None,
+        )
+        for it, text in zip(workload.items, texts)
+    ]
+    return Conversations(turns, AfterFailure.WITHOUT_ANSWER)
 
 
 def itl_percentile_good(rec: RequestRecord, common: Common, pct: float) -> bool:
@@ -146,25 +90,25 @@ class RandomRun:
         ]
         prefixes = [prompts.take(n) for n in wl.prefix_lengths]
         texts = [prompts.take(it.npp) for it in wl.items]
-        book = Conversations(wl, prefixes, texts)
+        book = conversations_of(wl, prefixes, texts)
         times = wl.arrival_times(self.capacity_rps)
         if wl.open_loop:
-            jobs = [Job("arrival", (), offset_s=t, feed=_JobFeed(book, [i])) for i, t in enumerate(times)]
+            jobs = [Job("arrival", (), offset_s=t, feed=TurnFeed(book, [i])) for i, t in enumerate(times)]
         else:
             jobs = [
-                Job("user", (), offset_s=times[u], feed=_JobFeed(book, list(range(u, wl.n_requests, wl.users))))
+                Job("user", (), offset_s=times[u], feed=TurnFeed(book, list(range(u, wl.n_requests, wl.users))))
                 for u in range(wl.users)
             ]
         return warm, jobs
 
     def summarize(self, phase: PhaseResult, warmup_failed: int) -> RandomResult:
-        book = cast(_JobFeed, phase.jobs[0].feed).book
+        book = cast(TurnFeed, phase.jobs[0].feed).book
         records = [book.records[i] for i in sorted(book.records)]
         ok = [r for r in records if r.ok]
         generated = sum(r.n_generated for r in ok)
         lags = []  # first turns only: a later turn may wait, by design, for its previous one
         for job in phase.jobs:
-            i = cast(_JobFeed, job.feed).indices[0]
+            i = cast(TurnFeed, job.feed).indices[0]
             rec = book.records.get(i)
             if rec is not None and rec.sent_s > 0 and self.workload.items[i].follows is None:
                 lags.append(rec.sent_s - (phase.t0_s + job.offset_s))
@@ -227,14 +171,7 @@ class RandomResult:
     workload = "random"
 
     def notes(self) -> list[str]:
-        out = []
-        if self.broken_turns:
-            out.append(f"{self.broken_turns} later turn(s) sent without their previous answer (it failed)")
-        if self.short_replies:
-            out.append(
-                f"{self.short_replies} repl(ies) streamed fewer token ids than the server generated "
-                "(a token ending inside a UTF-8 sequence); those conversations' histories lack them"
-            )
+        out = conversation_notes(broken=self.broken_turns, short_replies=self.short_replies)
         if self.lag_max_ms is not None and self.lag_max_ms > LAG_WARN_MS:
             out.append(f"a request left {self.lag_max_ms:.0f} ms after its arrival time: the client lagged")
         return out
@@ -252,4 +189,4 @@ class RandomResult:
         }
 
 
-__all__ = ["DEFAULT_SLO_ITL_PCT", "Conversations", "RandomResult", "RandomRun", "itl_percentile_good"]
+__all__ = ["DEFAULT_SLO_ITL_PCT", "RandomResult", "RandomRun", "conversations_of", "itl_percentile_good"]
