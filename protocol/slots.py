@@ -50,6 +50,10 @@ class SlotKV(msgspec.Struct, frozen=True, kw_only=True):
     tokens: tuple[int, ...]
     lora: LoraSet = NO_LORA
     state: bytes = b""
+    # a sliding-window model's state wanted for an earlier prefix (a pull): the importer cuts the
+    # sequence to ``window_at`` tokens and writes ``window``, the holder's checkpoint taken there
+    window_at: int = 0
+    window: bytes = b""
 
 
 class SlotActionResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -96,6 +96,17 @@ GROUPS: tuple[Group, ...] = (
                 field="kv_unified",
                 env="LLAMA_ARG_KV_UNIFIED",
             ),
+            opt(
+                "-ctxcp",
+                "--ctx-checkpoints",
+                "--swa-checkpoints",
+                field="ctx_checkpoints",
+                value="N",
+                env="LLAMA_ARG_CTX_CHECKPOINTS",
+                parse=int,
+                help="sliding-window models: window checkpoints kept a slot, one a prefill chunk "
+                "of --ubatch-size tokens or more and one where the prompt ends (0: none)",
+            ),
             switch(
                 "--swa-full",
                 field="swa_full",
@@ -1111,9 +1122,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Prompt cache",
         Use.IGNORE,
-        "the prompt cache is each slot's KV plus the host-memory cache (--cache-ram); no SWA checkpoints",
+        "the prompt cache is each slot's KV, its window checkpoints and the host-memory cache (--cache-ram)",
         (
-            opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS"),
             opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
             opt(
                 "-sps",

@@ -1,9 +1,11 @@
 """Prefix reuse on a sliding-window model, through a real server (tiny gemma3-layout model).
 
 A slot holds a 400-token prompt and its answer; the next prompt shares only its first 100
-tokens. The sliding-window layers have reused the cells of those positions, so by default
-the prompt is prefilled whole (llama-server's ``pos_min`` test). With ``--swa-full`` those
-layers keep every position: the 100 tokens are reused and the answer is a cold run's.
+tokens. The sliding-window layers have reused the cells of those positions, so without more
+the prompt is prefilled whole (llama-server's ``pos_min`` test). Context checkpoints (the
+window's cells saved as the first prompt went in, one a 64-token chunk here) give the prefix
+back up to the newest checkpoint before 100: 64 tokens. With ``--swa-full`` those layers keep
+every position: all 100 are reused. The answer is a cold run's each time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 from conftest import open_server
 from tinyswa import write_tiny_swa_model
 
+from llamactor.protocol.messages import PREFIX_HOLDER
+from llamactor.protocol.slots import SlotKV
 from llamactor.runtime import Runtime
 
 FIRST = [(7 * i) % 400 + 10 for i in range(400)]
@@ -43,25 +47,30 @@ async def _second_after_first(cfg) -> tuple[list[int], int, int]:
         return await _complete(client, SECOND)
 
 
-async def test_swa_full_keeps_a_prefix_reusable_past_the_window(make_config, swa_model):
+async def test_checkpoints_and_swa_full_keep_a_prefix_reusable_past_the_window(make_config, swa_model):
     # one slot, no host-memory cache (a state it restored would hide what the slot kept)
     base = {"model": swa_model, "parallel": 1, "n_ctx": 1024, "cache_ram_mib": 0, "n_batch": 64, "n_ubatch": 64}
     async with open_server(make_config(**base)) as (rt, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
         cold, cache_n, prompt_n = await _complete(client, SECOND)
         assert (cache_n, prompt_n) == (0, len(SECOND))
-    windowed = await _second_after_first(make_config(**base))
+    windowed = await _second_after_first(make_config(**base, ctx_checkpoints=0))
+    checkpoint = await _second_after_first(make_config(**base))
     full = await _second_after_first(make_config(**base, swa_full=True))
     assert windowed[1:] == (0, len(SECOND)), "the window moved past the shared prefix: prefilled whole"
+    assert checkpoint[1:] == (64, len(SECOND) - 64), "back to the checkpoint after the first chunk"
     assert full[1:] == (SHARED, len(SECOND) - SHARED), "every position kept: the shared prefix reused"
-    assert windowed[0] == cold and full[0] == cold
+    assert windowed[0] == cold and checkpoint[0] == cold and full[0] == cold
 
 
-def test_swa_full_is_read_from_the_command_line_and_the_environment(tiny_model):
+def test_swa_full_and_checkpoints_are_read_from_the_command_line_and_the_environment(tiny_model):
     from serveargs import parse_serve
 
     assert parse_serve(["-m", str(tiny_model), "--swa-full"]).config.swa_full
     assert parse_serve(["-m", str(tiny_model)], {"LLAMA_ARG_SWA_FULL": "1"}).config.swa_full
     assert not parse_serve(["-m", str(tiny_model)]).config.swa_full
+    assert parse_serve(["-m", str(tiny_model), "--ctx-checkpoints", "3"]).config.ctx_checkpoints == 3
+    assert parse_serve(["-m", str(tiny_model)], {"LLAMA_ARG_CTX_CHECKPOINTS": "0"}).config.ctx_checkpoints == 0
+    assert parse_serve(["-m", str(tiny_model)]).config.ctx_checkpoints == 32  # llama-server's default
 
 
 async def test_an_imported_state_goes_on_from_its_last_token_and_no_earlier(make_config, swa_model):
@@ -87,3 +96,24 @@ async def test_an_imported_state_goes_on_from_its_last_token_and_no_earlier(make
         await rt.slot_action(0, "erase")
         cold = await rt.complete(history, max_tokens=N_PREDICT, **greedy)
         assert cold.n_cached == 0 and moved.choices[0].tokens == cold.choices[0].tokens
+
+
+async def test_a_prefix_export_carries_the_checkpoint_before_the_prompts_part(make_config, swa_model):
+    """What a replica pull asks of the holder: its state for the prefix a new prompt shares with
+    it. Past the window, that is its full state plus the checkpoint before the shared part; the
+    importer goes back to that checkpoint and prefills from there, with a cold run's answer."""
+    cfg = make_config(model=swa_model, parallel=1, n_ctx=1024, cache_ram_mib=0, n_batch=64, n_ubatch=64)
+    greedy = {"temperature": 0, "ignore_eos": True}
+    async with Runtime.open(cfg) as rt:
+        await rt.complete(FIRST, max_tokens=N_PREDICT, **greedy)
+        want = SlotKV(tokens=tuple(SECOND))
+        kv = (await rt.engine.slot_action(PREFIX_HOLDER, "export", kv=want)).kv
+        assert kv is not None and kv.window_at == 64 and kv.window
+        none = await rt.engine.slot_action(PREFIX_HOLDER, "export", kv=SlotKV(tokens=tuple(FIRST[:20])))
+        assert none.kv is not None and not none.kv.tokens  # inside the first window: no checkpoint before it
+    async with Runtime.open(cfg) as rt:
+        assert (await rt.engine.slot_action(0, "import", kv=kv)).n_tokens == 64
+        pulled = await rt.complete(SECOND, max_tokens=N_PREDICT, id_slot=0, **greedy)
+        await rt.slot_action(0, "erase")
+        cold = await rt.complete(SECOND, max_tokens=N_PREDICT, **greedy)
+    assert pulled.n_cached == 64 and pulled.choices[0].tokens == cold.choices[0].tokens

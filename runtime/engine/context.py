@@ -60,6 +60,7 @@ class ContextOptions:
     n_threads_batch: int
     kv_unified: bool = False
     swa_full: bool = False  # sliding-window layers sized like the others: no position leaves the cache
+    ctx_checkpoints: int = 0  # sliding-window models: window checkpoints kept a slot (``engine.checkpoints``)
     flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
     type_k: int = llama_cpp.GGML_TYPE_F16  # KV cache types (-ctk/-ctv)
     type_v: int = llama_cpp.GGML_TYPE_F16
@@ -113,7 +114,14 @@ class Context:
                 self.close()
                 raise
         self.kv = SequenceKV(
-            self.ptr, model, n_ctx_seq=self.n_ctx_seq, kv_unified=opts.kv_unified, context_shift=opts.context_shift
+            self.ptr,
+            model,
+            n_ctx_seq=self.n_ctx_seq,
+            kv_unified=opts.kv_unified,
+            context_shift=opts.context_shift,
+            checkpoints=0 if opts.swa_full else opts.ctx_checkpoints,  # every position kept: none needed
+            n_batch=opts.n_batch,
+            n_ubatch=opts.n_ubatch,
         )
         self.output = Output(model, RowSampler(self.ptr, model), self.n_ctx_seq, self.kv.shift)
         self._step = DecodeStep(self.ptr, model, self.kv, self.output, self.drafter, opts.vision)

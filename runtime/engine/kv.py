@@ -29,6 +29,7 @@ from llamactor.protocol.errors import EngineError, RequestError
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.media import NO_TOKEN
 from llamactor.protocol.slots import SlotKV
+from llamactor.runtime.engine.checkpoints import Checkpoints
 from llamactor.runtime.engine.model import Model
 from llamactor.runtime.engine.promptcache import PromptCache, common_prefix, media_floor
 from llamactor.runtime.engine.slot import Slot
@@ -40,13 +41,28 @@ SHIFT_MARGIN_CELLS = 4
 class SequenceKV:
     """The memory of one ``llama_context`` seen as one KV sequence per slot."""
 
-    def __init__(self, ctx: Any, model: Model, *, n_ctx_seq: int, kv_unified: bool, context_shift: bool) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        model: Model,
+        *,
+        n_ctx_seq: int,
+        kv_unified: bool,
+        context_shift: bool,
+        checkpoints: int = 0,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+    ) -> None:
         self.ctx = ctx
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.model = model
         self.n_ctx_seq = n_ctx_seq
         self.kv_unified = kv_unified
         self.context_shift = context_shift
+        # sliding-window models: the window's cells saved as prompts go in (``checkpoints``)
+        self.checkpoints = Checkpoints(
+            ctx, self.memory, n_swa=model.n_swa, limit=checkpoints, n_batch=n_batch, n_ubatch=n_ubatch
+        )
 
     # ---- reuse and sharing (between steps) ------------------------------------------------
 
@@ -89,11 +105,15 @@ class SequenceKV:
             keep = media_floor(prompt, keep)
             if reuse_min > 0:
                 keep = self.reuse_chunks(slot, prompt, keep, reuse_min, others)
-        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1) or not self.window_kept(slot, keep):
-            # Some memories (recurrent) cannot cut a sequence in the middle; a sliding window
-            # may have lost what the kept prefix needs.
+        if not llama_cpp.llama_memory_seq_rm(self.memory, slot.local, keep, -1):
+            # Some memories (recurrent) cannot cut a sequence in the middle
             llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
             keep = 0
+        elif not self.window_kept(slot, keep):
+            # a sliding window lost what the kept prefix needs: back to a checkpoint before it
+            keep = self.checkpoints.restore(slot, keep)
+            if not keep:
+                llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
         del slot.cache[keep:]
         return keep
 
@@ -229,6 +249,7 @@ class SequenceKV:
     def erase(self, slot: Slot) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
         slot.cache.clear()
+        self.checkpoints.forget(slot)
 
     def save_file(self, slot: Slot, path: str) -> int:
         """Write the slot's KV and its tokens to ``path``; return the tokens saved. A slot that
@@ -279,17 +300,22 @@ class SequenceKV:
         if any(t < 0 for t in slot.cache):
             raise RequestError(f"slot {slot.id} holds image or audio KV: slots with media cannot be exported")
         n_swa, n = self.model.n_swa, len(slot.cache)
+        window_at, window = 0, b""
         if prefix_of and n_swa > 0 and n > n_swa:
             want = np.asarray(prefix_of[: len(prefix_of) - 1], dtype=np.int32)
-            if common_prefix(np.asarray(slot.cache, dtype=np.int32), want) < n - 1:
-                return SlotKV(tokens=(), lora=NO_LORA, state=b"")
+            common = common_prefix(np.asarray(slot.cache, dtype=np.int32), want)
+            if common < n - 1:  # the window of a checkpoint before ``common``, if one serves
+                cp = self.checkpoints.best(slot, common)
+                if cp is None:
+                    return SlotKV(tokens=(), lora=NO_LORA, state=b"")
+                window_at, window = cp.n_tokens, cp.state
         if not slot.cache:
             return SlotKV(tokens=(), lora=NO_LORA, state=b"")
         size = llama_cpp.llama_state_seq_get_size(self.ctx, slot.local)
         buf = (ctypes.c_ubyte * size)()
         if size == 0 or llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, slot.local) != size:
             raise EngineError(f"could not read the KV state of slot {slot.id}")
-        return SlotKV(tokens=tuple(slot.cache), lora=slot.lora, state=bytes(buf))
+        return SlotKV(tokens=tuple(slot.cache), lora=slot.lora, state=bytes(buf), window_at=window_at, window=window)
 
     def import_state(self, slot: Slot, kv: SlotKV) -> int:
         """Replace the slot's KV with ``kv`` (an ``export_state`` of a compatible context: the
@@ -307,19 +333,24 @@ class SequenceKV:
         llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
         slot.cache.clear()
         slot.lora = NO_LORA
+        self.checkpoints.forget(slot)
         if not kv.tokens:
             return 0
         data = (ctypes.c_ubyte * len(kv.state)).from_buffer_copy(kv.state)
         ok = llama_cpp.llama_state_seq_set_data(self.ctx, data, len(kv.state), slot.local) == len(kv.state)
-        if not ok or llama_cpp.llama_memory_seq_pos_max(self.memory, slot.local) != len(kv.tokens) - 1:
+        ok = ok and llama_cpp.llama_memory_seq_pos_max(self.memory, slot.local) == len(kv.tokens) - 1
+        n = kv.window_at or len(kv.tokens)
+        if ok and kv.window_at:  # back to the holder's checkpoint: the window at an earlier prefix
+            ok = 0 < n < len(kv.tokens) and self.checkpoints.write(slot, n, kv.window)
+        if not ok:
             llama_cpp.llama_memory_seq_rm(self.memory, slot.local, -1, -1)
             raise RequestError(
                 "Unable to import slot: the state does not fit this server's KV cache (its layout, "
                 "its size or its tokens differ)"
             )
-        slot.cache[:] = kv.tokens
+        slot.cache[:] = kv.tokens[:n]
         slot.lora = kv.lora
-        return len(kv.tokens)
+        return n
 
 
 # llama-server's packed token layout in a slot file (server_tokens::serialize): a marker word

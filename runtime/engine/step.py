@@ -95,6 +95,7 @@ class DecodeStep:
         prefill = sorted(plan.prefill)
         generate = sorted(plan.generate)
         filled: list[tuple[Slot, int]] = []  # (slot, its prompt tokens in the batch)
+        checkpoints = self.kv.checkpoints if self.kv.checkpoints.limit else None  # sliding-window models
         n_media = 0  # image positions decoded before the batch
         began = time.perf_counter()
         for local, k in prefill:
@@ -108,6 +109,8 @@ class DecodeStep:
                     res.failed.append((s, exc))
                     continue
                 n_media += decoded
+            elif checkpoints is not None:  # a checkpoint point inside the chunk ends it
+                k = checkpoints.cut(s, k)
             filled.append((s, k))
             if k <= 0:
                 continue
@@ -173,6 +176,8 @@ class DecodeStep:
         for s, k in filled:
             s.cache.extend(s.prompt[s.n_past : s.n_past + k].tolist())
             s.n_past += k
+            if checkpoints is not None and k > 0 and s.task is not None and not s.task.media:
+                checkpoints.after_chunk(s)
             if s.task is not None and s.task.return_progress:  # only when asked: no cost otherwise
                 elapsed_ms = (time.perf_counter() - s.t_start) * 1e3
                 timed = s.task.timings_per_token

@@ -196,6 +196,8 @@ def _check_placement(cfg: ConfigFields) -> None:
         raise ConfigError(f"--lazy-mode must be one of {', '.join(placement.LAZY_MODES)}, got {cfg.lazy_mode!r}")
     if cfg.tensor_overrides and not cfg.rpc_servers:
         placement.check_buffer_types(cfg.tensor_overrides)
+    if cfg.ctx_checkpoints < 0:
+        raise ConfigError(f"--ctx-checkpoints must be >= 0 (0: none), got {cfg.ctx_checkpoints}")
     if cfg.kv_unified_per_slot < 0:
         raise ConfigError(f"--kv-unified-per-slot must be >= 0 (0: unset), got {cfg.kv_unified_per_slot}")
     if cfg.static_path is not None and not Path(cfg.static_path).is_dir():

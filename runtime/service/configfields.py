@@ -133,6 +133,9 @@ class ConfigFields:
     # --swa-full: sliding-window layers keep a cell for every position, so a kept or shared prefix
     # stays usable after its window moved on (more KV memory: the window's layers as large as the rest)
     swa_full: bool = False
+    # -ctxcp: sliding-window models keep this many checkpoints of the window a slot, taken as
+    # prompts go in, so a prefix that ends before the window is reused from one (0: none)
+    ctx_checkpoints: int = 32
     kv_offload: bool = True  # -nkvo/--no-kv-offload: False keeps the KV cache in host memory
     op_offload: bool = True  # --no-op-offload: host-resident weights' ops stay on the CPU
     repack: bool = True  # -nr/--no-repack: no extra CPU buffer types (AMX, CPU_REPACK) for weights

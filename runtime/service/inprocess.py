@@ -153,6 +153,7 @@ class InProcessEngine:
                 n_threads_batch=cfg.threads_batch,
                 kv_unified=cfg.kv_unified,
                 swa_full=cfg.swa_full,
+                ctx_checkpoints=cfg.ctx_checkpoints,
                 flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
                 type_k=CACHE_TYPES[cfg.cache_type_k],
                 type_v=CACHE_TYPES[cfg.cache_type_v],

@@ -237,10 +237,12 @@ class ReplicaMoves(ReplicaRequests):
                 want = SlotKV(tokens=tuple(prompt.tolist()), lora=task.lora)
                 make = partial(slot_action_call, slot=PREFIX_HOLDER, action="export", path="", kv=want)
                 kv = (await self.call(make, link.SlotDone, pull.holder)).result.kv
+                # a sliding-window holder's state serves up to its checkpoint (``window_at``)
+                held = kv.window_at or len(kv.tokens) if kv is not None else 0
                 if (
                     kv is None
                     or kv.lora != task.lora
-                    or common_prefix(np.asarray(kv.tokens, np.int32), prompt) < tokens
+                    or min(common_prefix(np.asarray(kv.tokens, np.int32), prompt), held) < PULL_MIN_BLOCKS * BLOCK
                 ):
                     return None
                 async with self._importing:
