@@ -9,8 +9,8 @@ prompt left adds prompt tokens until the step holds ``n_batch`` tokens; so promp
 slot order, not in arrival order, each as far as the room goes (a later slot waits until an
 earlier one's prompt is in). With ``--no-cont-batching`` prompts join only a step without
 generated tokens. (llama-server also cuts a prompt's last ``4 + n_ubatch`` and last 4 tokens
-into steps of their own when it keeps context checkpoints; so does llamactor's step for
-sliding-window models, ``engine.checkpoints``, whatever the policy planned.)
+into steps of their own when it keeps context checkpoints; llamactor's step decodes such
+a chunk's head in a decode of its own inside the planned step, ``engine.checkpoints``.)
 
 tests/test_continuous_schedule.py checks the schedule against llama-server's, recorded.
 """

@@ -11,7 +11,8 @@ prompt that leaves the slot's tokens at ``keep`` gets the newest checkpoint take
 before ``keep`` put back, and is prefilled from there.
 
 Taken where llama-server takes them, ``4 + n_ubatch`` and 4 tokens before a prompt's end
-(a prefill chunk is cut there, ``cut``), and after any chunk that ends at least ``n_ubatch``
+(a prefill chunk that crosses one has its tokens up to it decoded first: ``cut``,
+``DecodeStep``), and after any chunk that ends at least ``n_ubatch``
 tokens past the slot's previous checkpoint; at most ``limit`` a slot (the oldest go). A
 checkpoint holds the tokens it was taken after and the LoRA set: it is used only while the
 slot still holds those tokens under those adapters, so nothing else has to forget it. One
@@ -69,8 +70,8 @@ class Checkpoints:
         return self._by_slot.get(slot.local, [])
 
     def cut(self, slot: Slot, k: int) -> int:
-        """The tokens of a prefill chunk of ``k`` from ``slot.n_past``: fewer when a checkpoint
-        point falls inside it, so the chunk ends there."""
+        """The tokens of a prefill chunk of ``k`` from ``slot.n_past`` up to the first
+        checkpoint point inside it (``k``: none inside)."""
         start, n_prompt = slot.n_past, len(slot.prompt)
         for offset in self.before_end:
             at = n_prompt - offset

@@ -89,13 +89,14 @@ class DecodeStep:
             t0 = time.perf_counter()
             prof.wait_engine += t0 - prof.started_step
         rows: list[tuple[Slot, int]] = []  # (slot, batch index of its logits)
+        checkpoints = self.kv.checkpoints if self.kv.checkpoints.limit else None  # sliding-window models
+        heads = self._checkpoint_heads(plan, slots, res, prof) if checkpoints is not None and plan.prefill else {}
         n = 0
         # Rows go in ascending sequence id: with split KV, llama.cpp decodes a batch whose
         # sequence ids are out of order about 3x slower (measured: 115 vs 345 ms for 32 rows).
         prefill = sorted(plan.prefill)
         generate = sorted(plan.generate)
         filled: list[tuple[Slot, int]] = []  # (slot, its prompt tokens in the batch)
-        checkpoints = self.kv.checkpoints if self.kv.checkpoints.limit else None  # sliding-window models
         n_media = 0  # image positions decoded before the batch
         began = time.perf_counter()
         for local, k in prefill:
@@ -109,8 +110,7 @@ class DecodeStep:
                     res.failed.append((s, exc))
                     continue
                 n_media += decoded
-            elif checkpoints is not None:  # a checkpoint point inside the chunk ends it
-                k = checkpoints.cut(s, k)
+            k -= heads.get(local, 0)  # decoded already, up to a checkpoint point
             filled.append((s, k))
             if k <= 0:
                 continue
@@ -123,7 +123,7 @@ class DecodeStep:
             if start + k == len(s.prompt):
                 self._out[n - 1] = 1
                 rows.append((s, n - 1))
-        res.n_prompt = n + n_media
+        res.n_prompt = n + n_media + sum(heads.values())
         drafts = None
         if self.drafter is not None and generate:
             # Drafts fill the room the plan left in the step's first physical batch: a verify
@@ -209,6 +209,54 @@ class DecodeStep:
         if prof is not None:
             prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
+
+    def _checkpoint_heads(
+        self, plan: StepPlan, slots: list[Slot], res: StepResult, prof: GroupProfile | None
+    ) -> dict[int, int]:
+        """Sliding-window models: a prefill chunk that crosses a checkpoint point of its prompt
+        (``Checkpoints.cut``) has its tokens up to that point decoded first, in a decode of
+        their own, and the window saved there; the step's main decode takes the rest. The step
+        still holds every token its plan gave it (a shorter chunk would cost a policy that
+        keeps prompts and generation apart a step in which generation waits). Returns the
+        tokens decoded so, by sequence id."""
+        cps = self.kv.checkpoints
+        done: dict[int, int] = {}
+        while True:  # a chunk may cross both of its prompt's points
+            n = 0
+            heads: list[tuple[Slot, int]] = []
+            for local, k in sorted(plan.prefill):
+                s = slots[local]
+                left = k - done.get(local, 0)
+                if s.task is None or s.task.media or left <= 0 or (h := cps.cut(s, left)) == left:
+                    continue
+                if not s.t_prompt_begin:
+                    s.t_prompt_begin = time.perf_counter()
+                start = s.n_past
+                self._tok[n : n + h] = s.prompt[start : start + h]
+                np.add(self._ramp[:h], start, out=self._pos[n : n + h])
+                self._seq[n : n + h] = local
+                self._out[n : n + h] = 0
+                n += h
+                heads.append((s, h))
+            if not heads:
+                return done
+            if plan.lora != self.lora:
+                self._set_lora(plan.lora)
+            t0 = time.perf_counter()
+            self.n_prompt, self.n_generate = n, 0
+            self._batch.n_tokens = n
+            rc = self.decode(self.ctx, self._batch)
+            if rc == DECODE_NO_KV_SLOT:
+                raise KvCacheFull("the KV cache has no room for this batch")
+            if rc != 0:
+                raise EngineError(f"llama_decode failed with status {rc}")
+            if prof is not None:
+                prof.decode += time.perf_counter() - t0
+            for s, h in heads:
+                s.cache.extend(s.prompt[s.n_past : s.n_past + h].tolist())
+                s.n_past += h
+                done[s.local] = done.get(s.local, 0) + h
+                cps.after_chunk(s)
 
     def _attach_state(self, s: Slot, res: StepResult) -> None:
         """Put the slot's KV state (prompt and tokens so far) into its Done event: the request
