@@ -16,7 +16,7 @@ from conftest import open_server
 
 from llamactor.ops.bench.apis import SseDecoder
 from llamactor.ops.bench.client import parse_metric
-from llamactor.ops.bench.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.bench.compare import Run, pair_ratios, parse_sweep, run_matrix
 from llamactor.ops.bench.http1 import _Connection
 from llamactor.ops.bench.loadgen import ClosedLoop
 from llamactor.ops.bench.progress import NoProgress
@@ -24,6 +24,7 @@ from llamactor.ops.bench.prompts import PromptSource
 from llamactor.ops.bench.report import notes, render_ratios, render_runs, to_json
 from llamactor.ops.bench.runner import Common, run_workload
 from llamactor.ops.bench.stats import CrossCheck, RequestRecord
+from llamactor.ops.bench.targets import Target
 from llamactor.ops.bench.workloads import Cohort, Mixed
 
 USERS, REQUESTS, NPP, NTG = 3, 2, 16, 12

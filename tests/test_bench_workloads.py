@@ -17,7 +17,7 @@ from conftest import open_server
 
 from llamactor.ops.bench.chatload import Chat, ChatFeed
 from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench, workload_from_args
-from llamactor.ops.bench.compare import Run, Target, pair_ratios, parse_sweep
+from llamactor.ops.bench.compare import Run, pair_ratios, parse_sweep
 from llamactor.ops.bench.latency import LATENCY_KEYS, RATIO_KEYS, latency_of, sample_of
 from llamactor.ops.bench.lengths import LengthDist, Shape, load_lengths
 from llamactor.ops.bench.loadgen import ClosedLoop
@@ -27,6 +27,7 @@ from llamactor.ops.bench.report import render_ratios, render_runs, to_json
 from llamactor.ops.bench.runner import Common, run_workload
 from llamactor.ops.bench.slo import LatencyReport, Sample
 from llamactor.ops.bench.stats import RequestRecord
+from llamactor.ops.bench.targets import Target
 from llamactor.ops.bench.traffic import Burst, Poisson, SharedPrefix, arrival_times
 
 NO_SERVER = "http://127.0.0.1:9"  # validation fails before any request is sent

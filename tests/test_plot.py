@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from llamactor.ops.bench import cli as bench
-from llamactor.ops.bench.compare import Run, Target
+from llamactor.ops.bench.compare import Run
 from llamactor.ops.bench.loadgen import ClosedLoop
 from llamactor.ops.bench.phase import Job, PhaseResult, Request
 from llamactor.ops.bench.plot import PlotUnavailable, require_matplotlib, save_plot
 from llamactor.ops.bench.stats import CrossCheck, RequestRecord
+from llamactor.ops.bench.targets import Target
 from llamactor.ops.bench.workloads import Cohort, Mixed
 
 pytestmark = pytest.mark.slow  # matplotlib renders a figure per test

@@ -31,7 +31,7 @@ import anyio
 
 from llamactor.ops.bench.capacity_cli import add_capacity_flags, arrivals_flag, run_capacity_bench
 from llamactor.ops.bench.chatload import Chat
-from llamactor.ops.bench.compare import Run, Target, pair_ratios, parse_sweep, run_matrix
+from llamactor.ops.bench.compare import Run, pair_ratios, parse_sweep, run_matrix
 from llamactor.ops.bench.lengths import DEFAULT_LENGTHS, LengthDist, load_lengths
 from llamactor.ops.bench.loadgen import ClosedLoop
 from llamactor.ops.bench.plot import PlotUnavailable, require_matplotlib, save_plot
@@ -40,6 +40,7 @@ from llamactor.ops.bench.random.randombench import DEFAULT_RANDOM_PAIRS, add_ran
 from llamactor.ops.bench.report import describe, notes, render_ratios, render_runs, to_json
 from llamactor.ops.bench.runner import DEFAULT_TIMEOUT_S, Common, Workload
 from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS
+from llamactor.ops.bench.targets import Target
 from llamactor.ops.bench.traffic import DEFAULT_POISSON_REQUESTS, Burst, Poisson, SharedPrefix
 from llamactor.ops.bench.workloads import DEFAULT_ARRIVALS_S, DEFAULT_COHORT_NPP, Cohort, Mixed
 
@@ -334,7 +335,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except (ValueError, PlotUnavailable) as exc:
         print(f"llamactor bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    targets = [Target("A", args.url)] + ([Target("B", args.vs)] if args.vs else [])
+    targets = [Target("A", args.url, role="reference")] + ([Target("B", args.vs)] if args.vs else [])
     runs: list[Run] = anyio.run(run_matrix, targets, points, pairs, Progress)  # type: ignore[arg-type]
     ratios = pair_ratios(runs) if args.vs else []
     if args.json:

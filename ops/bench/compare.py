@@ -17,14 +17,9 @@ from llamactor.ops.bench.progress import Progress
 from llamactor.ops.bench.prompts import run_seed
 from llamactor.ops.bench.runner import Workload, probe_prompt_ids, run_workload
 from llamactor.ops.bench.stats import median, ratio
+from llamactor.ops.bench.targets import Target
 
 SWEEPABLE_TYPES = (int, float)  # float: poisson's rate
-
-
-@dataclass(frozen=True)
-class Target:
-    label: str  # "A", "B"
-    url: str
 
 
 @dataclass(frozen=True)
@@ -73,7 +68,7 @@ async def run_matrix(
 
     ``progress(label, n_requests)`` makes the progress bar of one run.
     """
-    ids = await probe_prompt_ids(targets[0].url, points[0][1].common.api_key)
+    ids = await probe_prompt_ids(targets[0].running_url(), points[0][1].common.api_key)
     runs = []
     for p_index, (point, workload) in enumerate(points):
         for pair in range(pairs):
@@ -81,7 +76,11 @@ async def run_matrix(
             for target in targets:
                 label = " ".join(x for x in (target.label, point, f"pair {pair + 1}/{pairs}" if pairs > 1 else "") if x)
                 result = await run_workload(
-                    target.url, workload, seed=seed, prompt_ids=ids, progress=progress(label, workload.n_requests)
+                    target.running_url(),
+                    workload,
+                    seed=seed,
+                    prompt_ids=ids,
+                    progress=progress(label, workload.n_requests),
                 )
                 runs.append(Run(target, point, pair, result))
     return runs
@@ -106,4 +105,4 @@ def pair_ratios(runs: list[Run], a: str = "A", b: str = "B") -> list[PairRatio]:
     return out
 
 
-__all__ = ["PairRatio", "Run", "Target", "pair_ratios", "parse_sweep", "run_matrix"]
+__all__ = ["PairRatio", "Run", "pair_ratios", "parse_sweep", "run_matrix"]

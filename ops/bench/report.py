@@ -66,11 +66,18 @@ def fmt(value: Any) -> str:
     return f"{value:.2f}"
 
 
-def _grid(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
+def grid(header: list[str], rows: list[list[str]], *, names_left: bool = False) -> str:
+    """A plain-text table: columns two spaces apart, each as wide as its widest cell, cells
+    right-aligned (figures line up by their last digit); ``names_left`` left-aligns the first
+    column, for tables whose rows are named by it."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if names_left and i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
 
 
 def _run_label_columns(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
@@ -95,7 +102,7 @@ def render_runs(runs: list[Run]) -> str:
     figs = [r.result.figures() for r in runs]
     own = [k for k in figs[0] if k not in LATENCY_KEYS]
     common = [k for k in LATENCY_KEYS if k in figs[0]]
-    out = _grid(header + [HEADERS.get(k, k) for k in own], [c + [fmt(f[k]) for k in own] for c, f in zip(cells, figs)])
+    out = grid(header + [HEADERS.get(k, k) for k in own], [c + [fmt(f[k]) for k in own] for c, f in zip(cells, figs)])
     if common:
         slo = getattr(runs[0].result, "slo", None)
         title = (
@@ -106,7 +113,7 @@ def render_runs(runs: list[Run]) -> str:
         out += (
             "\n\n"
             + (title + "\n" if title else "")
-            + _grid(
+            + grid(
                 header + [HEADERS.get(k, k) for k in common],
                 [c + [fmt(f[k]) for k in common] for c, f in zip(cells, figs)],
             )
@@ -123,7 +130,7 @@ def render_ratios(ratios: list[PairRatio]) -> str:
         [r.point or "", "median" if r.pair is None else str(r.pair + 1)] + [fmt(r.ratios[k]) for k in keys]
         for r in ratios
     ]
-    return _grid(header, rows)
+    return grid(header, rows)
 
 
 def notes(runs: list[Run]) -> list[str]:
@@ -221,4 +228,4 @@ def to_json(runs: list[Run], ratios: list[PairRatio]) -> dict[str, Any]:
     }
 
 
-__all__ = ["describe", "fmt", "notes", "plain", "render_ratios", "render_runs", "to_json"]
+__all__ = ["describe", "fmt", "grid", "notes", "plain", "render_ratios", "render_runs", "to_json"]

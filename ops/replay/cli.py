@@ -29,7 +29,7 @@ from typing import Any
 
 from llamactor.actors.policies import resolve_policy
 from llamactor.actors.policy import Policy
-from llamactor.ops.bench.report import fmt
+from llamactor.ops.bench.report import fmt, grid
 from llamactor.ops.bench.slo import DEFAULT_SLO_ITL_MS, DEFAULT_SLO_TTFT_MS, LatencyReport, Sample
 from llamactor.ops.replay.costfit import CostModel, FitError, fit_costs
 from llamactor.ops.replay.simgroup import SimulationError
@@ -316,16 +316,12 @@ def render(
     header = ["policy", *TRACE_COLUMNS.values()]
     rows = [[f"{RECORDED} ({trace.header.policy})", *(fmt(v) for v in figures(recorded).values())]]
     rows += [[r.scheduler, *(fmt(v) for v in figures(r.report).values())] for r in runs]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     slo = (
         f"goodput: share of requests with TTFT <= {recorded.slo_ttft_ms:g} ms and time per output token <= "
         f"{recorded.slo_itl_ms:g} ms ({RECORDED}: ITL percentiles not in the trace)"
     )
     lines = [describe_trace(trace, options), cost.describe(), slo, ""]
-    lines.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    lines += [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
-    ]
+    lines.append(grid(header, rows, names_left=True))
     return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ from llamactor.actors.policy import Policy
 from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
 from llamactor.ops.bench.random.randomload import draw
 from llamactor.ops.bench.random.randomworkload import RandomWorkload
-from llamactor.ops.bench.report import fmt
+from llamactor.ops.bench.report import fmt, grid
 from llamactor.ops.bench.slo import LatencyReport
 from llamactor.ops.replay.costfit import CostModel
 from llamactor.ops.replay.simresult import SimResult
@@ -176,10 +176,7 @@ def render_random(runs: list[RandomReplay], columns: Mapping[str, str]) -> str:
         lines.append(rows[0].summary + (f"; capacity {cap:.3g} req/s" if cap is not None else ""))
         header = ["policy", *columns.values()]
         table = [[r.scheduler, *(fmt(v) for v in r.report.figures().values())] for r in rows]
-        widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
-        lines.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-        for row in table:
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append(grid(header, table, names_left=True))
         lines.append("")
     return "\n".join(lines).rstrip()
 

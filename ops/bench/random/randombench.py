@@ -29,12 +29,11 @@ from typing import Any
 import anyio
 
 from llamactor.ops.bench.compare import Run
-from llamactor.ops.bench.compare import Target as RunTarget
 from llamactor.ops.bench.launch import DEFAULT_START_TIMEOUT_S, ServerCommand, ServerStartError
 from llamactor.ops.bench.progress import Progress
 from llamactor.ops.bench.random.randomfamily import DEFAULT_FAMILY, Family
 from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT
-from llamactor.ops.bench.random.suite import CalibrationCache, SeedRun, SuiteConfig, Target, run_suite, targets_of
+from llamactor.ops.bench.random.suite import CalibrationCache, SeedRun, SuiteConfig, run_suite, targets_of
 from llamactor.ops.bench.random.verdict import (
     METRICS,
     Band,
@@ -49,6 +48,7 @@ from llamactor.ops.bench.random.verdict import (
 )
 from llamactor.ops.bench.report import notes, plain
 from llamactor.ops.bench.runner import Common
+from llamactor.ops.bench.targets import Target
 
 EXIT_OK, EXIT_FAILED_REQUESTS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports Ctrl-C
@@ -213,15 +213,15 @@ def render_seed_run(seed_run: SeedRun) -> str:
 
 
 def _compared(targets: list[Target]) -> list[str]:
-    return [t.name for t in targets if t.role == "other"]
+    return [t.label for t in targets if t.role == "other"]
 
 
 def _run_notes(seed_runs: list[SeedRun]) -> list[str]:
     """``report.notes`` of every run (failed requests, cross-check, a busy client, ...)."""
     out = []
     for sr in seed_runs:
-        urls = {s["name"]: s["url"] for s in sr.servers}
-        runs = [Run(RunTarget(r.server, urls[r.server]), f"seed {sr.seed}", r.pair, r.result) for r in sr.runs]
+        targets = {s["name"]: Target(s["name"], s["url"], role=s["role"]) for s in sr.servers}
+        runs = [Run(targets[r.server], f"seed {sr.seed}", r.pair, r.result) for r in sr.runs]
         out += notes(runs)
     return out
 
@@ -231,9 +231,9 @@ def to_json(
 ) -> dict[str, Any]:
     tables = [_table(sr) for sr in seed_runs]
     return {
-        "reference": cfg.targets[0].name,
+        "reference": cfg.targets[0].label,
         "servers": [
-            {"name": t.name, "role": t.role, "template": t.command.template if t.command else None, "url": t.url}
+            {"name": t.label, "role": t.role, "template": t.command.template if t.command else None, "url": t.url}
             for t in cfg.targets
         ],
         "seeds": [sr.seed for sr in seed_runs],
@@ -316,7 +316,7 @@ def run_random_bench(a: argparse.Namespace) -> int:
             print("llamactor bench: interrupted; the servers it started are stopped", file=sys.stderr)
             return EXIT_INTERRUPTED
     tables = [_table(sr) for sr in seed_runs]
-    twin = next((t.name for t in cfg.targets if t.role == "self"), None)
+    twin = next((t.label for t in cfg.targets if t.role == "self"), None)
     band = measure_band(tables, twin) if twin else band_given or default_band()
     if a.band_out and twin:
         ref = cfg.targets[0].command
@@ -335,7 +335,7 @@ def run_random_bench(a: argparse.Namespace) -> int:
         json.dump(to_json(cfg, seed_runs, band, tallies, picked), sys.stdout, indent=2)
         print()
     else:
-        print(render_summary(tables, compared, cfg.targets[0].name, band, tallies))
+        print(render_summary(tables, compared, cfg.targets[0].label, band, tallies))
         for line in _run_notes(seed_runs):
             print(f"note: {line}")
     failed = any(r.result.failed for sr in seed_runs for r in sr.runs)

@@ -36,6 +36,7 @@ from llamactor.ops.bench.random.randomload import CALIBRATION_USERS, draw
 from llamactor.ops.bench.random.randomrun import DEFAULT_SLO_ITL_PCT, RandomResult, RandomRun
 from llamactor.ops.bench.random.randomworkload import RandomWorkload
 from llamactor.ops.bench.runner import Common, probe_prompt_ids, run_workload
+from llamactor.ops.bench.targets import Target
 
 CALIBRATION_REQUESTS = 2  # per user, unless that is estimated to take longer than:
 CALIBRATION_MAX_S = 10.0  # ... on the speed model; then one request per user
@@ -44,16 +45,6 @@ SELF_SUFFIX = "~self"
 
 Say = Callable[[str], None]
 ProgressFactory = Callable[[str, int], Progress]
-
-
-@dataclass(frozen=True)
-class Target:
-    """A server to measure: started by the bench (``command``) or already running (``url``)."""
-
-    name: str
-    role: str  # "reference", "self" (the reference's second instance) or "other"
-    command: ServerCommand | None = None
-    url: str | None = None
 
 
 def targets_of(commands: list[ServerCommand], urls: list[str], noise_band: bool) -> list[Target]:
@@ -71,11 +62,12 @@ def targets_of(commands: list[ServerCommand], urls: list[str], noise_band: bool)
         raise ValueError(f"--serve names ending in {SELF_SUFFIX} are the noise band's second instances")
     if commands:
         ref = commands[0]
-        out = [Target(ref.name, "reference", ref)]
+        out = [Target(ref.name, role="reference", command=ref)]
         if noise_band:
-            out.append(Target(ref.name + SELF_SUFFIX, "self", ServerCommand(ref.name + SELF_SUFFIX, ref.template)))
-        return out + [Target(c.name, "other", c) for c in commands[1:]]
-    return [Target("A", "reference", url=urls[0])] + [Target("B", "other", url=u) for u in urls[1:]]
+            twin = ServerCommand(ref.name + SELF_SUFFIX, ref.template)
+            out.append(Target(twin.name, role="self", command=twin))
+        return out + [Target(c.name, role="other", command=c) for c in commands[1:]]
+    return [Target("A", urls[0], role="reference")] + [Target("B", u, role="other") for u in urls[1:]]
 
 
 class CalibrationCache:
@@ -173,20 +165,20 @@ async def calibrate(
     key = f"seed={wl.seed} users={users}x{requests} npp={npp} ntg={ntg} {where}"
     cached = cache.get(key)
     if cached is not None:
-        return Calibration(target.name, key, users, requests, npp, ntg, cached, True)
+        return Calibration(target.label, key, users, requests, npp, ntg, cached, True)
     loop = ClosedLoop(users=users, requests=requests, npp=npp, ntg=ntg, common=replace(cfg.common, api="native"))
     res = await run_workload(
         url,
         loop,
         seed=run_seed(wl.seed, CALIBRATION_SEED_POINT, 0),
         prompt_ids=ids,
-        progress=progress(f"{target.name} calibration", loop.n_requests),
+        progress=progress(f"{target.label} calibration", loop.n_requests),
     )
     if res.ok == 0 or not res.wall_s > 0:
-        raise RuntimeError(f"calibration on {target.name} failed: {'; '.join(res.errors) or 'no request completed'}")
+        raise RuntimeError(f"calibration on {target.label} failed: {'; '.join(res.errors) or 'no request completed'}")
     rps = res.ok / res.wall_s
     cache.put(key, rps)
-    return Calibration(target.name, key, users, requests, npp, ntg, rps, False)
+    return Calibration(target.label, key, users, requests, npp, ntg, rps, False)
 
 
 async def run_random(
@@ -249,7 +241,7 @@ async def run_seed_suite(
             vocabulary = await probe.vocabulary()
         if vocabulary is None and needs_text(wl):
             raise RuntimeError(
-                f"{ref_target.name} gives no text pieces of tokens (/tokenize with_pieces): "
+                f"{ref_target.label} gives no text pieces of tokens (/tokenize with_pieces): "
                 f"the {wl.api} dialect cannot be measured on seed {seed}"
             )
         ids = sorted(vocabulary.pieces) if vocabulary is not None else await probe_prompt_ids(ref_url, common.api_key)
@@ -261,15 +253,15 @@ async def run_seed_suite(
         out = SeedRun(
             seed,
             wl,
-            [{"name": t.name, "role": t.role, "url": url, "command": how} for t, url, how in up],
+            [{"name": t.label, "role": t.role, "url": url, "command": how} for t, url, how in up],
             calibration,
         )
         for pair in range(cfg.pairs):
             prompt_seed = run_seed(seed, 0, pair)
             for target, url, _ in up:
-                label = f"seed {seed} {target.name} pair {pair + 1}/{cfg.pairs}"
+                label = f"seed {seed} {target.label} pair {pair + 1}/{cfg.pairs}"
                 result = await run_random(url, run, vocabulary, ids, prompt_seed, progress(label, run.n_requests))
-                out.runs.append(PairRun(target.name, pair, result))
+                out.runs.append(PairRun(target.label, pair, result))
     return out
 
 
@@ -297,7 +289,6 @@ __all__ = [
     "PairRun",
     "SeedRun",
     "SuiteConfig",
-    "Target",
     "calibrate",
     "calibration_shape",
     "needs_text",

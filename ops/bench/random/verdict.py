@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactor.ops.bench.report import fmt
+from llamactor.ops.bench.report import fmt, grid
 
 MIN_BAND = math.log(1.01)  # a band never narrower than +-1 %: figures are rounded, clocks jitter
 DEFAULT_BAND = math.log(1.05)  # used when no band was measured or given
@@ -207,13 +207,6 @@ def geo_mean_ratio(tables: Sequence[SeedTable], server: str, key: str) -> float 
 # ---- text ------------------------------------------------------------------------------------
 
 
-def _grid(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    head = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
-    return "\n".join([head, *lines])
-
-
 def _ratio_text(lr: float | None) -> str:
     if lr is None:
         return "x-"
@@ -236,7 +229,7 @@ def render_seed(table: SeedTable, extra: dict[str, dict[str, Any]] | None = None
             cells.append(value if s == table.servers[0] else f"{value} {_ratio_text(table.log_ratios[s][m.key])}")
         cells += [fmt(extra.get(s, {}).get(k)) for k in extra_keys]
         rows.append(cells)
-    return _grid(header, rows)
+    return grid(header, rows, names_left=True)
 
 
 def render_summary(
@@ -258,7 +251,7 @@ def render_summary(
     for s in servers:
         rows.append([s, *(str(tallies[s][m.key]) for m in METRICS)])
         rows.append(["  geo-mean ratio", *(fmt(geo_mean_ratio(tables, s, m.key)) for m in METRICS)])
-    lines.append(_grid(["server", *(m.label for m in METRICS)], rows))
+    lines.append(grid(["server", *(m.label for m in METRICS)], rows, names_left=True))
     return "\n".join(lines)
 
 
