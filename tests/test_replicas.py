@@ -505,6 +505,7 @@ async def test_a_prefix_cached_on_a_busy_replica_is_pulled_not_prefilled(local_r
                 assert timings["prompt_n"] < n_system // 4, timings
                 assert tuple(r.json()["tokens"]) == tuple(expected)
             assert rt.engine.pulls == 1
+            assert "llamactor:kv_pulls_total 1.0" in (await client.get("/metrics")).text
 
 
 async def test_prefill_and_decode_apart_hand_each_request_over_with_its_kv(local_ray, make_config):
@@ -590,6 +591,7 @@ async def test_a_replica_ray_serve_stops_moves_its_streams_with_their_kv(local_r
                 [len(await rt.tokenize(p)) for (replica, _), p in zip(out, prompts) if replica != report["replica"]]
             )
             assert before == 0 and processed <= kept + on_it, (processed, kept)
+            assert f"llamactor:streams_moved_total {float(on_it)}" in (await client.get("/metrics")).text
             r = await client.post("/completion", json={"prompt": "after the scale", "n_predict": 4})
             assert r.status_code == 200 and r.headers["x-llamactor-replica"] != report["replica"]
             for bad in (0, 257, "two", True):

@@ -30,6 +30,7 @@ from llamactor.protocol.slots import SlotKV
 from llamactor.runtime.engine.promptcache import common_prefix
 from llamactor.runtime.service.config import RuntimeConfig
 from llamactor.runtime.service.raycluster import first_line
+from llamactor.runtime.service.remote import metrics_text
 from llamactor.runtime.service.replicacalls import slot_action_call
 from llamactor.runtime.service.replicarequests import Move, ReplicaRequests, _Sub
 from llamactor.runtime.service.routing import BLOCK, Route
@@ -52,6 +53,8 @@ class ReplicaMoves(ReplicaRequests):
         self.pulls = 0  # prefixes pulled from another replica
         self.handovers = 0  # requests handed from a prefill replica to a decode replica
         self._seen_off: set[str] = set()  # replicas Ray Serve stopped, drained here (``ReplicaSet._see_off``)
+        self.moved_with_kv = 0  # streams moved off a drained or stopped replica with their KV
+        self.moves_replayed = 0  # ... and those that could not move so (resumed by replay)
         self.stopped_drains: list[dict[str, Any]] = []  # their drains' reports, oldest first
 
     async def drain(self, replica: str) -> dict[str, Any]:
@@ -80,6 +83,8 @@ class ReplicaMoves(ReplicaRequests):
                 if s.entry.task.id not in self.journal:
                     self._moves.pop(s.entry.task.id, None)
         with_kv = [m for m in moves if m.replica]
+        self.moved_with_kv += len(with_kv)
+        self.moves_replayed += len(moves) - len(with_kv)
         log.info("replica_drained", replica=replica, streams=len(moves), with_kv=len(with_kv))
         return {
             "replica": replica,
@@ -88,6 +93,26 @@ class ReplicaMoves(ReplicaRequests):
             "replayed": len(moves) - len(with_kv),
             "history_tokens_moved": sum(m.n_tokens for m in with_kv),
         }
+
+    def own_metrics(self) -> bytes:
+        return super().own_metrics() + metrics_text(
+            [
+                ("llamactor:kv_pulls_total", "counter", "Prompt prefixes pulled from another replica", self.pulls),
+                ("llamactor:kv_handovers_total", "counter", "Requests handed from prefill to decode", self.handovers),
+                (
+                    "llamactor:streams_moved_total",
+                    "counter",
+                    "Streams moved off a replica with their KV",
+                    self.moved_with_kv,
+                ),
+                (
+                    "llamactor:moves_replayed_total",
+                    "counter",
+                    "Streams off a replica resumed by replay",
+                    self.moves_replayed,
+                ),
+            ]
+        )
 
     async def _move(self, sub: _Sub, move: Move, source: str) -> None:
         task = sub.entry.task
