@@ -115,11 +115,7 @@ class DecodeStep:
             if k <= 0:
                 continue
             start = s.n_past
-            self._tok[n : n + k] = s.prompt[start : start + k]
-            np.add(self._ramp[:k], start, out=self._pos[n : n + k])
-            self._seq[n : n + k] = local
-            self._out[n : n + k] = 0
-            n += k
+            n = self._put_prompt(s, k, n)
             if start + k == len(s.prompt):
                 self._out[n - 1] = 1
                 rows.append((s, n - 1))
@@ -157,15 +153,7 @@ class DecodeStep:
             t1 = time.perf_counter()
             prof.build += t1 - t0
         if n:
-            if plan.lora != self.lora:
-                self._set_lora(plan.lora)
-            self.n_prompt, self.n_generate = res.n_prompt, len(generate)
-            self._batch.n_tokens = n
-            rc = self.decode(self.ctx, self._batch)
-            if rc == DECODE_NO_KV_SLOT:
-                raise KvCacheFull("the KV cache has no room for this batch")
-            if rc != 0:
-                raise EngineError(f"llama_decode failed with status {rc}")
+            self._decode(plan, n, res.n_prompt, len(generate))
             if prof is not None:
                 t2 = time.perf_counter()
                 prof.decode += t2 - t1
@@ -210,6 +198,28 @@ class DecodeStep:
             prof.after_decode += time.perf_counter() - (t3 if n else t1)
         return res
 
+    def _put_prompt(self, s: Slot, k: int, n: int) -> int:
+        """Put ``s``'s next ``k`` prompt tokens (from ``s.n_past``) at batch row ``n``, no logits;
+        return the row after them."""
+        start = s.n_past
+        self._tok[n : n + k] = s.prompt[start : start + k]
+        np.add(self._ramp[:k], start, out=self._pos[n : n + k])
+        self._seq[n : n + k] = s.local
+        self._out[n : n + k] = 0
+        return n + k
+
+    def _decode(self, plan: StepPlan, n: int, n_prompt: int, n_generate: int) -> None:
+        """Decode the batch's first ``n`` rows under the plan's adapters."""
+        if plan.lora != self.lora:
+            self._set_lora(plan.lora)
+        self.n_prompt, self.n_generate = n_prompt, n_generate
+        self._batch.n_tokens = n
+        rc = self.decode(self.ctx, self._batch)
+        if rc == DECODE_NO_KV_SLOT:
+            raise KvCacheFull("the KV cache has no room for this batch")
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with status {rc}")
+
     def _checkpoint_heads(
         self, plan: StepPlan, slots: list[Slot], res: StepResult, prof: GroupProfile | None
     ) -> dict[int, int]:
@@ -231,25 +241,12 @@ class DecodeStep:
                     continue
                 if not s.t_prompt_begin:
                     s.t_prompt_begin = time.perf_counter()
-                start = s.n_past
-                self._tok[n : n + h] = s.prompt[start : start + h]
-                np.add(self._ramp[:h], start, out=self._pos[n : n + h])
-                self._seq[n : n + h] = local
-                self._out[n : n + h] = 0
-                n += h
+                n = self._put_prompt(s, h, n)
                 heads.append((s, h))
             if not heads:
                 return done
-            if plan.lora != self.lora:
-                self._set_lora(plan.lora)
             t0 = time.perf_counter()
-            self.n_prompt, self.n_generate = n, 0
-            self._batch.n_tokens = n
-            rc = self.decode(self.ctx, self._batch)
-            if rc == DECODE_NO_KV_SLOT:
-                raise KvCacheFull("the KV cache has no room for this batch")
-            if rc != 0:
-                raise EngineError(f"llama_decode failed with status {rc}")
+            self._decode(plan, n, n, 0)
             if prof is not None:
                 prof.decode += time.perf_counter() - t0
             for s, h in heads:
