@@ -8,7 +8,6 @@ server's), never for speed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -18,10 +17,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from benchcli import json_of, run_cli
 from conftest import open_server
 
 from llamactor.ops.bench.apis import ChatApi, Dialogue, Message, NativeApi, OpenAIApi, TextRecord, Vocabulary
-from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench
+from llamactor.ops.bench.cli import EXIT_USAGE
 from llamactor.ops.bench.launch import ServerCommand, ServerStartError, serving
 from llamactor.ops.bench.phase import Request
 from llamactor.ops.bench.random.randomfamily import ARRIVALS, DEFAULT_FAMILY, Family, fits_limit
@@ -58,26 +58,6 @@ TINY_FAMILY = {
     "gen_tok_s": 300,
 }
 TINY = Family.from_dict(TINY_FAMILY)
-
-
-def bench_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["bench", *argv])
-
-
-async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``llamactor bench ARGV`` in a worker thread (it runs its own event loop): rc, stdout, stderr."""
-    capsys.readouterr()
-    rc = await anyio.to_thread.run_sync(run_bench, bench_args(*argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def json_of(out: str) -> dict:
-    """The JSON document ``--json`` printed (an in-process server logs to the same stdout)."""
-    start = 0 if out.startswith("{") else out.index("\n{\n") + 1
-    return json.JSONDecoder().raw_decode(out, start)[0]
 
 
 def first_seed(family: Family, predicate) -> int:

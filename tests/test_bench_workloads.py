@@ -7,16 +7,15 @@ TTFT p50 <= p99, prompt tokens processed <= sent, deterministic schedules, bad s
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import anyio
 import pytest
+from benchcli import bench_args, json_of, run_cli
 from conftest import open_server
 
 from llamactor.ops.bench.chatload import Chat, ChatFeed
-from llamactor.ops.bench.cli import EXIT_USAGE, add_bench_parser, run_bench, workload_from_args
+from llamactor.ops.bench.cli import EXIT_USAGE, workload_from_args
 from llamactor.ops.bench.compare import Run, pair_ratios, parse_sweep
 from llamactor.ops.bench.latency import LATENCY_KEYS, RATIO_KEYS, latency_of, sample_of
 from llamactor.ops.bench.lengths import LengthDist, Shape, load_lengths
@@ -31,26 +30,6 @@ from llamactor.ops.bench.targets import Target
 from llamactor.ops.bench.traffic import Burst, Poisson, SharedPrefix, arrival_times
 
 NO_SERVER = "http://127.0.0.1:9"  # validation fails before any request is sent
-
-
-def bench_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["bench", *argv])
-
-
-async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``llamactor bench ARGV`` in a worker thread (it runs its own event loop): rc, stdout, stderr."""
-    capsys.readouterr()
-    rc = await anyio.to_thread.run_sync(run_bench, bench_args(*argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def json_of(out: str) -> dict:
-    """The JSON document ``--json`` printed (the in-process server logs to the same stdout)."""
-    start = 0 if out.startswith("{") else out.index("\n{\n") + 1
-    return json.JSONDecoder().raw_decode(out, start)[0]
 
 
 def assert_latency_sane(fig: dict, n_ok: int | None = None) -> None:
