@@ -20,6 +20,13 @@ LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 STARTUP_TIMEOUT_S = 30
 
 
+def serve_argv(model: Path, port: int, n_slots: int | str, n_ctx: int | str, *more: str) -> list[str]:
+    """``llamactor serve`` of ``model`` on loopback ``port``, one thread a context, as the
+    process tests start it: ``n_slots`` slots over ``n_ctx`` cells, then ``more`` flags."""
+    argv = ["serve", "-m", str(model), "--port", str(port), "-t", "1", "-np", str(n_slots), "-c", str(n_ctx)]
+    return [*LLAMACTOR, *argv, *more]
+
+
 def _wait_ready(url: str, proc: subprocess.Popen) -> list[int]:
     statuses = []
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 from conftest import free_port, wait_until
-from test_cli import LLAMACTOR, _wait_ready
+from test_cli import _wait_ready, serve_argv
 
 from llamactor.protocol.errors import Unavailable
 from llamactor.protocol.events import Token
@@ -46,22 +46,7 @@ def _stream(url: str, out: list, started: threading.Barrier) -> None:
 def test_sigterm_drains_streams_refuses_new_requests_and_exits_0(tiny_model: Path):
     port = free_port()
     proc = subprocess.Popen(
-        [
-            *LLAMACTOR,
-            "serve",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "-t",
-            "1",
-            "-np",
-            str(N_STREAMS),
-            "-c",
-            str(N_STREAMS * 1024),
-            "--shutdown-timeout",
-            "60",
-        ],
+        serve_argv(tiny_model, port, str(N_STREAMS), str(N_STREAMS * 1024), "--shutdown-timeout", "60"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

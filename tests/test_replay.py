@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import free_port, open_server
-from test_cli import LLAMACTOR, _wait_ready
+from test_cli import LLAMACTOR, _wait_ready, serve_argv
 
 from llamactor.actors.policies import BUILTIN, resolve_policy
 from llamactor.ops.bench.slo import LatencyReport
@@ -415,24 +415,7 @@ def test_serve_record_trace_flag_then_replay(tiny_model: Path, tmp_path: Path):
     path = tmp_path / "served.jsonl"
     port = free_port()
     proc = subprocess.Popen(
-        [
-            *LLAMACTOR,
-            "serve",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "-t",
-            "1",
-            "-np",
-            "2",
-            "-c",
-            "2048",
-            "--scheduler",
-            "continuous",
-            "--record-trace",
-            str(path),
-        ],
+        serve_argv(tiny_model, port, "2", "2048", "--scheduler", "continuous", "--record-trace", str(path)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from conftest import free_port, open_server
 from structlog.testing import capture_logs
-from test_cli import LLAMACTOR, _wait_ready
+from test_cli import LLAMACTOR, _wait_ready, serve_argv
 from tinymodel import write_tiny_model
 
 from llamactor.runtime import Runtime
@@ -50,23 +50,7 @@ def test_builtin_template_by_name_in_the_serve_process(tiny_model: Path):
     llama3 prompt, a chat completion runs that prompt, and the startup log names the template."""
     port = free_port()
     proc = subprocess.Popen(
-        [
-            *LLAMACTOR,
-            "serve",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "-t",
-            "1",
-            "-np",
-            "1",
-            "-c",
-            "1024",
-            "--chat-template",
-            "llama3",
-            "--no-jinja",
-        ],
+        serve_argv(tiny_model, port, "1", "1024", "--chat-template", "llama3", "--no-jinja"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

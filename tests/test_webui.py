@@ -319,25 +319,11 @@ async def test_no_webui_turns_the_page_off(make_config) -> None:
 
 def test_serve_no_webui_flag(tiny_model: Path) -> None:
     """``llamactor serve --no-webui`` as a user runs it: / is a 404, the API answers."""
-    from test_cli import LLAMACTOR, _wait_ready
+    from test_cli import _wait_ready, serve_argv
 
     port = free_port()
     proc = subprocess.Popen(
-        [
-            *LLAMACTOR,
-            "serve",
-            "-m",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "-t",
-            "1",
-            "-np",
-            "1",
-            "-c",
-            "512",
-            "--no-webui",
-        ],
+        serve_argv(tiny_model, port, "1", "512", "--no-webui"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
