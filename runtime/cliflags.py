@@ -104,8 +104,17 @@ GROUPS: tuple[Group, ...] = (
                 value="N",
                 env="LLAMA_ARG_CTX_CHECKPOINTS",
                 parse=int,
-                help="sliding-window models: window checkpoints kept a slot, one a prefill chunk "
-                "of --ubatch-size tokens or more and one where the prompt ends (0: none)",
+                help="sliding-window models: window checkpoints kept a slot, taken as prompts go in "
+                "(4 + --ubatch-size and 4 tokens before their end, and at chunk ends) (0: none)",
+            ),
+            opt(
+                "-cms",
+                "--checkpoint-min-step",
+                field="checkpoint_min_step",
+                value="N",
+                env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT",
+                parse=int,
+                help="tokens between two checkpoints taken at prefill chunk ends",
             ),
             switch(
                 "--swa-full",
@@ -1124,7 +1133,6 @@ GROUPS: tuple[Group, ...] = (
         Use.IGNORE,
         "the prompt cache is each slot's KV, its window checkpoints and the host-memory cache (--cache-ram)",
         (
-            opt("-cms", "--checkpoint-min-step", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
             opt(
                 "-sps",
                 "--slot-prompt-similarity",

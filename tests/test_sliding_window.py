@@ -71,6 +71,8 @@ def test_swa_full_and_checkpoints_are_read_from_the_command_line_and_the_environ
     assert parse_serve(["-m", str(tiny_model), "--ctx-checkpoints", "3"]).config.ctx_checkpoints == 3
     assert parse_serve(["-m", str(tiny_model)], {"LLAMA_ARG_CTX_CHECKPOINTS": "0"}).config.ctx_checkpoints == 0
     assert parse_serve(["-m", str(tiny_model)]).config.ctx_checkpoints == 32  # llama-server's default
+    cms = parse_serve(["-m", str(tiny_model), "-cms", "100"]).config
+    assert cms.checkpoint_min_step == 100 and parse_serve(["-m", str(tiny_model)]).config.checkpoint_min_step == 8192
 
 
 async def test_an_imported_state_goes_on_from_its_last_token_and_no_earlier(make_config, swa_model):

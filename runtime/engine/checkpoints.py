@@ -12,8 +12,9 @@ before ``keep`` put back, and is prefilled from there.
 
 Taken where llama-server takes them, ``4 + n_ubatch`` and 4 tokens before a prompt's end
 (a prefill chunk that crosses one has its tokens up to it decoded first: ``cut``,
-``DecodeStep``), and after any chunk that ends at least ``n_ubatch``
-tokens past the slot's previous checkpoint; at most ``limit`` a slot (the oldest go). A
+``DecodeStep``), and after a prompt's first chunk past the window or any chunk that ends
+``min_step`` tokens (``--checkpoint-min-step``, 8,192) past the slot's previous checkpoint; at
+most ``limit`` a slot (the oldest go). A
 checkpoint holds the tokens it was taken after and the LoRA set: it is used only while the
 slot still holds those tokens under those adapters, so nothing else has to forget it. One
 costs the window's cells, the same for any position (gemma3-270m: 7.7 MB, 512 positions
@@ -57,12 +58,14 @@ class Checkpoint:
 class Checkpoints:
     """The checkpoints of one context's slots (``limit`` 0: none are taken)."""
 
-    def __init__(self, ctx: Any, memory: Any, *, n_swa: int, limit: int, n_batch: int, n_ubatch: int) -> None:
+    def __init__(
+        self, ctx: Any, memory: Any, *, n_swa: int, limit: int, min_step: int, n_batch: int, n_ubatch: int
+    ) -> None:
         self.ctx = ctx
         self.memory = memory
         self.n_swa = n_swa
         self.limit = limit if n_swa > 0 else 0  # nothing to keep without a sliding window
-        self.min_step = n_ubatch
+        self.min_step = min_step
         self.before_end = (min(n_batch, 4 + n_ubatch), min(n_batch, 4))  # llama-server's checkpoint offsets
         self._by_slot: dict[int, list[Checkpoint]] = {}
 
@@ -91,7 +94,10 @@ class Checkpoints:
         point = any(slot.n_past == len(slot.prompt) - offset for offset in self.before_end)
         if held and (held[-1].n_tokens == n or (not point and n < held[-1].n_tokens + self.min_step)):
             return
-        held.append(Checkpoint(n, np.asarray(slot.cache, dtype=np.int32), slot.lora, self.read(slot)))
+        state = self.read(slot)
+        if not state:  # llama.cpp could not write it: no checkpoint rather than a hollow one
+            return
+        held.append(Checkpoint(n, np.asarray(slot.cache, dtype=np.int32), slot.lora, state))
         if len(held) > self.limit:
             del held[0]
 
@@ -121,9 +127,15 @@ class Checkpoints:
         """Cut the sequence to ``n_tokens`` and write ``state`` (a ``read`` taken after those
         tokens) as its window; False, with the sequence cut, when llama.cpp refuses it."""
         llama_cpp.llama_memory_seq_rm(self.memory, slot.local, n_tokens, -1)
+        if not state:
+            return False
         data = (ctypes.c_ubyte * len(state)).from_buffer_copy(state)
         ok = llama_cpp.llama_state_seq_set_data_ext(self.ctx, data, len(state), slot.local, PARTIAL) == len(state)
-        return ok and llama_cpp.llama_memory_seq_pos_max(self.memory, slot.local) == n_tokens - 1
+        if not ok or llama_cpp.llama_memory_seq_pos_max(self.memory, slot.local) != n_tokens - 1:
+            return False
+        # the window the first token after ``n_tokens`` attends to is all there
+        pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, slot.local)
+        return 0 <= pos_min <= max(0, n_tokens - self.n_swa + 1)
 
     def forget(self, slot: Slot) -> None:
         self._by_slot.pop(slot.local, None)

@@ -61,6 +61,7 @@ class ContextOptions:
     kv_unified: bool = False
     swa_full: bool = False  # sliding-window layers sized like the others: no position leaves the cache
     ctx_checkpoints: int = 0  # sliding-window models: window checkpoints kept a slot (``engine.checkpoints``)
+    checkpoint_min_step: int = 8192  # ... tokens between two taken at chunk ends
     flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
     type_k: int = llama_cpp.GGML_TYPE_F16  # KV cache types (-ctk/-ctv)
     type_v: int = llama_cpp.GGML_TYPE_F16
@@ -120,6 +121,7 @@ class Context:
             kv_unified=opts.kv_unified,
             context_shift=opts.context_shift,
             checkpoints=0 if opts.swa_full else opts.ctx_checkpoints,  # every position kept: none needed
+            checkpoint_min_step=opts.checkpoint_min_step,
             n_batch=opts.n_batch,
             n_ubatch=opts.n_ubatch,
         )

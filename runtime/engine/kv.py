@@ -50,6 +50,7 @@ class SequenceKV:
         kv_unified: bool,
         context_shift: bool,
         checkpoints: int = 0,
+        checkpoint_min_step: int = 8192,
         n_batch: int = 2048,
         n_ubatch: int = 512,
     ) -> None:
@@ -61,7 +62,13 @@ class SequenceKV:
         self.context_shift = context_shift
         # sliding-window models: the window's cells saved as prompts go in (``checkpoints``)
         self.checkpoints = Checkpoints(
-            ctx, self.memory, n_swa=model.n_swa, limit=checkpoints, n_batch=n_batch, n_ubatch=n_ubatch
+            ctx,
+            self.memory,
+            n_swa=model.n_swa,
+            limit=checkpoints,
+            min_step=checkpoint_min_step,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
         )
 
     # ---- reuse and sharing (between steps) ------------------------------------------------

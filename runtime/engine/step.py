@@ -153,7 +153,7 @@ class DecodeStep:
             t1 = time.perf_counter()
             prof.build += t1 - t0
         if n:
-            self._decode(plan, n, res.n_prompt, len(generate))
+            self._decode(plan, n, res.n_prompt - sum(heads.values()), len(generate))
             if prof is not None:
                 t2 = time.perf_counter()
                 prof.decode += t2 - t1
@@ -247,8 +247,10 @@ class DecodeStep:
                 return done
             t0 = time.perf_counter()
             self._decode(plan, n, n, 0)
-            if prof is not None:
-                prof.decode += time.perf_counter() - t0
+            if prof is not None:  # decode time, not the batch's build (``run`` counts from before)
+                dt = time.perf_counter() - t0
+                prof.decode += dt
+                prof.build -= dt
             for s, h in heads:
                 s.cache.extend(s.prompt[s.n_past : s.n_past + h].tolist())
                 s.n_past += h

@@ -198,6 +198,8 @@ def _check_placement(cfg: ConfigFields) -> None:
         placement.check_buffer_types(cfg.tensor_overrides)
     if cfg.ctx_checkpoints < 0:
         raise ConfigError(f"--ctx-checkpoints must be >= 0 (0: none), got {cfg.ctx_checkpoints}")
+    if cfg.checkpoint_min_step < 0:
+        raise ConfigError(f"--checkpoint-min-step must be >= 0, got {cfg.checkpoint_min_step}")
     if cfg.kv_unified_per_slot < 0:
         raise ConfigError(f"--kv-unified-per-slot must be >= 0 (0: unset), got {cfg.kv_unified_per_slot}")
     if cfg.static_path is not None and not Path(cfg.static_path).is_dir():

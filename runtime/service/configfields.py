@@ -136,6 +136,7 @@ class ConfigFields:
     # -ctxcp: sliding-window models keep this many checkpoints of the window a slot, taken as
     # prompts go in, so a prefix that ends before the window is reused from one (0: none)
     ctx_checkpoints: int = 32
+    checkpoint_min_step: int = 8192  # -cms: tokens between two checkpoints taken at prefill chunk ends
     kv_offload: bool = True  # -nkvo/--no-kv-offload: False keeps the KV cache in host memory
     op_offload: bool = True  # --no-op-offload: host-resident weights' ops stay on the CPU
     repack: bool = True  # -nr/--no-repack: no extra CPU buffer types (AMX, CPU_REPACK) for weights

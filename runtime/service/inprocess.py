@@ -154,6 +154,7 @@ class InProcessEngine:
                 kv_unified=cfg.kv_unified,
                 swa_full=cfg.swa_full,
                 ctx_checkpoints=cfg.ctx_checkpoints,
+                checkpoint_min_step=cfg.checkpoint_min_step,
                 flash_attn=FLASH_ATTN_CODES[cfg.flash_attn],
                 type_k=CACHE_TYPES[cfg.cache_type_k],
                 type_v=CACHE_TYPES[cfg.cache_type_v],

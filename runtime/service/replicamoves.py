@@ -147,6 +147,8 @@ class ReplicaMoves(ReplicaRequests):
         replica can take over after its first token (one choice, no images, more than one token)."""
         prefill, _ = self._roles()
         router = self._router()
+        if router is not None:
+            prefill = [rid for rid in prefill if rid not in router.draining]  # (a drained or leaving one)
         if not prefill or task.n != 1 or task.media or task.n_predict == 1 or router is None:
             return ""
         loads = getattr(router, "loads", {})
@@ -262,13 +264,13 @@ class ReplicaMoves(ReplicaRequests):
                 want = SlotKV(tokens=tuple(prompt.tolist()), lora=task.lora)
                 make = partial(slot_action_call, slot=PREFIX_HOLDER, action="export", path="", kv=want)
                 kv = (await self.call(make, link.SlotDone, pull.holder)).result.kv
-                # a sliding-window holder's state serves up to its checkpoint (``window_at``)
-                held = kv.window_at or len(kv.tokens) if kv is not None else 0
-                if (
-                    kv is None
-                    or kv.lora != task.lora
-                    or min(common_prefix(np.asarray(kv.tokens, np.int32), prompt), held) < PULL_MIN_BLOCKS * BLOCK
-                ):
+                # the prefix the router saw there; a sliding-window holder's state serves up to
+                # its checkpoint (``window_at``), which may end a little before it
+                if kv is None or kv.lora != task.lora:
+                    return None
+                common = common_prefix(np.asarray(kv.tokens, np.int32), prompt)
+                usable = min(common, kv.window_at) if kv.window_at else common
+                if usable < (PULL_MIN_BLOCKS * BLOCK if kv.window_at else tokens):
                     return None
                 async with self._importing:
                     idle = await self._idle_slots(pull.target)

@@ -83,7 +83,8 @@ class ReplicaRequests(ReplicaCalls):
         self._moves: dict[int, Move] = {}  # task id -> its move off a drained replica (``ReplicaMoves``)
         # (replica, slot) holding an import for a request not yet ended there: no other import goes there
         self._reserved: set[tuple[str, int]] = set()
-        self._streams: dict[str, anyio.CancelScope] = {}  # replica -> the scope its events stream is read in
+        # replica -> the scope its events stream is read in ("watch:" + replica: its routing stats)
+        self._streams: dict[str, anyio.CancelScope] = {}
 
     def submit(self, task: Task) -> None:
         if self._tg is None:

@@ -69,15 +69,20 @@ class _Targeted:
                 log.info("replica_leaving", replica=rid)
         for rid in now & self.leaving.keys():  # back in the set
             del self.leaving[rid]
+            self.draining.discard(rid)
         kept = [r for rid, r in self.leaving.items() if rid not in now]
         super().update_replicas([*replicas, *kept])  # type: ignore[misc]
 
     def forget(self, replica: str) -> None:
         """The ingress is done with a leaving replica (its streams moved, its events stream
-        closed): it is dropped from the set, on the router's own loop."""
-        r = self.leaving.pop(replica, None)
+        closed): it is dropped from the set, on the router's own loop (``leaving`` is the
+        router's: ``update_replicas`` reads it there)."""
+        self._event_loop.call_soon_threadsafe(self._forget, replica)  # type: ignore[attr-defined]
+
+    def _forget(self, replica: str) -> None:
+        r = self.leaving.get(replica)
         if r is not None:
-            self._event_loop.call_soon_threadsafe(self.on_replica_actor_died, r.replica_id)  # type: ignore[attr-defined]
+            self.on_replica_actor_died(r.replica_id)  # (which drops it from ``leaving`` too)
 
     def on_replica_actor_died(self, replica_id: Any) -> None:
         self.leaving.pop(replica_id.unique_id, None)

@@ -135,30 +135,34 @@ class ReplicaSet(ReplicaMoves):
         async def follow(rid: str) -> None:
             seen = -1.0
             try:
-                if rid not in self._pids:  # a replica Ray started since: learn its pid
-                    hello = await self.handle.hello.remote(Route(0, replica=rid))
-                    self._pids[hello["replica"]] = hello["pid"]
-                while self.config.replica_router == "cache":
-                    stats = await self.handle.watch.remote(seen, Route(0, replica=rid))
-                    router = self._router()
-                    if router is not None and stats:
-                        router.reported[rid] = stats
-                    seen = stats.get("at", seen)
+                # cancelled when the replica leaves (``_see_off``): a ``watch`` would hold it up
+                with self._streams.setdefault(f"watch:{rid}", anyio.CancelScope()):
+                    if rid not in self._pids:  # a replica Ray started since: learn its pid
+                        hello = await self.handle.hello.remote(Route(0, replica=rid))
+                        self._pids[hello["replica"]] = hello["pid"]
+                    while self.config.replica_router == "cache":
+                        stats = await self.handle.watch.remote(seen, Route(0, replica=rid))
+                        router = self._router()
+                        if router is not None and stats:
+                            router.reported[rid] = stats
+                        seen = stats.get("at", seen)
             except Exception as exc:  # the replica is gone (Ray starts another: followed anew)
                 log.info("replica_unfollowed", replica=rid, reason=first_line(exc))
             finally:
+                self._streams.pop(f"watch:{rid}", None)
                 following.discard(rid)
 
         async with anyio.create_task_group() as tg:
             while True:
                 router = self._router()
-                for rid in list(getattr(router, "leaving", ())):
-                    if rid not in self._seen_off:
-                        self._seen_off.add(rid)
-                        tg.start_soon(self._see_off, rid)
+                leaving = set(getattr(router, "leaving", ()))
+                for rid in leaving - self._seen_off:
+                    self._seen_off.add(rid)
+                    tg.start_soon(self._see_off, rid)
                 for rid in self._replica_ids():
-                    if rid in self._seen_off:
+                    if rid in leaving:
                         continue
+                    self._seen_off.discard(rid)  # (back in Ray's set after it left: served again)
                     if rid not in listening:
                         listening.add(rid)
                         tg.start_soon(listen, rid)
@@ -174,8 +178,9 @@ class ReplicaSet(ReplicaMoves):
         lo, hi = replica_range(self.config.replicas) or (1, 1)
         if lo != hi:
             raise RequestError(f"--replicas {self.config.replicas} autoscales: Ray Serve sets the count")
-        if not 1 <= n <= MAX_REPLICAS:
-            raise RequestError(f"replicas must be 1..{MAX_REPLICAS}, got {n}")
+        least = self.config.prefill_replicas + 1  # a decode replica beside the prefill ones
+        if not least <= n <= MAX_REPLICAS:
+            raise RequestError(f"replicas must be {least}..{MAX_REPLICAS}, got {n}")
         was = len(self._replica_ids()) - len(getattr(self._router(), "leaving", ()))
         ray = require_ray()
         await anyio.to_thread.run_sync(scale_to, ray, self.app, n)
@@ -193,9 +198,10 @@ class ReplicaSet(ReplicaMoves):
         except Exception as exc:  # the streams left on it are replayed when its events stream ends
             log.warning("leaving_replica_not_drained", replica=rid, error=first_line(exc))
         finally:
-            scope = self._streams.get(rid)
-            if scope is not None:
-                scope.cancel()
+            for key in (rid, f"watch:{rid}"):  # its events stream and its routing stats
+                scope = self._streams.get(key)
+                if scope is not None:
+                    scope.cancel()
             router = self._router()
             if router is not None:
                 router.forget(rid)
