@@ -60,6 +60,12 @@ async def test_checkpoints_and_swa_full_keep_a_prefix_reusable_past_the_window(m
     assert checkpoint[1:] == (64, len(SECOND) - 64), "back to the checkpoint after the first chunk"
     assert full[1:] == (SHARED, len(SECOND) - SHARED), "every position kept: the shared prefix reused"
     assert windowed[0] == cold and checkpoint[0] == cold and full[0] == cold
+    # checkpoints at chunk ends 64 tokens apart (-cms 64): a prompt sharing 150 goes back to 128
+    longer = FIRST[:150] + SECOND[SHARED:]
+    async with open_server(make_config(**base, checkpoint_min_step=64)) as (rt, url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            await _complete(client, FIRST)
+            assert (await _complete(client, longer))[1:] == (128, len(longer) - 128)
 
 
 def test_swa_full_and_checkpoints_are_read_from_the_command_line_and_the_environment(tiny_model):

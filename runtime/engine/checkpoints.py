@@ -45,14 +45,11 @@ class Checkpoint:
     lora: LoraSet
     state: bytes
 
-    def serves(self, slot: Slot, keep: int) -> bool:
-        """It can stand for the window of ``slot`` cut to ``keep`` tokens or fewer."""
+    def serves(self, cache: np.ndarray, lora: LoraSet, keep: int) -> bool:
+        """It can stand for the window of a slot holding ``cache`` under ``lora``, cut to
+        ``keep`` tokens or fewer."""
         n = self.n_tokens
-        return (
-            n <= min(keep, len(slot.cache))
-            and self.lora == slot.lora
-            and bool(np.array_equal(np.asarray(slot.cache[:n], dtype=np.int32), self.tokens))
-        )
+        return n <= min(keep, len(cache)) and self.lora == lora and bool(np.array_equal(cache[:n], self.tokens))
 
 
 class Checkpoints:
@@ -89,7 +86,8 @@ class Checkpoints:
         if not self.limit or n <= self.n_swa:
             return
         held = self._by_slot.setdefault(slot.local, [])
-        while held and not held[-1].serves(slot, n):  # taken for tokens the slot no longer holds
+        cache = np.asarray(slot.cache, dtype=np.int32)
+        while held and not held[-1].serves(cache, slot.lora, n):  # taken for tokens the slot no longer holds
             held.pop()
         point = any(slot.n_past == len(slot.prompt) - offset for offset in self.before_end)
         if held and (held[-1].n_tokens == n or (not point and n < held[-1].n_tokens + self.min_step)):
@@ -97,7 +95,7 @@ class Checkpoints:
         state = self.read(slot)
         if not state:  # llama.cpp could not write it: no checkpoint rather than a hollow one
             return
-        held.append(Checkpoint(n, np.asarray(slot.cache, dtype=np.int32), slot.lora, state))
+        held.append(Checkpoint(n, cache, slot.lora, state))
         if len(held) > self.limit:
             del held[0]
 
@@ -111,7 +109,8 @@ class Checkpoints:
 
     def best(self, slot: Slot, keep: int) -> Checkpoint | None:
         """The newest checkpoint that serves ``slot`` cut to ``keep`` tokens, if any."""
-        return next((c for c in reversed(self.of(slot)) if c.serves(slot, keep)), None)
+        cache = np.asarray(slot.cache, dtype=np.int32)  # once, not once a checkpoint
+        return next((c for c in reversed(self.of(slot)) if c.serves(cache, slot.lora, keep)), None)
 
     def restore(self, slot: Slot, keep: int) -> int:
         """Cut ``slot``'s sequence back to the newest checkpoint at or before ``keep`` and put
