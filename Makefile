@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine (both create .venv idempotently):
 #   make run          serve the embedded default model (SmolLM2-135M-Instruct) on 127.0.0.1:8080
 #   make test         everything, stopping at the first failure: `make check`, then the whole suite
+#                     (on two pytest workers, then the `serial` tests alone: ops/run_suite.sh)
 # Both build llama.cpp for the instruction sets this CPU really runs (ops/setup/cpuprobe.py) and check
 # the build by decoding a prompt with it (ops/setup/buildcheck.py). BACKEND=cuda (or vulkan, rocm,
 # metal) adds that GPU backend: `make run BACKEND=cuda`; CMAKE_ARGS=... is passed through to
@@ -25,7 +26,7 @@ SEED ?=
 # Bytecode is cached under .venv/pycache, never beside the sources, even where the environment
 # says not to write any (PYTHONDONTWRITEBYTECODE): compiling every module afresh on each run
 # doubled pytest's collection time (8 s against 4 on 2 cores).
-PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(VENV)/bin/python -m pytest
+PYTEST := env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(VENV)/bin/python -m pytest
 
 .PHONY: install run check docs test test-fast test-random conformance clean
 
@@ -46,9 +47,11 @@ check: $(STAMP)
 	bash ops/typecheck.sh
 	$(VENV)/bin/lint-imports --no-cache
 
-# pytest exits 5 when it ran no test: that fails here like any other non-zero exit.
+# The suite in two parts (ops/run_suite.sh): the tests not marked `serial` on two workers
+# (pytest-xdist), then the `serial` ones alone. pytest exits 5 when it ran no test: that fails
+# here like any other non-zero exit (unless only one of the two parts selected nothing).
 test: check docs
-	$(PYTEST) -q $(PYTEST_ARGS)
+	bash ops/run_suite.sh $(PYTEST) -- $(PYTEST_ARGS)
 
 # The documentation site, built strictly (a broken link or a missing example file fails it),
 # into the venv: nothing is written to the repository.

@@ -27,7 +27,8 @@ from llamactor.runtime.service.raycluster import start_local_ray
 
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed")
 
-pytestmark = pytest.mark.slow
+# alone on the machine: Ray's processes, and routing that hangs on when each replica answers
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 HOOKS = str(Path(__file__).with_name("enginehooks.py"))
 GATHER = str(Path(__file__).with_name("gatherpolicy.py")) + ":GatherEight"  # same batches in every run
