@@ -68,6 +68,26 @@ async def test_checkpoints_and_swa_full_keep_a_prefix_reusable_past_the_window(m
             assert (await _complete(client, longer))[1:] == (128, len(longer) - 128)
 
 
+async def test_a_state_from_host_memory_comes_back_with_its_checkpoints(make_config, swa_model):
+    """One slot and the host-memory prompt cache: another prompt takes the slot, so the first
+    one's state goes to host memory, with its checkpoints (chunk ends 64 apart here). A prompt
+    sharing the first 200 tokens restores that state, whose window is the one its last position
+    saw, and goes back to its checkpoint at 192: a cold run's answer."""
+    base = {"model": swa_model, "parallel": 1, "n_ctx": 1024, "n_batch": 64, "n_ubatch": 64}
+    base |= {"cache_ram_mib": 64, "checkpoint_min_step": 64}
+    other = [(17 * i) % 400 + 5 for i in range(300)]
+    third = FIRST[:200] + [(13 * i) % 400 + 30 for i in range(200)]
+    async with open_server(make_config(**base)) as (rt, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+        cold = await _complete(client, third)
+    async with open_server(make_config(**base)) as (rt, url), httpx.AsyncClient(base_url=url, timeout=60) as client:
+        await _complete(client, FIRST)
+        await _complete(client, other)  # takes the slot: the first prompt's state is saved
+        tokens, cache_n, prompt_n = await _complete(client, third)
+        assert rt.engine.prompt_cache.statistics().hits == 1  # restored from host memory
+    assert (cache_n, prompt_n) == (192, len(third) - 192)
+    assert tokens == cold[0]
+
+
 def test_swa_full_and_checkpoints_are_read_from_the_command_line_and_the_environment(tiny_model):
     from serveargs import parse_serve
 

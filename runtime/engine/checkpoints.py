@@ -136,5 +136,9 @@ class Checkpoints:
         pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, slot.local)
         return 0 <= pos_min <= max(0, n_tokens - self.n_swa + 1)
 
+    def adopt(self, slot: Slot, checkpoints: tuple[Checkpoint, ...]) -> None:
+        """``checkpoints`` are the slot's now (its state was replaced by one they were taken with)."""
+        self._by_slot[slot.local] = list(checkpoints)
+
     def forget(self, slot: Slot) -> None:
         self._by_slot.pop(slot.local, None)

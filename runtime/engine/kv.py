@@ -87,7 +87,8 @@ class SequenceKV:
 
         With a host-memory prompt cache: if the new prompt loses part of what the slot holds
         (``PromptCache.worth_saving``: another conversation takes the slot), the slot's state is
-        saved first; then a cached state that serves the prompt better is restored into the slot.
+        saved first, with its checkpoints; then a cached state that serves the prompt better is
+        restored into the slot, with its own.
         KV computed under another LoRA set than the request's ``lora`` is never reused
         (llama-server clears a slot's cache when its adapters change).
         At least the last prompt token is always decoded again, so its logits exist, and a
@@ -99,10 +100,11 @@ class SequenceKV:
         if cache_prompt and prompt_cache is not None:
             held = np.asarray(slot.cache, dtype=np.int32)
             if len(held) and (not same or prompt_cache.worth_saving(len(held), common_prefix(held, prompt))):
-                prompt_cache.save(self.ctx, slot.local, held, slot.lora)
+                prompt_cache.save(self.ctx, slot.local, held, slot.lora, tuple(self.checkpoints.of(slot)))
             restored = prompt_cache.restore(self.ctx, slot.local, prompt, held if same else held[:0], lora)
             if restored is not None:
-                slot.cache[:] = restored.tolist()
+                slot.cache[:] = restored.tokens.tolist()
+                self.checkpoints.adopt(slot, restored.checkpoints)
                 same = True
         slot.lora = lora
         keep = 0

@@ -13,6 +13,11 @@ the byte limit is reached; a cached prompt is only restored when it keeps at lea
 of itself and shares more of the new prompt than the slot does. Entries are keyed by the LoRA
 set their KV was computed under: only a prompt with the same set may restore one.
 
+On a sliding-window model an entry keeps the slot's context checkpoints with its state (as
+llama-server's cache keeps them with its prompts): a restored state's window is the one its
+last position sees, so a prompt that leaves its tokens earlier goes back to the newest
+checkpoint before that point instead of being prefilled whole. They count in the byte limit.
+
 Used by the groups on the event loop, between their steps (never during a decode), so it needs
 no lock. One instance per runtime, shared by all groups.
 """
@@ -28,6 +33,7 @@ import numpy as np
 
 from llamactor.protocol.lora import NO_LORA, LoraSet
 from llamactor.protocol.media import NO_TOKEN
+from llamactor.runtime.engine.checkpoints import Checkpoint
 
 MIB = 1024 * 1024
 MIN_KEEP_FRACTION = 0.25  # a cached prompt is restored only if the new prompt keeps this much of it
@@ -39,6 +45,11 @@ class Entry:
     tokens: np.ndarray  # int32 token ids whose KV ``state`` holds
     state: bytes  # llama_state_seq_get_data of one sequence
     lora: LoraSet = NO_LORA  # the adapters the KV was computed under
+    checkpoints: tuple[Checkpoint, ...] = ()  # a sliding-window model's: the slot's, oldest first
+
+    @property
+    def size(self) -> int:
+        return len(self.state) + sum(len(c.state) for c in self.checkpoints)
 
 
 @dataclass(frozen=True)
@@ -111,15 +122,23 @@ class PromptCache:
             return n_kept < n_held
         return n_kept < SAVE_BELOW_FRACTION * n_held
 
-    def save(self, ctx: ctypes.c_void_p, seq: int, tokens: np.ndarray, lora: LoraSet = NO_LORA) -> bool:
+    def save(
+        self,
+        ctx: ctypes.c_void_p,
+        seq: int,
+        tokens: np.ndarray,
+        lora: LoraSet = NO_LORA,
+        checkpoints: tuple[Checkpoint, ...] = (),
+    ) -> bool:
         """Copy sequence ``seq``'s KV (holding ``tokens``, computed under ``lora``) into the
-        cache; False if not stored."""
+        cache, with the slot's ``checkpoints``; False if not stored."""
         if len(tokens) == 0 or any(
             e.lora == lora and common_prefix(e.tokens, tokens) == len(tokens) for e in self._entries.values()
         ):
             return False  # nothing, or already contained in an entry
-        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-        if size == 0 or (self.limit_bytes and size > self.limit_bytes):
+        n_state = llama_cpp.llama_state_seq_get_size(ctx, seq)
+        size = n_state + sum(len(c.state) for c in checkpoints)
+        if n_state == 0 or (self.limit_bytes and size > self.limit_bytes):
             return False
         for key in [
             k for k, e in self._entries.items() if e.lora == lora and common_prefix(e.tokens, tokens) == len(e.tokens)
@@ -127,10 +146,10 @@ class PromptCache:
             self._drop(key)  # entries the new one contains
         while self._entries and self.limit_bytes and self._bytes + size > self.limit_bytes:
             self._drop(next(iter(self._entries)))
-        buf = (ctypes.c_ubyte * size)()
-        if llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq) != size:
+        buf = (ctypes.c_ubyte * n_state)()
+        if llama_cpp.llama_state_seq_get_data(ctx, buf, n_state, seq) != n_state:
             return False
-        self._entries[self._next] = Entry(np.array(tokens, dtype=np.int32), bytes(buf), lora)
+        self._entries[self._next] = Entry(np.array(tokens, dtype=np.int32), bytes(buf), lora, checkpoints)
         self._next += 1
         self._bytes += size
         self.saves += 1
@@ -138,11 +157,12 @@ class PromptCache:
 
     def restore(
         self, ctx: ctypes.c_void_p, seq: int, prompt: np.ndarray, slot_tokens: np.ndarray, lora: LoraSet = NO_LORA
-    ) -> np.ndarray | None:
+    ) -> Entry | None:
         """Restore into ``seq`` the entry (computed under ``lora``) that serves ``prompt`` better
         than what the slot holds (``slot_tokens``, empty when the slot's KV is of another set);
-        return what the slot holds now (the entry's tokens; empty if the restore failed), or
-        None when no entry is better (the slot is unchanged)."""
+        return it (its ``tokens`` are what the slot holds now, its ``checkpoints`` the slot's;
+        an entry of no tokens if the restore failed), or None when no entry is better (the
+        slot is unchanged)."""
         lcp_best = common_prefix(slot_tokens, prompt)
         keep_best = lcp_best / len(slot_tokens) if len(slot_tokens) else -1.0
         sim_best = lcp_best / max(len(prompt), 1)
@@ -162,12 +182,12 @@ class PromptCache:
         llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
         if llama_cpp.llama_state_seq_set_data(ctx, data, len(entry.state), seq) != len(entry.state):
             llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
-            return np.zeros(0, dtype=np.int32)  # the slot holds nothing now
+            return Entry(np.zeros(0, dtype=np.int32), b"")  # the slot holds nothing now
         self._entries.move_to_end(best)  # recently used
         self.hits += 1
         self.tokens_reused += min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
-        return entry.tokens
+        return entry
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
-        self._bytes -= len(entry.state)
+        self._bytes -= entry.size
