@@ -100,7 +100,8 @@ class SequenceKV:
         if cache_prompt and prompt_cache is not None:
             held = np.asarray(slot.cache, dtype=np.int32)
             if len(held) and (not same or prompt_cache.worth_saving(len(held), common_prefix(held, prompt))):
-                prompt_cache.save(self.ctx, slot.local, held, slot.lora, tuple(self.checkpoints.of(slot)))
+                serving = tuple(c for c in self.checkpoints.of(slot) if c.serves(held, slot.lora, len(held)))
+                prompt_cache.save(self.ctx, slot.local, held, slot.lora, serving)
             restored = prompt_cache.restore(self.ctx, slot.local, prompt, held if same else held[:0], lora)
             if restored is not None:
                 slot.cache[:] = restored.tokens.tolist()

@@ -16,7 +16,8 @@ set their KV was computed under: only a prompt with the same set may restore one
 On a sliding-window model an entry keeps the slot's context checkpoints with its state (as
 llama-server's cache keeps them with its prompts): a restored state's window is the one its
 last position sees, so a prompt that leaves its tokens earlier goes back to the newest
-checkpoint before that point instead of being prefilled whole. They count in the byte limit.
+checkpoint before that point instead of being prefilled whole. They count in the byte limit
+(an entry keeps the newest that fit beside its state).
 
 Used by the groups on the event loop, between their steps (never during a decode), so it needs
 no lock. One instance per runtime, shared by all groups.
@@ -137,9 +138,12 @@ class PromptCache:
         ):
             return False  # nothing, or already contained in an entry
         n_state = llama_cpp.llama_state_seq_get_size(ctx, seq)
-        size = n_state + sum(len(c.state) for c in checkpoints)
-        if n_state == 0 or (self.limit_bytes and size > self.limit_bytes):
+        if n_state == 0 or (self.limit_bytes and n_state > self.limit_bytes):
             return False
+        # the newest checkpoints that fit beside the state (the older ones go first)
+        while checkpoints and self.limit_bytes and n_state + sum(len(c.state) for c in checkpoints) > self.limit_bytes:
+            checkpoints = checkpoints[1:]
+        size = n_state + sum(len(c.state) for c in checkpoints)
         for key in [
             k for k, e in self._entries.items() if e.lora == lora and common_prefix(e.tokens, tokens) == len(e.tokens)
         ]:
