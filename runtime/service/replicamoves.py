@@ -48,7 +48,7 @@ class ReplicaMoves(ReplicaRequests):
 
     def __init__(self, config: RuntimeConfig, handle: Any, app: str) -> None:
         super().__init__(config, handle, app)
-        self._importing = anyio.Lock()  # one import at a time: two never pick one free slot
+        self._importing = anyio.Lock()  # one pick of a free slot at a time: two never pick one slot
         self._pull_ms_per_token = 0.0  # a pull's measured cost per token (0 until the first pull)
         self.pulls = 0  # prefixes pulled from another replica
         self.handovers = 0  # requests handed from a prefill replica to a decode replica
@@ -123,8 +123,7 @@ class ReplicaMoves(ReplicaRequests):
                 return
             kv = await self._served_state(source, sub.sid)
             if kv is not None and kv.tokens:
-                async with self._importing:
-                    placed = await self._import_elsewhere(kv, source)
+                placed = await self._import_elsewhere(kv, source)
                 if placed is not None:
                     move.replica, move.slot = placed
                     move.n_tokens = len(kv.tokens)
@@ -167,8 +166,7 @@ class ReplicaMoves(ReplicaRequests):
             kv = sub.kv  # read by the prefill replica as the request ended there
             if kv is not None and kv.tokens and sub.entry.task.id in self.journal:
                 _, decode = self._roles()
-                async with self._importing:
-                    placed = await self._import_elsewhere(kv, source, among=set(decode))
+                placed = await self._import_elsewhere(kv, source, among=set(decode))
                 if placed is not None:
                     move.replica, move.slot = placed
                     move.n_tokens = len(kv.tokens)
@@ -195,23 +193,27 @@ class ReplicaMoves(ReplicaRequests):
     async def _import_elsewhere(self, kv: SlotKV, source: str, among: set[str] | None = None) -> tuple[str, int] | None:
         """Import ``kv`` into a free slot of a replica other than ``source`` (of ``among`` when
         given; the one with the most free slots, its emptiest slot): (replica, slot), or None
-        when none is free."""
+        when none is free. The pick and its reservation are one at a time; the imports (a
+        drain's streams, several handovers) go on side by side."""
         router = self._router()
         draining = router.draining if router is not None else set()
-        free: list[tuple[int, str, list[int]]] = []
-        for rid in self._replica_ids():
-            if rid != source and rid not in draining and (among is None or rid in among):
-                idle = await self._idle_slots(rid)
-                if idle:
-                    free.append((len(idle), rid, idle))
-        if not free:
-            return None
-        _, rid, ids = max(free)
+        async with self._importing:
+            free: list[tuple[int, str, list[int]]] = []
+            for rid in self._replica_ids():
+                if rid != source and rid not in draining and (among is None or rid in among):
+                    idle = await self._idle_slots(rid)
+                    if idle:
+                        free.append((len(idle), rid, idle))
+            if not free:
+                return None
+            _, rid, ids = max(free)
+            self._reserved.add((rid, ids[0]))
         return await self._import_into(kv, rid, ids[0])
 
     async def _import_into(self, kv: SlotKV, replica: str, slot: int) -> tuple[str, int]:
-        """Import ``kv`` into that slot, reserved (no other import goes there) until the
-        request pinned to it ends (``ReplicaRequests._place``)."""
+        """Import ``kv`` into that slot, reserved (no other import goes there; the caller
+        reserved it as it picked it) until the request pinned to it ends
+        (``ReplicaRequests._place``)."""
         self._reserved.add((replica, slot))
         try:
             await self.call(
@@ -272,10 +274,12 @@ class ReplicaMoves(ReplicaRequests):
                 usable = min(common, kv.window_at) if kv.window_at else common
                 if usable < (PULL_MIN_BLOCKS * BLOCK if kv.window_at else tokens):
                     return None
-                async with self._importing:
+                async with self._importing:  # the pick and its reservation
                     idle = await self._idle_slots(pull.target)
                     if idle:
-                        placed = await self._import_into(kv, pull.target, idle[0])
+                        self._reserved.add((pull.target, idle[0]))
+                if idle:
+                    placed = await self._import_into(kv, pull.target, idle[0])
         except Exception as exc:  # a pull is an optimisation: the request prefills instead
             log.warning("kv_pull_failed", task=task.id, holder=pull.holder, error=first_line(exc))
             return None
