@@ -5,6 +5,7 @@ No network beyond loopback, no downloads: the model is written at test time (tin
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -51,9 +52,17 @@ def make_config(tiny_model: Path):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port. Under pytest-xdist (``make test``), worker N of W takes only ports
+    equal to N modulo W: two workers never pick one port between a pick and its server's bind."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    mine = int(worker[2:]) % workers if worker[2:].isdigit() else 0
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port % workers == mine:
+            return port
 
 
 def wait_healthy(proc: subprocess.Popen, health_url: str, timeout_s: float) -> None:
