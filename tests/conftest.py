@@ -6,6 +6,7 @@ No network beyond loopback, no downloads: the model is written at test time (tin
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -51,18 +52,31 @@ def make_config(tiny_model: Path):
     return make
 
 
+# pytest-xdist workers' loopback ports: 2,000 each from 20000, below Linux's ephemeral range
+# (32768 on), which bind(0) and outgoing connections take from
+XDIST_PORTS, XDIST_PORTS_EACH = 20_000, 2_000
+_ports = random.Random()  # its own: a test that seeds the module's generator does not steer it
+
+
 def free_port() -> int:
-    """A free loopback port. Under pytest-xdist (``make test``), worker N of W takes only ports
-    equal to N modulo W: two workers never pick one port between a pick and its server's bind."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    mine = int(worker[2:]) % workers if worker[2:].isdigit() else 0
-    while True:
+    """A free loopback port. Under pytest-xdist (``make test``) each worker takes its ports from a
+    range of its own below the kernel's ephemeral ports (which ``bind`` to port 0 hands out), so
+    two workers never pick one port between a pick and its server's bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker[2:].isdigit():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port % workers == mine:
+            return s.getsockname()[1]
+    low = XDIST_PORTS + int(worker[2:]) * XDIST_PORTS_EACH
+    for _ in range(1000):
+        port = _ports.randrange(low, low + XDIST_PORTS_EACH)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: another
             return port
+    raise RuntimeError(f"no free port in {low}..{low + XDIST_PORTS_EACH - 1}")
 
 
 def wait_healthy(proc: subprocess.Popen, health_url: str, timeout_s: float) -> None:
