@@ -2,8 +2,9 @@
 # The whole suite, as `make test` runs it: in two parts, one pytest command each.
 #   1. every test not marked `serial`, on two pytest-xdist workers, a test file to a worker
 #      (a file's tests share its server and its module fixtures, so a file stays on one worker);
-#   2. the `serial` tests alone on the machine (the Ray replica sets: Ray's own processes, and
-#      routing decisions that hang on when each replica answers).
+#   2. the `serial` tests alone on the machine: the Ray replica sets (Ray's own processes, and
+#      routing decisions that hang on when each replica answers) and the tests that compare
+#      timings (a stream's gaps under attack against unloaded; a grammar's cost).
 # On 2 cores the whole suite took 10:41 in one process, 7:03 in these two parts (4:15 + 2:48).
 # Usage: ops/run_suite.sh PYTEST_COMMAND... -- PYTEST_ARGS...   (WORKERS=n, 0: part 1 in one process)
 # pytest exits 5 when it ran no test: a part whose selection is empty is allowed that, but not

@@ -34,7 +34,9 @@ import pytest
 import tinyvision
 from conftest import free_port, wait_healthy
 
-pytestmark = pytest.mark.slow  # a server process for the file
+# a server process for the file; alone on the machine (`make test`'s second part): it compares a
+# stream's gaps under attack with its gaps unloaded, which another worker's load would blur
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LLAMACTOR = [sys.executable, "-m", "llamactor.runtime.cli"]
 KEY = "hostile-test-key"

@@ -221,6 +221,7 @@ async def test_lazy_grammar_engages_at_its_trigger_word(make_config):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # compares two timings: alone on the machine
 async def test_lazy_grammar_does_not_slow_plain_answers(make_config):
     """A plain answer under a lazy tool grammar that never engages costs about what it
     costs without one (the trigger check is one end-anchored regex per token)."""
