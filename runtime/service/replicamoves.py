@@ -213,8 +213,7 @@ class ReplicaMoves(ReplicaRequests):
     async def _import_into(self, kv: SlotKV, replica: str, slot: int) -> tuple[str, int]:
         """Import ``kv`` into that slot, reserved (no other import goes there; the caller
         reserved it as it picked it) until the request pinned to it ends
-        (``ReplicaRequests._place``)."""
-        self._reserved.add((replica, slot))
+        (``ReplicaRequests._place``); a failed import frees it."""
         try:
             await self.call(
                 partial(slot_action_call, slot=slot, action="import", path="", kv=kv), link.SlotDone, replica
